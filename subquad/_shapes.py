@@ -1,0 +1,129 @@
+"""Shape vocabulary and the only place where layout conversions live.
+
+Conventions used across subquad:
+    B batch, N query tokens, n key/value tokens, C channels, h heads, d = C / h head dim,
+    H x W token grid (N = H * W), T frames.
+    Token mixers take x: (B, N, C) with hw=(H, W); the functional core works on (B, h, N, d) (SDPA layout);
+    backbone stage outputs are NCHW (B, C, H, W).
+
+Channel layout is head-major: channel c belongs to head c // d.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "as_hw",
+    "check_tokens",
+    "check_hw",
+    "check_heads",
+    "check_mask",
+    "tokens_to_map",
+    "map_to_tokens",
+    "split_heads",
+    "merge_heads",
+    "pad_to_multiple",
+    "crop",
+]
+
+
+def as_hw(size: int | Sequence[int] | None, name: str = "size") -> tuple[int, int] | None:
+    """Normalise an int or (H, W) pair to a tuple of two positive ints (None passes through)."""
+    if size is None:
+        return None
+    if isinstance(size, int):
+        size = (size, size)
+    size = tuple(int(s) for s in size)
+    if len(size) != 2 or min(size) < 1:
+        raise ValueError(f"{name} must be a positive int or an (H, W) pair of positive ints, got {size!r}")
+    return size  # type: ignore[return-value]
+
+
+def check_tokens(x: torch.Tensor, dim: int | None = None, who: str = "attention") -> None:
+    """Raise ValueError unless x is (B, N, C) (with C == dim when given)."""
+    if x.dim() != 3:
+        raise ValueError(f"{who}: expected x of shape (B, N, C), got {tuple(x.shape)}")
+    if dim is not None and x.shape[-1] != dim:
+        raise ValueError(f"{who}: expected {dim} channels, got x of shape {tuple(x.shape)}")
+
+
+def check_hw(x: torch.Tensor, hw: Sequence[int] | None, who: str = "attention", prefix: int = 0) -> tuple[int, int]:
+    """Return (H, W) after checking that prefix + H * W equals the token count of x: (B, N, C).
+
+    `prefix` counts leading non-spatial tokens (a class token) that precede the H x W grid tokens.
+    """
+    if hw is None:
+        raise ValueError(f"{who} is spatial and needs hw=(H, W) for x of shape {tuple(x.shape)}")
+    H, W = as_hw(hw, "hw")  # type: ignore[misc]
+    if prefix + H * W != x.shape[1]:
+        extra = f" + {prefix} prefix token(s)" if prefix else ""
+        raise ValueError(f"{who}: grid hw={H}x{W}{extra} makes {prefix + H * W} tokens but x has N={x.shape[1]} "
+                         f"(shape {tuple(x.shape)})")
+    return H, W
+
+
+def check_heads(dim: int, num_heads: int, who: str = "attention") -> int:
+    """Return the head dim d = dim // num_heads, raising ValueError unless it divides exactly."""
+    if num_heads < 1 or dim < 1 or dim % num_heads != 0:
+        raise ValueError(f"{who}: dim={dim} must be a positive multiple of num_heads={num_heads}")
+    return dim // num_heads
+
+
+def check_mask(mask: torch.Tensor | None, x: torch.Tensor, who: str = "attention") -> torch.Tensor | None:
+    """Validate a key-padding mask (B, N) of bools, True = keep; returns it (or None)."""
+    if mask is None:
+        return None
+    B, N = x.shape[:2]
+    if mask.dtype != torch.bool:
+        raise ValueError(f"{who}: mask must be a bool tensor (True = real token), got dtype {mask.dtype}")
+    if tuple(mask.shape) != (B, N):
+        raise ValueError(f"{who}: mask must have shape (B, N) = {(B, N)}, got {tuple(mask.shape)}")
+    return mask
+
+
+def tokens_to_map(x: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
+    """(B, N, C) -> (B, C, H, W)."""
+    H, W = hw
+    B, N, C = x.shape
+    return x.transpose(1, 2).reshape(B, C, H, W)
+
+
+def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) -> (B, H*W, C)."""
+    return x.flatten(2).transpose(1, 2)
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, N, C) -> (B, h, N, d)."""
+    B, N, C = x.shape
+    return x.reshape(B, N, num_heads, C // num_heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, h, N, d) -> (B, N, h*d)."""
+    B, h, N, d = x.shape
+    return x.transpose(1, 2).reshape(B, N, h * d)
+
+
+def pad_to_multiple(x: torch.Tensor, multiple: Sequence[int],
+                    value: float = 0.0) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Zero-pad a map (B, C, H, W) at the bottom/right so H, W are multiples of `multiple` = (mh, mw).
+
+    Returns the padded map and the (pad_h, pad_w) amounts (crop with `crop`).
+    """
+    H, W = x.shape[-2:]
+    mh, mw = multiple
+    ph, pw = (-H) % mh, (-W) % mw
+    if ph or pw:
+        x = F.pad(x, (0, pw, 0, ph), value=value)
+    return x, (ph, pw)
+
+
+def crop(x: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
+    """Crop a map (..., H', W') back to (..., H, W) (top-left corner kept)."""
+    H, W = hw
+    return x[..., :H, :W]

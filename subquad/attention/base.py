@@ -1,0 +1,96 @@
+"""Declared capabilities of attention mechanisms and the shared module base class.
+
+Capabilities are declared, not discovered: each mechanism sets `caps` and callers ask `check(caps, request)` for the
+reasons a request would be refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .._shapes import check_hw, check_mask, check_tokens
+
+__all__ = ["AttentionCaps", "Request", "check", "TokenMixer"]
+
+
+@dataclass(frozen=True)
+class AttentionCaps:
+    """What a mechanism supports.
+
+    Attributes:
+        bidirectional: every query may attend to every position (encoder use).
+        causal: has a causal mode (query t sees keys <= t only).
+        needs_hw: spatial; forward needs hw=(H, W) with H * W == N.
+        supports_mask: honours a key-padding mask (B, N) of bools (True = real token).
+        dtypes: floating dtypes the module computes in (others are refused).
+        complexity: cost in tokens N, e.g. "O(N)" or "O(N^2)".
+        sequence: usable on 1-D token sequences without a grid (LRA, LM).
+    """
+
+    bidirectional: bool = True
+    causal: bool = False
+    needs_hw: bool = False
+    supports_mask: bool = False
+    dtypes: tuple[torch.dtype, ...] = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+    complexity: str = "O(N^2)"
+    sequence: bool = True
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a caller needs from a mechanism (every field optional)."""
+
+    causal: bool = False
+    mask: bool = False
+    sequence: bool = False
+    dtype: torch.dtype | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def check(caps: AttentionCaps, request: Request) -> list[str]:
+    """Return the reasons `caps` cannot serve `request` (empty list: supported)."""
+    reasons = []
+    if request.causal and not caps.causal:
+        reasons.append("has no causal mode")
+    if not request.causal and not caps.bidirectional:
+        reasons.append("is causal only")
+    if request.mask and not caps.supports_mask:
+        reasons.append("does not support key-padding masks")
+    if request.sequence and (caps.needs_hw or not caps.sequence):
+        reasons.append("needs a 2-D token grid (hw), not a 1-D sequence")
+    if request.dtype is not None and request.dtype not in caps.dtypes:
+        reasons.append(f"does not compute in {request.dtype}")
+    return reasons
+
+
+class TokenMixer(nn.Module):
+    """Base class of every registered mechanism.
+
+    Subclasses implement `forward(x, hw=None, mask=None)` with x: (B, N, C) -> (B, N, C) and, for the analysis
+    tools and tests, `attention_matrix(x, hw)` -> (B, h, N, N), the equivalent token-mixing matrix.
+    """
+
+    caps: AttentionCaps = AttentionCaps()
+    name: str = "?"
+    # Leading non-grid tokens (a class token) in x; spatial mechanisms that accept them set this in __init__.
+    num_prefix_tokens: int = 0
+
+    def _check_input(self, x: torch.Tensor, hw=None, mask: torch.Tensor | None = None):
+        """Validate x (B, N, C), hw and mask; returns (H, W) or None per `caps.needs_hw`."""
+        who = f"{type(self).__name__} ({self.name!r})"
+        check_tokens(x, getattr(self, "dim", None), who)
+        if mask is not None and not self.caps.supports_mask:
+            raise ValueError(f"{who} does not support masks; pass mask=None")
+        check_mask(mask, x, who)
+        if self.caps.needs_hw:
+            return check_hw(x, hw, who, self.num_prefix_tokens)
+        # Non-spatial mechanisms ignore hw (it may describe a grid behind prefix tokens).
+        return None
+
+    def attention_matrix(self, x: torch.Tensor, hw=None) -> torch.Tensor:
+        """(B, N, C) -> (B, h, N, N): the equivalent attention map. Mechanisms override this."""
+        raise NotImplementedError(f"mechanism {self.name!r} does not provide attention_matrix()")

@@ -1,0 +1,63 @@
+"""Softmax attention: dense reference and the SDPA fast path.
+
+Shapes: q (B, h, N, d); k, v (B, h, n, d); mask broadcastable to (B, h, N, n), bool, True = may attend;
+bias broadcastable to (B, h, N, n), float, added to the logits. A query row whose keys are all masked returns zeros
+(never NaN) in both paths.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["softmax_attention_ref", "softmax_attention_probs", "softmax_attention"]
+
+
+def softmax_attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float | None = None,
+                            mask: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Dense attention probabilities (B, h, N, n); fully masked rows are all zero."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = (q * scale) @ k.transpose(-2, -1)  # (B, h, N, n)
+    if bias is not None:
+        logits = logits + bias
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+        any_key = mask.any(dim=-1, keepdim=True)
+        logits = torch.where(any_key, logits, torch.zeros_like(logits))
+        probs = logits.softmax(dim=-1)
+        return torch.where(any_key, probs, torch.zeros_like(probs))
+    return logits.softmax(dim=-1)
+
+
+def softmax_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                          mask: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference: softmax(q k^T * scale + bias, masked) v, materialising the (B, h, N, n) matrix."""
+    return softmax_attention_probs(q, k, scale, mask, bias) @ v
+
+
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                      mask: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Fast path through `F.scaled_dot_product_attention` (fused flash kernel on CPU and CUDA).
+
+    A bool mask and a float bias are merged into one float mask when both are given. Query rows with no key left
+    are zeroed afterwards (SDPA would return NaN or an average there).
+    """
+    attn_mask = None
+    if bias is not None:
+        attn_mask = bias.to(q.dtype)
+        if mask is not None:
+            attn_mask = attn_mask.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        attn_mask = mask
+    if mask is not None:
+        any_key = mask.any(dim=-1, keepdim=True)  # broadcastable to (B, h, N, 1)
+        if not bool(any_key.all()):
+            # Rows with no key: give them one harmless key so the kernel stays finite, then zero them.
+            fill = ~any_key
+            if attn_mask.dtype == torch.bool:
+                attn_mask = attn_mask | fill
+            else:
+                attn_mask = attn_mask.masked_fill(fill, 0.0)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+            return out.masked_fill(fill, 0.0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)

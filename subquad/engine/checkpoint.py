@@ -1,0 +1,67 @@
+"""Atomic, pickle-free checkpoint files.
+
+Weights are safetensors with a string-dict header; every file is written to a temporary name in the same folder and
+renamed over the target, so a crash mid-write leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["atomic_write", "save_weights", "write_json", "read_json", "sidecar_path"]
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+    """Call `write(tmp_path)` then rename tmp_path over `path` (same folder, fsync'd)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def save_weights(model: nn.Module | dict[str, torch.Tensor], path: str | os.PathLike,
+                 metadata: dict[str, str] | None = None) -> Path:
+    """Write a model's state dict as safetensors (shared tensors are cloned), atomically."""
+    from safetensors.torch import save_file
+
+    sd = model.state_dict() if isinstance(model, nn.Module) else model
+    sd = {k: v.detach().cpu().contiguous().clone() for k, v in sd.items()}
+    meta = {k: str(v) for k, v in (metadata or {}).items()}
+    return atomic_write(path, lambda tmp: save_file(sd, tmp, metadata=meta))
+
+
+def write_json(obj: Any, path: str | os.PathLike) -> Path:
+    def _w(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, default=str)
+            f.write("\n")
+
+    return atomic_write(path, _w)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def sidecar_path(weights: str | os.PathLike) -> Path:
+    """`best.safetensors` -> `best.json`."""
+    p = Path(weights)
+    return p.with_suffix(".json")

@@ -1,0 +1,54 @@
+"""Backbone families. Importing this package registers every model into timm's registry.
+
+One import per family file; each file holds its classes, `remap_official`, `@register_model` variants,
+`default_cfgs` and model cards.
+"""
+
+from __future__ import annotations
+
+from . import vit  # noqa: F401
+from ._card import CARDS, ModelCard, get_card
+
+__all__ = ["CARDS", "ModelCard", "get_card", "create_model", "list_models", "is_subquad_model"]
+
+
+def is_subquad_model(name: str) -> bool:
+    return name.split(".")[0] in CARDS
+
+
+def list_models(filter: str = "") -> list[str]:  # noqa: A002 - mirrors timm.list_models(filter=...)
+    """Models registered by subquad (tiny `*_micro` variants included), optionally filtered by a glob/substring."""
+    import fnmatch
+
+    names = sorted(CARDS)
+    if not filter:
+        return names
+    pat = filter if any(c in filter for c in "*?[") else f"*{filter}*"
+    return [n for n in names if fnmatch.fnmatch(n, pat)]
+
+
+def create_model(name: str, pretrained: bool = False, checkpoint_path: str | None = None, **kwargs):
+    """Build a registered model by name (subquad's or any timm model) through `timm.create_model`.
+
+    Args:
+        name: a registered name (`subquad.list_models()`, or any timm model).
+        pretrained: load weights named by `pretrained_cfg_overlay=dict(file=PATH)` (no downloads).
+        checkpoint_path: an official `.pth` or a subquad `.safetensors` file, loaded safely (weights only) through
+            the family's remap function with strict key checking.
+        **kwargs: model options (`num_classes`, `img_size`, `features_only`, `device`, attention choices, ...).
+    """
+    import timm
+
+    from ..errors import unknown_name
+
+    if not timm.is_model(name.split(".")[0]):
+        raise unknown_name("model", name, list_models() or timm.list_models())
+    if checkpoint_path is not None and is_subquad_model(name):
+        kwargs["subquad_checkpoint"] = checkpoint_path
+        checkpoint_path = None
+    model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    if checkpoint_path is not None:
+        from ._builder import load_checkpoint
+
+        load_checkpoint(model, checkpoint_path)
+    return model

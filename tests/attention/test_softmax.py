@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from subquad.attention.functional.softmax import softmax_attention, softmax_attention_ref
+from subquad.attention.softmax import MultiHeadAttention
+from tests._tol import compare_fn, compare_module
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_sdpa_matches_reference(dtype):
+    q, k, v = torch.randn(2, 3, 13, 8), torch.randn(2, 3, 11, 8), torch.randn(2, 3, 11, 8)
+    compare_fn(softmax_attention, softmax_attention_ref, [q, k, v], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_masked_rows_zero_never_nan(dtype):
+    q, k, v = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 6, 4), torch.randn(2, 2, 6, 4)
+    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    mask[0, ..., 3:] = False
+    mask[1] = False  # every key masked
+
+    def fast(q, k, v):
+        return softmax_attention(q, k, v, mask=mask)
+
+    def ref(q, k, v):
+        return softmax_attention_ref(q, k, v, mask=mask)
+
+    compare_fn(fast, ref, [q, k, v], dtype)
+    assert (softmax_attention(q, k, v, mask=mask)[1] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_module_fast_vs_ref_with_mask(dtype):
+    m = MultiHeadAttention(24, 3)
+    x = torch.randn(2, 35, 24)
+    mask = torch.rand(2, 35) > 0.3
+    compare_module(m, lambda mm, x: mm(x, (5, 7), mask), lambda mm, x: mm.forward_ref(x, (5, 7), mask), [x], dtype)
+
+
+def test_attention_matrix_rows_sum_to_one():
+    m = MultiHeadAttention(16, 2)
+    a = m.attention_matrix(torch.randn(1, 9, 16))
+    assert a.shape == (1, 2, 9, 9)
+    torch.testing.assert_close(a.sum(-1), torch.ones(1, 2, 9))
+
+
+def test_gradcheck_tiny():
+    q, k, v = (torch.randn(1, 1, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    assert torch.autograd.gradcheck(softmax_attention, (q, k, v))
+
+
+def test_bad_mask_shape():
+    m = MultiHeadAttention(16, 2)
+    with pytest.raises(ValueError, match="mask"):
+        m(torch.randn(2, 9, 16), mask=torch.ones(2, 8, dtype=torch.bool))

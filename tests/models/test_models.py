@@ -1,0 +1,130 @@
+"""Registry-driven tests over every tiny `*_micro` model (the full sizes are checked on meta in test_cards)."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import subquad
+
+MICRO = subquad.list_models("*_micro")
+
+
+def _size(name):
+    return tuple(timm.models.get_pretrained_cfg(name).input_size)
+
+
+def _input(name, b=2, hw=None):
+    c, h, w = _size(name)
+    return torch.randn(b, c, *(hw or (h, w)))
+
+
+@pytest.mark.parametrize("name", MICRO)
+def test_forward_backward_every_param(name):
+    m = subquad.create_model(name, num_classes=7).train()
+    x = _input(name)
+    out = m(x)
+    assert out.shape == (2, 7) and torch.isfinite(out).all()
+    out.logsumexp(-1).mean().backward()
+    missing = [n for n, p in m.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing, f"no gradient reaches {missing}"
+
+
+@pytest.mark.parametrize("name", MICRO)
+def test_non_square_input(name):
+    m = subquad.create_model(name).eval()
+    c, h, w = _size(name)
+    with torch.no_grad():
+        out = m(_input(name, 1, (h + h // 2, w - w // 4)))
+    assert out.shape == (1, m.num_classes) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", MICRO)
+def test_grad_checkpointing_equal(name):
+    m = subquad.create_model(name).eval()
+    x = _input(name)
+    ref = m(x)
+    m.set_grad_checkpointing(True)
+    torch.testing.assert_close(m(x), ref)
+
+
+@pytest.mark.parametrize("name", MICRO)
+def test_features_only_and_intermediates(name):
+    m = subquad.create_model(name).eval()
+    x = _input(name)
+    feats = timm.create_model(name, features_only=True).eval()(x)
+    info = m.feature_info
+    assert len(feats) == 4, "features_only returns one map per stage"
+    for f in feats:
+        assert f.dim() == 4 and f.shape[0] == 2
+    final, inter = m.forward_intermediates(x)
+    assert len(inter) == len(info) if isinstance(info, list) and len(info) == 4 else len(inter) >= 4
+    assert all(t.dim() == 4 for t in inter)
+
+
+@pytest.mark.parametrize("name", MICRO)
+def test_timm_interface(name):
+    m = subquad.create_model(name)
+    assert m.num_features > 0 and isinstance(m.no_weight_decay(), set)
+    m.reset_classifier(3)
+    assert m(_input(name, 1)).shape == (1, 3)
+    assert m.forward_head(m.forward_features(_input(name, 1)), pre_logits=True).shape == (1, m.num_features)
+    m.reset_classifier(0)
+    assert m(_input(name, 1)).shape == (1, m.num_features)
+
+
+@pytest.mark.parametrize("name", MICRO)
+def test_bad_channels_clear_error(name):
+    m = subquad.create_model(name)
+    c, h, w = _size(name)
+    with pytest.raises(ValueError, match="channels"):
+        m(torch.randn(1, c + 1, h, w))
+
+
+def test_unknown_model_suggests():
+    with pytest.raises(ValueError, match="vit_attn_tiny"):
+        subquad.create_model("vit_attn_tinny")
+
+
+def test_timm_sees_our_models():
+    assert timm.is_model("vit_attn_micro")
+    m = timm.create_model("vit_attn_micro")
+    assert m(torch.randn(1, 3, 32, 32)).shape == (1, 1000)
+
+
+def test_vit_host_loads_timm_deit_state_dict():
+    """Key layout equals timm's DeiT: a timm state dict loads strictly."""
+    ours = subquad.create_model("vit_attn_tiny", device="meta")
+    theirs = timm.create_model("deit_tiny_patch16_224", device="meta")
+    assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == \
+        {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
+
+
+def test_checkpoint_roundtrip_and_wrong_arch(tmp_path):
+    from subquad.engine.checkpoint import save_weights
+
+    m = subquad.create_model("vit_attn_micro", num_classes=5)
+    p = save_weights(m, tmp_path / "w.safetensors")
+    m2 = subquad.create_model("vit_attn_micro", num_classes=5, checkpoint_path=str(p))
+    for (k, a), (_, b) in zip(m.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(a, b), k
+    with pytest.raises(ValueError, match="does not fit model"):
+        subquad.create_model("vit_attn_micro", num_classes=5, embed_dim=32, checkpoint_path=str(p))
+
+
+def test_malicious_pickle_refused(tmp_path):
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    p = tmp_path / "evil.pth"
+    with open(p, "wb") as f:
+        pickle.dump({"model": Evil()}, f)
+    with pytest.raises(ValueError, match="refusing"):
+        subquad.create_model("vit_attn_micro", checkpoint_path=str(p))
+    assert not marker.exists()
