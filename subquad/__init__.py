@@ -6,7 +6,7 @@ Importing subquad registers every mechanism (`build_attention`) and every model 
 
 from __future__ import annotations
 
-from . import attention, models  # noqa: F401  (registration)
+from . import attention, models, sequence  # noqa: F401  (registration)
 from .attention import build_attention, list_attention
 from .bench.flops import count_macs
 from .errors import UserError

@@ -55,3 +55,15 @@ def test_bad_mask_shape():
     m = MultiHeadAttention(16, 2)
     with pytest.raises(ValueError, match="mask"):
         m(torch.randn(2, 9, 16), mask=torch.ones(2, 8, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_causal_fast_vs_ref_and_no_leak(dtype):
+    m = MultiHeadAttention(16, 2, causal=True)
+    x = torch.randn(2, 11, 16)
+    compare_module(m, lambda mm, x: mm(x), lambda mm, x: mm.forward_ref(x), [x], dtype)
+    y = m(x)
+    x2 = x.clone()
+    x2[:, 6] += 1.0
+    y2 = m(x2)
+    assert torch.equal(y[:, :6], y2[:, :6]) and not torch.allclose(y[:, 6:], y2[:, 6:])
