@@ -67,3 +67,7 @@ def list_attention(filter: str = "") -> list[str]:  # noqa: A002 - mirrors timm.
 
 # Mechanism modules (each registers itself). Keep one import per line.
 from . import softmax  # noqa: E402,F401
+from .enhanced_linear import EnhancedLinearAttention  # noqa: E402,F401
+from . import window  # noqa: E402,F401
+from . import structure_aware  # noqa: E402,F401
+from . import global_filter  # noqa: E402,F401
