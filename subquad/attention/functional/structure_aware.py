@@ -1,0 +1,407 @@
+"""LiSA structure-aware attention: the explicit operators of the paper's chain and the fast FFT form.
+
+Paper: seed 002 (LiSA, arXiv 2211.16289), Eq. 8-13; the equations are rebuilt in `spec/lisa.md` (registers
+LI-1 ... LI-7), which this file implements. LiSA has no official code: these functions are the reference.
+Official: none published.
+
+Layout: q, k, v: (B, h, N, d) (SDPA layout), already L2-normalised where the operator needs it (the module does it).
+The token grid `grid` is (H, W) for images or (T, H, W) for video; N = prod(grid); tokens in raster order.
+
+Symbol map (paper -> code):
+    Q-bar, K-bar      q, k (L2-normalised over the head dim d)
+    V                 v
+    D                 structural-pattern size (trailing kernel dim before the grid dims)
+    W^a (N x C x D)   kernel_a: (C, D, *K) real, C = h * d, channel c of head c // d
+    W^b (N x D)       kernel_b: (h, D, *K) per head, or (1, D, *K) shared by all heads
+    B (C x D)         struct_proj: (C, D); head g uses rows g*d ... (g+1)*d - 1
+    S (N x D)         structural vector, per head: (B, h, N, D)
+    A-hat             equivalent token-mixing kernel, per head: (B, h, N, N)
+
+Kernel conventions (our choice, spec section 3.3, register LI-3). A kernel is stored in the token domain, indexed by
+the offset delta = (key position - query position) along each grid axis:
+    - 'circular': K == grid; entry for delta sits at index delta mod grid (circulant RPE; Eq. 13);
+    - 'zero' (Toeplitz): K == 2 * grid - 1; entry for delta sits at index delta + (grid - 1) (Eq. 11; no wrap);
+    - local k x k kernels: K == (k, k) (odd k); entry for delta sits at delta + k // 2, i.e. a zero-padded
+      cross-correlation (Tab. 3(d) local LiSA kernels), which equals the Toeplitz form of the kernel embedded in zeros.
+Every correlation below is G[i] = sum_n w[n - i] x[n]; with FFTs this is irfft(rfft(x) * conj(rfft(w))).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "relative_index",
+    "rpe_matrix",
+    "lisa_eq8_ref",
+    "lisa_eq9_ref",
+    "lisa_eq10_ref",
+    "lisa_circulant_ref",
+    "lisa_toeplitz_ref",
+    "lisa_fft",
+    "lisa_local",
+    "kernel_spectrum",
+    "default_d_chunk",
+    "toeplitz_to_circular",
+    "local_to_toeplitz",
+    "resize_kernel",
+    "inflate_kernel",
+    "offsets_range",
+]
+
+_BOUNDARIES = ("circular", "zero")
+
+
+def _check_boundary(boundary: str) -> None:
+    if boundary not in _BOUNDARIES:
+        raise ValueError(f"boundary must be one of {_BOUNDARIES}, got {boundary!r}")
+
+
+def _kernel_shape(grid: Sequence[int], boundary: str) -> tuple[int, ...]:
+    _check_boundary(boundary)
+    return tuple(grid) if boundary == "circular" else tuple(2 * g - 1 for g in grid)
+
+
+def relative_index(grid: Sequence[int], boundary: str = "circular", device=None) -> torch.Tensor:
+    """Flat kernel index of every (query i, key n) pair: (N, N) long.
+
+    Offsets are taken per grid axis from the 2-D/3-D coordinates (never from flat-index differences):
+    'circular' -> delta mod grid, kernel shape == grid; 'zero' -> delta + grid - 1, kernel shape == 2 * grid - 1.
+    """
+    ksize = _kernel_shape(grid, boundary)
+    coords = torch.stack(torch.meshgrid(*[torch.arange(g, device=device) for g in grid], indexing="ij"))
+    coords = coords.flatten(1)  # (nd, N), raster order
+    delta = coords[:, None, :] - coords[:, :, None]  # (nd, N_query, N_key): key - query
+    flat = torch.zeros(delta.shape[1:], dtype=torch.long, device=device)
+    for ax, (g, ks) in enumerate(zip(grid, ksize)):
+        idx = delta[ax] % g if boundary == "circular" else delta[ax] + (g - 1)
+        flat = flat * ks + idx
+    return flat
+
+
+def rpe_matrix(kernel: torch.Tensor, grid: Sequence[int], boundary: str = "circular") -> torch.Tensor:
+    """The explicit relative-position tensor R[..., i, n] = kernel[..., delta(n - i)].
+
+    Shapes: kernel (..., *K) with K = grid ('circular') or 2 * grid - 1 ('zero') -> (..., N, N).
+    Paper: R = T(e) (Toeplitz, Eq. 8-11) or its circulant approximation (Eq. 13).
+    """
+    nd = len(grid)
+    ksize = _kernel_shape(grid, boundary)
+    if tuple(kernel.shape[-nd:]) != ksize:
+        raise ValueError(f"kernel of shape {tuple(kernel.shape)} does not fit grid {tuple(grid)} with boundary "
+                         f"{boundary!r}: expected trailing dims {ksize}")
+    idx = relative_index(grid, boundary, kernel.device)
+    return kernel.flatten(-nd)[..., idx]
+
+
+def _head_struct_proj(struct_proj: torch.Tensor, h: int) -> torch.Tensor:
+    """(C, D) -> (h, d, D): head g owns rows g*d ... (g+1)*d - 1."""
+    C, D = struct_proj.shape
+    return struct_proj.reshape(h, C // h, D)
+
+
+def lisa_eq8_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, grid: Sequence[int],
+                 boundary: str = "circular") -> torch.Tensor:
+    """Eq. 8, multiplicative RPE: Y = (A-bar * R) V with A-bar = q k^T (cosine similarities), no softmax.
+
+    Shapes: q, k, v (B, h, N, d); kernel (h, *K) one RPE kernel per head -> (B, h, N, d).
+    Paper: seed 002 Eq. 8 ("SA" with multiplicative RPE; called Eq. 4 in the ablation prose).
+    """
+    attn = q @ k.transpose(-2, -1)  # (B, h, N, N)
+    return (attn * rpe_matrix(kernel, grid, boundary)) @ v
+
+
+def lisa_eq9_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
+                 struct_proj: torch.Tensor, grid: Sequence[int], boundary: str = "circular") -> torch.Tensor:
+    """Eq. 9, structure-aware SA with dot-product correlation.
+
+    S[i, d] = sum_n A-bar[i, n] R^a[d, i, n];  A-hat[i, j] = sum_d S[i, d] R^b[d, i, j];  Y = A-hat V + S B^T.
+
+    Shapes: q, k, v (B, h, N, dh); kernel_a (h, D, *K) per head; kernel_b (h or 1, D, *K); struct_proj (C, D)
+    -> (B, h, N, dh).
+    Paper: seed 002 Eq. 9 (called Eq. 5 in the ablation prose).
+    """
+    h = q.shape[1]
+    attn = q @ k.transpose(-2, -1)  # (B, h, N, N)
+    ra = rpe_matrix(kernel_a, grid, boundary)  # (h, D, N, N)
+    s = torch.einsum("bhin,hdin->bhid", attn, ra)  # (B, h, N, D)
+    rb = rpe_matrix(kernel_b, grid, boundary).expand(h, -1, -1, -1)  # (h, D, N, N)
+    a_hat = torch.einsum("bhid,hdij->bhij", s, rb)  # (B, h, N, N)
+    feat = torch.einsum("bhid,hcd->bhic", s, _head_struct_proj(struct_proj, h))
+    return a_hat @ v + feat
+
+
+def lisa_eq10_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
+                  struct_proj: torch.Tensor, grid: Sequence[int], boundary: str = "circular",
+                  return_structure: bool = False):
+    """Eq. 10, structure-aware SA with the Hadamard correlation, evaluated literally (O(N^2 C D)).
+
+    A-bar[i, n, c] = q[i, c] k[n, c];  S[i, d] = sum_{n, c in head} A-bar[i, n, c] R^a[c, d, i, n];
+    A-hat[i, j] = sum_d S[i, d] R^b[d, i, j];  Y = A-hat V + S B^T (per head).
+
+    Shapes: q, k, v (B, h, N, dh); kernel_a (C, D, *K); kernel_b (h or 1, D, *K); struct_proj (C, D) -> (B, h, N, dh).
+    With `return_structure=True` returns (Y, S (B, h, N, D), A-hat (B, h, N, N)).
+    Paper: seed 002 Eq. 10 (the final SA), whose circulant form Eq. 13 computes with FFTs.
+    """
+    B, h, N, dh = q.shape
+    D = kernel_a.shape[1]
+    ra = rpe_matrix(kernel_a, grid, boundary).reshape(h, dh, D, N, N)  # R^a[c, d, i, n] per head
+    hadamard = q[:, :, :, None, :] * k[:, :, None, :, :]  # (B, h, N_i, N_n, dh)
+    s = torch.einsum("bhinc,hcdin->bhid", hadamard, ra)  # (B, h, N, D)
+    rb = rpe_matrix(kernel_b, grid, boundary).expand(h, -1, -1, -1)  # (h, D, N, N)
+    a_hat = torch.einsum("bhid,hdij->bhij", s, rb)  # (B, h, N, N)
+    y = a_hat @ v + torch.einsum("bhid,hcd->bhic", s, _head_struct_proj(struct_proj, h))
+    return (y, s, a_hat) if return_structure else y
+
+
+def lisa_circulant_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor,
+                       kernel_b: torch.Tensor, struct_proj: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
+    """Eq. 10 with circulant RPE tensors (kernels (C, D, *grid), (h|1, D, *grid)): what `lisa_fft` must equal."""
+    return lisa_eq10_ref(q, k, v, kernel_a, kernel_b, struct_proj, grid, "circular")
+
+
+def lisa_toeplitz_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor,
+                      kernel_b: torch.Tensor, struct_proj: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
+    """Eq. 10 with Toeplitz RPE tensors (kernels (C, D, *(2*grid-1))): no wrap-around, keys outside contribute 0."""
+    return lisa_eq10_ref(q, k, v, kernel_a, kernel_b, struct_proj, grid, "zero")
+
+
+def toeplitz_to_circular(kernel: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
+    """Place a Toeplitz kernel (..., *(2*grid - 1)) on the doubled grid (..., *(2*grid)), offset delta at
+    delta mod 2*grid. Exact: every needed offset has a unique residue (spec section 5, `boundary='zero'`)."""
+    nd = len(grid)
+    out = kernel
+    for ax, g in enumerate(grid):
+        dim = kernel.dim() - nd + ax
+        # Index delta + g - 1 for delta in [-(g-1), g-1]; new index delta mod 2g; index g (delta = +-g) stays zero.
+        pos, neg = out.narrow(dim, g - 1, g), out.narrow(dim, 0, g - 1)
+        zero = torch.zeros_like(out.narrow(dim, 0, 1))
+        out = torch.cat([pos, zero, neg], dim=dim)
+    return out
+
+
+def local_to_toeplitz(kernel: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
+    """Embed a local kernel (..., *k) (odd k, centred) in a zero Toeplitz kernel (..., *(2*grid - 1)); offsets the
+    grid cannot reach are dropped."""
+    nd = len(grid)
+    out = kernel
+    for ax, g in enumerate(grid):
+        dim = kernel.dim() - nd + ax
+        r = out.shape[dim] // 2
+        if r > g - 1:
+            out = out.narrow(dim, r - (g - 1), 2 * g - 1)
+        else:
+            pad = [0, 0] * (out.dim() - 1 - dim) + [g - 1 - r, g - 1 - r]
+            out = F.pad(out, pad)
+    return out
+
+
+def kernel_spectrum(kernel: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
+    """conj(rfftn(kernel)) over the trailing len(fft_grid) dims: (..., *fft_grid) real -> (..., *F) complex,
+    F = fft_grid with the last size halved + 1. The conj makes products cross-correlations (spec section 3.3)."""
+    nd = len(fft_grid)
+    return torch.fft.rfftn(kernel, s=tuple(fft_grid), dim=tuple(range(-nd, 0))).conj()
+
+
+def default_d_chunk(batch: int, channels: int, D: int, n: int, budget_bytes: int = 256 * 2 ** 20,
+                    itemsize: int = 4) -> int:
+    """All of D when B*C*D*N*itemsize <= budget, else the largest divisor of D that fits (at least 1)."""
+    per_d = max(1, batch * channels * n * itemsize)
+    if per_d * D <= budget_bytes:
+        return D
+    fit = [c for c in range(1, D + 1) if D % c == 0 and c * per_d <= budget_bytes]
+    return max(fit) if fit else 1
+
+
+def _chunks(D: int, d_chunk: int | None) -> list[slice]:
+    if d_chunk is None or d_chunk >= D:
+        return [slice(0, D)]
+    if d_chunk < 1:
+        raise ValueError(f"d_chunk must be >= 1, got {d_chunk}")
+    return [slice(s, min(s + d_chunk, D)) for s in range(0, D, d_chunk)]
+
+
+def _to_map(t: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
+    """(B, h, N, d) -> (B, h, d, *grid)."""
+    B, h, N, d = t.shape
+    return t.transpose(-1, -2).reshape(B, h, d, *grid)
+
+
+def _contract(q_cn: torch.Tensor, ga: torch.Tensor, gb: torch.Tensor, bproj: torch.Tensor) -> torch.Tensor:
+    """One D-chunk of steps 5, 7, 8 (spec section 3.2).
+
+    Shapes: q_cn (B, h, d, N); ga, gb (B, h, d, Dc, N); bproj (h, d, Dc) -> y chunk (B, h, d, N).
+    """
+    s = torch.einsum("bhcn,bhcen->bhen", q_cn, ga)  # structural vector S chunk, (B, h, Dc, N)
+    y = torch.einsum("bhen,bhcen->bhcn", s, gb)  # kernel path sum_d S_d Gb_d, (B, h, d, N)
+    return y + torch.einsum("bhen,hce->bhcn", s, bproj)  # feature path S B^T
+
+
+def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
+             struct_proj: torch.Tensor, grid: Sequence[int], boundary: str = "circular", d_chunk: int | None = None,
+             spectra: tuple[torch.Tensor, torch.Tensor] | None = None, checkpoint_chunks: bool = False
+             ) -> torch.Tensor:
+    """Eq. 13: LiSA through real FFTs over the grid (rfft2 for (H, W), rfftn over (T, H, W) for video).
+
+    Ga[c, d, i] = sum_n kernel_a[c, d, n - i] k[c, n];  S[g, i, d] = sum_{c in g} q[c, i] Ga[c, d, i];
+    Gb[c, d, i] = sum_j kernel_b[g(c), d, j - i] v[c, j];  Y[c, i] = sum_d S[g(c), i, d] (Gb[c, d, i] + B[c, d]).
+    Both correlations are irfftn(rfftn(x) * conj(rfftn(w))) (spec section 3.3). D is processed in chunks of
+    `d_chunk` (exact: S_d needs only Ga_d and Y is a sum over d), bounding the peak at B*C*d_chunk*N per tensor.
+
+    Shapes: q, k, v (B, h, N, dh); kernel_a (C, D, *K); kernel_b (h or 1, D, *K); struct_proj (C, D)
+    -> (B, h, N, dh). K = grid ('circular', equals `lisa_circulant_ref`) or 2*grid-1 ('zero': evaluated on the
+    doubled grid, equals `lisa_toeplitz_ref`).
+    Args:
+        spectra: optional precomputed (kernel_spectrum(kernel_a), kernel_spectrum(kernel_b)) on the FFT grid
+            (grid for 'circular', 2*grid for 'zero'); they are input-independent (the module caches them in eval).
+        checkpoint_chunks: recompute each chunk's Ga/Gb in backward instead of saving them.
+    """
+    _check_boundary(boundary)
+    B, h, N, dh = q.shape
+    nd = len(grid)
+    if math.prod(grid) != N:
+        raise ValueError(f"grid {tuple(grid)} makes {math.prod(grid)} tokens but q has N={N}")
+    C, D = kernel_a.shape[:2]
+    fft_grid = tuple(grid) if boundary == "circular" else tuple(2 * g for g in grid)
+    dims = tuple(range(-nd, 0))
+    if spectra is None:
+        ka = kernel_a if boundary == "circular" else toeplitz_to_circular(kernel_a, grid)
+        kb = kernel_b if boundary == "circular" else toeplitz_to_circular(kernel_b, grid)
+        spectra = (kernel_spectrum(ka, fft_grid), kernel_spectrum(kb, fft_grid))
+    # (h, dh, D, *F) and (h or 1, 1, D, *F): conj(F(W^a)), conj(F(W^b)).
+    waf = spectra[0].reshape(h, dh, D, *spectra[0].shape[-nd:])
+    wbf = spectra[1][:, None]
+    kf = torch.fft.rfftn(_to_map(k, grid), s=fft_grid, dim=dims)[:, :, :, None]  # (B, h, dh, 1, *F)
+    vf = torch.fft.rfftn(_to_map(v, grid), s=fft_grid, dim=dims)[:, :, :, None]  # (B, h, dh, 1, *F)
+    q_cn = q.transpose(-1, -2)  # (B, h, dh, N)
+    bproj = _head_struct_proj(struct_proj, h)  # (h, dh, D)
+
+    def crop(t: torch.Tensor) -> torch.Tensor:
+        if boundary == "zero":
+            for ax, g in enumerate(grid):
+                t = t.narrow(t.dim() - nd + ax, 0, g)
+        return t.reshape(*t.shape[:-nd], N)
+
+    def chunk(kf, vf, waf_c, wbf_c, q_cn, bproj_c):
+        ga = crop(torch.fft.irfftn(kf * waf_c, s=fft_grid, dim=dims))  # (B, h, dh, Dc, N)
+        gb = crop(torch.fft.irfftn(vf * wbf_c, s=fft_grid, dim=dims))  # (B, h, dh, Dc, N)
+        return _contract(q_cn, ga, gb, bproj_c)
+
+    y = None
+    for sl in _chunks(D, d_chunk):
+        args = (kf, vf, waf[:, :, sl], wbf[:, :, sl], q_cn, bproj[..., sl])
+        if checkpoint_chunks and torch.is_grad_enabled():
+            part = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False)
+        else:
+            part = chunk(*args)
+        y = part if y is None else y + part
+    return y.transpose(-1, -2)  # (B, h, N, dh)
+
+
+def _local_correlate(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Zero-padded depthwise cross-correlation with channel multiplier.
+
+    Shapes: x (B, C, *grid); weight (C, Dc, *k) -> (B, C, Dc, *grid);
+    out[c, e, i] = sum_u weight[c, e, u] x[c, i + u - k//2].
+    """
+    nd = weight.dim() - 2
+    C, Dc = weight.shape[:2]
+    conv = F.conv2d if nd == 2 else F.conv3d
+    out = conv(x, weight.reshape(C * Dc, 1, *weight.shape[2:]), padding=[s // 2 for s in weight.shape[2:]], groups=C)
+    return out.reshape(x.shape[0], C, Dc, *x.shape[2:])
+
+
+def lisa_local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
+               struct_proj: torch.Tensor, grid: Sequence[int], d_chunk: int | None = None) -> torch.Tensor:
+    """Local LiSA (Tab. 3(d)): the correlations of Eq. 11 with k x k (k x k x k for video) kernels, zero padding.
+
+    Equals `lisa_toeplitz_ref` with the kernels embedded by `local_to_toeplitz`; computed by grouped convolutions.
+    Shapes: q, k, v (B, h, N, dh); kernel_a (C, D, *k); kernel_b (h or 1, D, *k); struct_proj (C, D) -> (B, h, N, dh).
+    """
+    B, h, N, dh = q.shape
+    nd = len(grid)
+    if nd not in (2, 3):
+        raise ValueError(f"local LiSA needs a 2-D or 3-D grid, got {tuple(grid)}")
+    if any(s % 2 == 0 for s in kernel_a.shape[2:]):
+        raise ValueError(f"local kernels must have odd sizes, got {tuple(kernel_a.shape[2:])}")
+    C, D = kernel_a.shape[:2]
+    kmap = _to_map(k, grid).reshape(B, C, *grid)
+    vmap = _to_map(v, grid).reshape(B, C, *grid)
+    # Per-channel copy of the per-head kernel_b: channel c uses kernel_b[c // dh].
+    kb = kernel_b.expand(h, -1, *kernel_b.shape[2:]).repeat_interleave(dh, dim=0)  # (C, D, *k)
+    q_cn = q.transpose(-1, -2)
+    bproj = _head_struct_proj(struct_proj, h)
+    y = None
+    for sl in _chunks(D, d_chunk):
+        ga = _local_correlate(kmap, kernel_a[:, sl]).reshape(B, h, dh, -1, N)  # (B, h, dh, Dc, N)
+        gb = _local_correlate(vmap, kb[:, sl]).reshape(B, h, dh, -1, N)
+        part = _contract(q_cn, ga, gb, bproj[..., sl])
+        y = part if y is None else y + part
+    return y.transpose(-1, -2)
+
+
+def offsets_range(n: int) -> tuple[int, int]:
+    """O_L = [-floor(L/2), ceil(L/2) - 1]: the offsets a circular axis of length L represents (spec section 7)."""
+    return -(n // 2), (n + 1) // 2 - 1
+
+
+def _pad_axis(kernel: torch.Tensor, dim: int, new: int) -> torch.Tensor:
+    old = kernel.shape[dim]
+    lo = max(offsets_range(old)[0], offsets_range(new)[0])
+    hi = min(offsets_range(old)[1], offsets_range(new)[1])
+    deltas = torch.arange(lo, hi + 1, device=kernel.device)
+    src = kernel.index_select(dim, deltas % old)
+    shape = list(kernel.shape)
+    shape[dim] = new
+    out = kernel.new_zeros(shape)
+    return out.index_copy(dim, deltas % new, src)
+
+
+def resize_kernel(kernel: torch.Tensor, size: Sequence[int], mode: str = "pad") -> torch.Tensor:
+    """Resample circular token-domain kernels (..., *K0) to a new grid (..., *size) (spec section 7, LI-7).
+
+    'pad' (default): new[delta mod size] = old[delta mod K0] for delta in O_size x O_K0 (intersection), 0 elsewhere:
+        centred zero-padding or cropping in token-offset units; local structure is kept exactly; same size = identity.
+    'interp': the centred kernel is resampled (bicubic for 2-D, trilinear for 3-D, align_corners=False) and scaled
+        by prod(K0) / prod(size) to keep the DC gain; spatial extent then scales with the image.
+    """
+    size = tuple(int(s) for s in size)
+    nd = len(size)
+    old = tuple(kernel.shape[-nd:])
+    if old == size:
+        return kernel
+    if mode == "pad":
+        out = kernel
+        for ax, s in enumerate(size):
+            out = _pad_axis(out, kernel.dim() - nd + ax, s)
+        return out
+    if mode != "interp":
+        raise ValueError(f"kernel_resize must be 'pad' or 'interp', got {mode!r}")
+    dims = tuple(range(-nd, 0))
+    centred = torch.roll(kernel, [o // 2 for o in old], dims)
+    lead = centred.shape[:-nd]
+    flat = centred.reshape(1, -1, *old)
+    res = F.interpolate(flat, size=size, mode="bicubic" if nd == 2 else "trilinear", align_corners=False)
+    res = res.reshape(*lead, *size) * (math.prod(old) / math.prod(size))
+    return torch.roll(res, [-(s // 2) for s in size], dims)
+
+
+def inflate_kernel(kernel: torch.Tensor, frames: int, mode: str = "center") -> torch.Tensor:
+    """Inflate 2-D circular kernels (..., H, W) to video kernels (..., T, H, W) (spec section 9, LI-6).
+
+    'center': the 2-D kernel at temporal offset 0 (index 0 of the circular T axis), zeros elsewhere, so 3-D LiSA
+        equals 2-D LiSA applied frame by frame. 'average': replicated over T and divided by T.
+    """
+    if frames < 1:
+        raise ValueError(f"frames must be >= 1, got {frames}")
+    if mode == "center":
+        out = kernel.new_zeros(*kernel.shape[:-2], frames, *kernel.shape[-2:])
+        out[..., 0, :, :] = kernel
+        return out
+    if mode == "average":
+        return kernel.unsqueeze(-3).expand(*kernel.shape[:-2], frames, *kernel.shape[-2:]) / frames
+    raise ValueError(f"inflate mode must be 'center' or 'average', got {mode!r}")

@@ -1,0 +1,125 @@
+"""GFNet-style global filter token mixer (`"global_filter"`): a static per-channel circular convolution via rfft2.
+
+Registered for LiSA's Tab. 3(a) comparisons ("GF layer"): the input-independent counterpart of LiSA's dynamic
+global convolution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._shapes import as_hw, check_heads, map_to_tokens, tokens_to_map
+from . import register_attention
+from .base import AttentionCaps, TokenMixer
+from .functional.structure_aware import relative_index
+
+__all__ = ["GlobalFilter", "global_filter_kernel", "global_filter_ref", "global_filter_fft"]
+
+
+def global_filter_kernel(weight: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
+    """Token-domain kernel of a half-spectrum filter: (H, W//2+1, C, 2) -> (C, H, W), k = irfft2(W, s=hw).
+
+    The GF output equals the circular convolution y[i] = sum_n k[(i - n) mod hw] x[n] per channel
+    (the filter's impulse response, since rfft2 of a delta is all ones).
+    """
+    w = torch.view_as_complex(weight.contiguous()).permute(2, 0, 1)  # (C, H, W//2+1)
+    return torch.fft.irfft2(w, s=tuple(hw))
+
+
+def global_filter_ref(x: torch.Tensor, weight: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
+    """Dense reference: per-channel circulant matrices M_c[i, n] = k_c[(i - n) mod hw] applied to x.
+
+    Shapes: x (B, N, C); weight (H, W//2+1, C, 2) -> (B, N, C).
+    """
+    k = global_filter_kernel(weight, hw).flatten(1)  # (C, N)
+    # relative_index gives delta = n - i mod hw; convolution needs i - n = the transpose.
+    m = k[:, relative_index(hw, "circular", x.device).T]  # (C, N_i, N_n)
+    return torch.einsum("cin,bnc->bic", m, x)
+
+
+def global_filter_fft(x: torch.Tensor, weight: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
+    """GFNet GlobalFilter: irfft2(rfft2(x, ortho) * W, ortho) over the token grid.
+
+    Shapes: x (B, N, C); weight (H, W//2+1, C, 2) -> (B, N, C).
+    """
+    xm = tokens_to_map(x, hw)  # (B, C, H, W)
+    w = torch.view_as_complex(weight.contiguous()).permute(2, 0, 1)  # (C, H, W//2+1)
+    y = torch.fft.irfft2(torch.fft.rfft2(xm, norm="ortho") * w, s=tuple(hw), norm="ortho")
+    return map_to_tokens(y)
+
+
+@register_attention("global_filter")
+class GlobalFilter(TokenMixer):
+    """Global filter layer (GFNet): a learnable complex filter per channel on the 2-D spectrum of the token map.
+
+    Shapes: x (B, N, C) with hw = (H, W), N = H*W -> (B, N, C).
+    Paper: GFNet (Rao et al. 2021), the "GF layer" of seed 002 Tab. 3(a).
+    Official: raoyongming/GFNet `gfnet.py` `GlobalFilter` (`complex_weight` (H, W//2+1, C, 2), randn * 0.02,
+        rfft2/irfft2 norm='ortho'); only the layout and init are followed, the code is ours.
+    Symbols: W = `complex_weight` (half spectrum); k = irfft2(W) the equivalent token-domain kernel.
+
+    Resolution: the filter lives on the spectrum of `input_size` (H0, W0). At another grid it is resampled over the
+    frequency grid (H0, W0//2+1) -> (H, W//2+1) bilinearly (align_corners=True; real and imaginary parts
+    separately), as GFNet resizes its filters for fine-tuning at another resolution.
+
+    Args:
+        dim: channels C.
+        num_heads: accepted for the registry interface (must divide dim); the filter is per channel.
+        input_size: token grid (H0, W0) of the filter; default 14 x 14.
+        proj_drop: dropout on the output.
+    """
+
+    caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False,
+                         complexity="O(N log N)", sequence=False, notes="static (input-independent) filter")
+
+    def __init__(self, dim: int, num_heads: int = 1, input_size: Sequence[int] | None = None,
+                 proj_drop: float = 0.0, device=None, dtype=None) -> None:
+        super().__init__()
+        self.dim = dim
+        self.num_heads = num_heads
+        check_heads(dim, num_heads, "global_filter")
+        self.input_size = as_hw(input_size if input_size is not None else (14, 14), "input_size")
+        H0, W0 = self.input_size
+        self.complex_weight = nn.Parameter(torch.empty(H0, W0 // 2 + 1, dim, 2, device=device, dtype=dtype))
+        self.proj_drop = nn.Dropout(proj_drop)
+        if not self.complex_weight.is_meta:
+            nn.init.normal_(self.complex_weight, std=0.02)
+
+    def filter_for(self, hw: Sequence[int]) -> torch.Tensor:
+        """The half-spectrum filter (H, W//2+1, C, 2) for grid hw (resampled when hw differs from input_size)."""
+        H, W = hw
+        w = self.complex_weight
+        if tuple(hw) == self.input_size:
+            return w
+        C = w.shape[2]
+        grid = w.permute(2, 3, 0, 1).reshape(1, C * 2, *w.shape[:2])
+        grid = F.interpolate(grid, size=(H, W // 2 + 1), mode="bilinear", align_corners=True)
+        return grid.reshape(C, 2, H, W // 2 + 1).permute(2, 3, 0, 1)
+
+    def forward(self, x: torch.Tensor, hw: Sequence[int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        hw = self._check_input(x, hw, mask)
+        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        with torch.autocast(x.device.type, enabled=False):
+            y = global_filter_fft(x.to(cdt), self.filter_for(hw).to(cdt), hw)
+        return self.proj_drop(y.to(x.dtype))
+
+    def forward_ref(self, x: torch.Tensor, hw: Sequence[int] | None = None,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense circulant-matrix reference of `forward`."""
+        hw = self._check_input(x, hw, mask)
+        return global_filter_ref(x, self.filter_for(hw).to(x.dtype), hw)
+
+    @torch.no_grad()
+    def attention_matrix(self, x: torch.Tensor, hw: Sequence[int] | None = None) -> torch.Tensor:
+        """(B, N, C) -> (B, h, N, N): per head, the mean over its channels of the per-channel circulant matrices
+        (exact per head only when its channels share a filter; the mixer itself is per channel)."""
+        hw = self._check_input(x, hw, None)
+        k = global_filter_kernel(self.filter_for(hw).to(x.dtype), hw).flatten(1)  # (C, N)
+        k = k.reshape(self.num_heads, -1, k.shape[-1]).mean(1)  # (h, N)
+        m = k[:, relative_index(hw, "circular", x.device).T]  # (h, N, N)
+        return m.unsqueeze(0).expand(x.shape[0], -1, -1, -1)

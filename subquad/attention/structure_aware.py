@@ -1,0 +1,250 @@
+"""LiSA structure-aware attention as a registered token mixer (`"structure_aware"`), 2-D and 3-D (video) forms."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from timm.layers import trunc_normal_
+from torch import nn
+
+from .._shapes import check_heads, check_tokens, merge_heads
+from . import register_attention
+from .base import AttentionCaps, TokenMixer
+from .functional.structure_aware import (
+    default_d_chunk,
+    kernel_spectrum,
+    lisa_eq10_ref,
+    lisa_fft,
+    lisa_local,
+    local_to_toeplitz,
+    resize_kernel,
+    toeplitz_to_circular,
+)
+
+__all__ = ["StructureAwareAttention"]
+
+
+def _as_grid(size, name: str) -> tuple[int, ...]:
+    if isinstance(size, int):
+        size = (size, size)
+    size = tuple(int(s) for s in size)
+    if len(size) not in (2, 3) or min(size) < 1:
+        raise ValueError(f"{name} must be (H, W) or (T, H, W) of positive ints, got {size!r}")
+    return size
+
+
+@register_attention("structure_aware")
+class StructureAwareAttention(TokenMixer):
+    """LiSA: lightweight structure-aware attention (Eq. 13), with the explicit Eq. 10 form as reference.
+
+    Shapes: x (B, N, C) with hw = (H, W) (N = H*W) or, for video (3-D `input_size`), hw = (T, H, W) (N = T*H*W)
+    -> (B, N, C). No masks, no prefix tokens (LiSA mixes a full grid).
+    Paper: seed 002, Eq. 8-13; operator rebuilt in spec/lisa.md section 3 (registers LI-1 ... LI-7).
+    Official: none published; this module is the reference implementation.
+    Symbols: D structural-pattern size (paper D); W^a = `kernel_a` (C, D, *grid0); W^b = `kernel_b` (h, D, *grid0)
+        (or (1, D, *grid0) with `shared_kernel_b`); B = `struct_proj` (C, D); Q-bar, K-bar = L2-normalised q, k.
+
+    Forward: q, k, v = qkv(x) (head-major); q, k L2-normalised over the head dim (eps 1e-6); Ga = corr(W^a, k),
+    S = sum_c q * Ga per head, Gb = corr(W^b, v), Y = sum_d S_d (Gb_d + B_d); proj. Steps 2-10 run in float32
+    (float64 for float64 input) with autocast off; the output is cast back before `proj`.
+
+    Resolution: kernels are stored in the token domain on `input_size` (H0, W0) (or (T0, H0, W0)). At another grid
+    they are resampled by `resize_kernel(kernel, grid, kernel_resize)`: 'pad' (default) keeps each offset's weight
+    in token units (centred zero-padding when the grid grows, centred cropping when it shrinks); 'interp' resamples
+    the centred kernel bicubically (trilinear in 3-D) and rescales it by (H0*W0)/(H*W) to keep the DC gain. Local
+    kernels (`local_kernel=k`) are size-independent. `boundary='zero'` kernels are Toeplitz (2*grid0-1) and are
+    resized with the same rule on the (2*grid - 1) offset window.
+
+    Args:
+        dim: channels C.
+        num_heads: heads h (C_h = C / h).
+        D: structural-pattern size (>= 1; 8 for hierarchical models, 16 for LiSANet-I).
+        input_size: token grid the kernels are sized for, (H0, W0) or (T0, H0, W0) (3-D form). Default 14 x 14.
+        qkv_bias: bias of `qkv`.
+        shared_kernel_b: one W^b for all heads (the paper's single-head N x D form) instead of one per head.
+        local_kernel: None (global kernels, the paper's LiSA) or an odd k: k x k (k x k x k) zero-padded local
+            kernels (Tab. 3(d)), computed with grouped convolutions.
+        boundary: 'circular' (Eq. 13, registered models) or 'zero' (Toeplitz Eq. 11 via FFTs on the doubled grid;
+            ablation of the circular approximation).
+        d_chunk: process D in chunks of this size (bounds peak memory); None = `default_d_chunk` (all of D while
+            B*C*D*N*4 bytes <= 256 MiB).
+        kernel_resize: 'pad' or 'interp' (see Resolution).
+        normalize_v: also L2-normalise v (off; LI-5).
+        checkpoint_kernels: recompute Ga/Gb per chunk in backward instead of storing them.
+        proj_drop: dropout after `proj`.
+    """
+
+    caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False,
+                         complexity="O(N log N)", sequence=False,
+                         notes="fp16/bf16 inputs compute the FFT core in fp32")
+
+    def __init__(self, dim: int, num_heads: int = 8, D: int = 8, input_size: Sequence[int] | None = None,
+                 qkv_bias: bool = True, shared_kernel_b: bool = False, local_kernel: int | None = None,
+                 boundary: str = "circular", d_chunk: int | None = None, kernel_resize: str = "pad",
+                 normalize_v: bool = False, checkpoint_kernels: bool = False, proj_drop: float = 0.0,
+                 num_prefix_tokens: int = 0, device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = check_heads(dim, num_heads, "structure_aware attention")
+        if not isinstance(D, int) or D < 1:
+            raise ValueError(f"structure_aware: D (structural-pattern size) must be an int >= 1, got {D!r}")
+        if boundary not in ("circular", "zero"):
+            raise ValueError(f"structure_aware: boundary must be 'circular' or 'zero', got {boundary!r}")
+        if kernel_resize not in ("pad", "interp"):
+            raise ValueError(f"structure_aware: kernel_resize must be 'pad' or 'interp', got {kernel_resize!r}")
+        if local_kernel is not None and (local_kernel < 1 or local_kernel % 2 == 0):
+            raise ValueError(f"structure_aware: local_kernel must be an odd int >= 1 or None, got {local_kernel!r}")
+        if d_chunk is not None and d_chunk < 1:
+            raise ValueError(f"structure_aware: d_chunk must be >= 1 or None, got {d_chunk!r}")
+        if num_prefix_tokens:
+            raise ValueError(f"structure_aware: num_prefix_tokens={num_prefix_tokens} is not supported (LiSA mixes "
+                             "a full token grid; use class_token=False / global_pool='avg')")
+        self.D = D
+        self.input_size = _as_grid(input_size if input_size is not None else (14, 14), "input_size")
+        self.ndim_grid = len(self.input_size)
+        self.shared_kernel_b = shared_kernel_b
+        self.local_kernel = local_kernel
+        self.boundary = boundary
+        self.d_chunk = d_chunk
+        self.kernel_resize = kernel_resize
+        self.normalize_v = normalize_v
+        self.checkpoint_kernels = checkpoint_kernels
+        if local_kernel is not None:
+            ksize = (local_kernel,) * self.ndim_grid
+        elif boundary == "circular":
+            ksize = self.input_size
+        else:
+            ksize = tuple(2 * g - 1 for g in self.input_size)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, **dd)
+        self.kernel_a = nn.Parameter(torch.empty(dim, D, *ksize, **dd))
+        self.kernel_b = nn.Parameter(torch.empty(1 if shared_kernel_b else num_heads, D, *ksize, **dd))
+        self.struct_proj = nn.Parameter(torch.empty(dim, D, **dd))
+        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+        # Eval-only cache of the kernel spectra: key -> (spectrum_a, spectrum_b). Not state (not saved).
+        self._spectra_cache: dict = {}
+        if not self.kernel_a.is_meta:
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for p in (self.kernel_a, self.kernel_b, self.struct_proj, self.qkv.weight, self.proj.weight):
+            trunc_normal_(p, std=0.02)
+        for b in (self.qkv.bias, self.proj.bias):
+            if b is not None:
+                nn.init.zeros_(b)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, D={self.D}, input_size={self.input_size}, "
+                f"local_kernel={self.local_kernel}, boundary={self.boundary!r}")
+
+    def _grid(self, x: torch.Tensor, hw) -> tuple[int, ...]:
+        who = f"{type(self).__name__} ('structure_aware')"
+        check_tokens(x, self.dim, who)
+        if hw is None:
+            raise ValueError(f"{who} is spatial and needs hw={'(T, H, W)' if self.ndim_grid == 3 else '(H, W)'} "
+                             f"for x of shape {tuple(x.shape)}")
+        grid = tuple(int(s) for s in hw)
+        if len(grid) != self.ndim_grid or min(grid) < 1:
+            form = "(T, H, W) (3-D video form)" if self.ndim_grid == 3 else "(H, W) (2-D form)"
+            raise ValueError(f"{who}: hw must be {form} for input_size={self.input_size}, got hw={tuple(hw)}")
+        if math.prod(grid) != x.shape[1]:
+            raise ValueError(f"{who}: grid hw={'x'.join(map(str, grid))} makes {math.prod(grid)} tokens but x has "
+                             f"N={x.shape[1]} (shape {tuple(x.shape)})")
+        return grid
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, N, C) -> q-bar, k-bar, v (B, h, N, d) in the compute dtype (float32, or float64)."""
+        B, N, C = x.shape
+        qkv = self.qkv(x)
+        cdt = torch.float64 if qkv.dtype == torch.float64 else torch.float32
+        q, k, v = qkv.to(cdt).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)
+        if self.normalize_v:
+            v = F.normalize(v, dim=-1, eps=1e-6)
+        return q, k, v
+
+    def kernels(self, grid: Sequence[int], dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """kernel_a, kernel_b resampled for `grid` (token-domain; identity at `input_size` and for local kernels)."""
+        ka, kb = self.kernel_a, self.kernel_b
+        if dtype is not None:
+            ka, kb = ka.to(dtype), kb.to(dtype)
+        if self.local_kernel is None and tuple(grid) != self.input_size:
+            target = tuple(grid) if self.boundary == "circular" else tuple(2 * g - 1 for g in grid)
+            ka = resize_kernel(ka, target, self.kernel_resize)
+            kb = resize_kernel(kb, target, self.kernel_resize)
+        return ka, kb
+
+    def _spectra(self, grid: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """conj(rfftn) of both kernels on the FFT grid; cached per grid in eval mode without autograd."""
+        use_cache = not self.training and not torch.is_grad_enabled()
+        key = (grid, dtype, self.kernel_a.device, self.kernel_a._version, self.kernel_b._version,
+               id(self.kernel_a), id(self.kernel_b))
+        if use_cache and key in self._spectra_cache:
+            return self._spectra_cache[key]
+        ka, kb = self.kernels(grid, dtype)
+        fft_grid = grid
+        if self.boundary == "zero":
+            ka, kb = toeplitz_to_circular(ka, grid), toeplitz_to_circular(kb, grid)
+            fft_grid = tuple(2 * g for g in grid)
+        out = (kernel_spectrum(ka, fft_grid), kernel_spectrum(kb, fft_grid))
+        if use_cache:
+            self._spectra_cache.clear()
+            self._spectra_cache[key] = out
+        return out
+
+    def train(self, mode: bool = True):
+        self._spectra_cache.clear()
+        return super().train(mode)
+
+    def _mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
+        """q-bar, k-bar, v (B, h, N, d) -> (B, h, N, d) by the fast path of this configuration."""
+        bproj = self.struct_proj.to(q.dtype)
+        d_chunk = self.d_chunk or default_d_chunk(q.shape[0], self.dim, self.D, q.shape[2],
+                                                  itemsize=q.element_size())
+        if self.local_kernel is not None:
+            ka, kb = self.kernels(grid, q.dtype)
+            return lisa_local(q, k, v, ka, kb, bproj, grid, d_chunk=d_chunk)
+        return lisa_fft(q, k, v, self.kernel_a, self.kernel_b, bproj, grid, self.boundary,
+                        d_chunk, spectra=self._spectra(grid, q.dtype), checkpoint_chunks=self.checkpoint_kernels)
+
+    def forward(self, x: torch.Tensor, hw: Sequence[int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        if mask is not None:
+            raise ValueError("structure_aware does not support masks; pass mask=None")
+        grid = self._grid(x, hw)
+        with torch.autocast(x.device.type, enabled=False):
+            q, k, v = self._qkv(x)
+            o = self._mix(q, k, v, grid)
+        # Back to the input dtype; under autocast `proj` then runs in the autocast dtype.
+        return self.proj_drop(self.proj(merge_heads(o).to(x.dtype)))
+
+    def _ref_kernels(self, grid: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, str]:
+        ka, kb = self.kernels(grid, dtype)
+        if self.local_kernel is not None:
+            return local_to_toeplitz(ka, grid), local_to_toeplitz(kb, grid), "zero"
+        return ka, kb, self.boundary
+
+    def forward_ref(self, x: torch.Tensor, hw: Sequence[int] | None = None,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Explicit reference of `forward`: Eq. 10 with materialised RPE tensors (O(N^2 C D) memory)."""
+        grid = self._grid(x, hw)
+        q, k, v = self._qkv(x)
+        ka, kb, boundary = self._ref_kernels(grid, q.dtype)
+        o = lisa_eq10_ref(q, k, v, ka, kb, self.struct_proj.to(q.dtype), grid, boundary)
+        return self.proj(merge_heads(o).to(x.dtype))
+
+    @torch.no_grad()
+    def attention_matrix(self, x: torch.Tensor, hw: Sequence[int] | None = None) -> torch.Tensor:
+        """(B, N, C) -> (B, h, N, N): A-hat, the equivalent token-mixing map of the kernel path (Y_attn = A-hat V
+        per head). The feature path S B^T mixes no tokens beyond S and is not part of this map."""
+        grid = self._grid(x, hw)
+        q, k, v = self._qkv(x)
+        ka, kb, boundary = self._ref_kernels(grid, q.dtype)
+        _, _, a_hat = lisa_eq10_ref(q, k, v, ka, kb, self.struct_proj.to(q.dtype), grid, boundary,
+                                    return_structure=True)
+        return a_hat

@@ -1,0 +1,277 @@
+"""LiSA structure-aware attention: fast paths vs the explicit Eq. 8-10 references, chunking, resizing, video."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import subquad
+from subquad.attention.functional import structure_aware as fsa
+from tests._tol import assert_close, compare_fn, compare_module
+
+GRIDS = [(5, 7), (6, 6), (3, 4, 5)]
+
+
+def _operands(grid, B=2, h=2, dh=3, D=3, shared_b=False, ksize=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    N, C = math.prod(grid), h * dh
+    ksize = tuple(grid) if ksize is None else tuple(ksize)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=torch.float64)
+
+    q = F.normalize(r(B, h, N, dh), dim=-1)
+    k = F.normalize(r(B, h, N, dh), dim=-1)
+    return [q, k, r(B, h, N, dh), r(C, D, *ksize), r(1 if shared_b else h, D, *ksize), r(C, D)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("grid", GRIDS)
+def test_fft_equals_circulant_ref(grid, dtype):
+    """Eq. 13 (rfftn, conj convention) == Eq. 10 with explicit circulant RPE: output and every input gradient."""
+    ops = _operands(grid, h=2, D=3, shared_b=len(grid) == 3)
+    compare_fn(lambda *a: fsa.lisa_fft(*a, grid), lambda *a: fsa.lisa_circulant_ref(*a, grid), ops, dtype)
+
+
+def test_fft_chunked_equals_unchunked_and_checkpointed():
+    grid = (5, 7)
+    ops = _operands(grid, D=5)
+    compare_fn(lambda *a: fsa.lisa_fft(*a, grid, d_chunk=2, checkpoint_chunks=True),
+               lambda *a: fsa.lisa_fft(*a, grid), ops, torch.float64)
+    compare_fn(lambda *a: fsa.lisa_fft(*a, grid, d_chunk=1), lambda *a: fsa.lisa_fft(*a, grid), ops, torch.float32)
+
+
+@pytest.mark.parametrize("grid", [(4, 5), (2, 3, 4)])
+def test_zero_boundary_fft_equals_toeplitz_ref(grid):
+    ksize = tuple(2 * s - 1 for s in grid)
+    ops = _operands(grid, D=2, ksize=ksize)
+    compare_fn(lambda *a: fsa.lisa_fft(*a, grid, boundary="zero"), lambda *a: fsa.lisa_toeplitz_ref(*a, grid), ops)
+
+
+def test_toeplitz_vs_circulant_agree_away_from_wrap_and_differ_at_border():
+    """Kernels supported on |delta| <= 1: queries at distance >= 1 from every border see the same keys in both
+    forms (exact agreement); border queries differ because the circulant form wraps in keys from the opposite
+    border. The border difference is the documented effect of the circular approximation (spec section 5)."""
+    grid, r = (6, 7), 1
+    q, k, v, ka, kb, bp = _operands(grid, ksize=(3, 3))
+    tka, tkb = fsa.local_to_toeplitz(ka, grid), fsa.local_to_toeplitz(kb, grid)
+    # The same local kernels as circular kernels: offset delta at delta mod grid.
+    cka = fsa.resize_kernel(torch.roll(ka, (-1, -1), (-2, -1)), grid)
+    ckb = fsa.resize_kernel(torch.roll(kb, (-1, -1), (-2, -1)), grid)
+    yt = fsa.lisa_toeplitz_ref(q, k, v, tka, tkb, bp, grid)
+    yc = fsa.lisa_circulant_ref(q, k, v, cka, ckb, bp, grid)
+    ys, xs = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    inner = ((ys >= r) & (ys < grid[0] - r) & (xs >= r) & (xs < grid[1] - r)).flatten()
+    assert_close(yc[:, :, inner], yt[:, :, inner], torch.float64, "interior queries")
+    border_err = fsa_rel(yc[:, :, ~inner], yt[:, :, ~inner])
+    assert border_err > 1e-2, f"border queries should differ (wrap-around), rel diff {border_err:.2e}"
+    # Also the FFT local path (conv) equals the Toeplitz form.
+    assert_close(fsa.lisa_local(q, k, v, ka, kb, bp, grid), yt, torch.float64, "local conv vs Toeplitz")
+
+
+def fsa_rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_relative_index_uses_grid_coordinates():
+    """rpe_matrix indexes offsets by (y, x) coordinates, checked against an explicit loop (circular and Toeplitz)."""
+    grid = (3, 4)
+    kc = torch.randn(3, 4)
+    kt = torch.randn(5, 7)
+    rc, rt = fsa.rpe_matrix(kc, grid), fsa.rpe_matrix(kt, grid, "zero")
+    pos = [(y, x) for y in range(3) for x in range(4)]
+    for i, (yi, xi) in enumerate(pos):
+        for n, (yn, xn) in enumerate(pos):
+            assert rc[i, n] == kc[(yn - yi) % 3, (xn - xi) % 4]
+            assert rt[i, n] == kt[yn - yi + 2, xn - xi + 3]
+
+
+def test_eq8_matches_loop():
+    grid = (3, 4)
+    q, k, v, *_ = _operands(grid, B=1, h=2)
+    e = torch.randn(2, 5, 7, dtype=torch.float64)
+    y = fsa.lisa_eq8_ref(q, k, v, e, grid, "zero")
+    pos = [(a, b) for a in range(3) for b in range(4)]
+    ref = torch.zeros_like(y)
+    for i, (yi, xi) in enumerate(pos):
+        for n, (yn, xn) in enumerate(pos):
+            w = (q[:, :, i] * k[:, :, n]).sum(-1) * e[:, yn - yi + 2, xn - xi + 3]  # (B, h)
+            ref[:, :, i] += w[..., None] * v[:, :, n]
+    assert_close(y, ref, torch.float64, "Eq. 8 vs loop")
+
+
+def test_eq10_reduces_to_eq9_for_channel_shared_kernels():
+    """The Hadamard correlation (Eq. 10) with W^a equal over the channels of a head is the dot-product
+    correlation (Eq. 9): sum_c q_c k_c R_d = (q . k) R_d."""
+    grid = (4, 5)
+    q, k, v, _, kb, bp = _operands(grid, h=2, dh=3, D=2)
+    ka_head = torch.randn(2, 2, *grid, dtype=torch.float64)
+    ka = ka_head.repeat_interleave(3, dim=0)  # (C, D, H, W), channel c uses head c // dh
+    assert_close(fsa.lisa_eq10_ref(q, k, v, ka, kb, bp, grid), fsa.lisa_eq9_ref(q, k, v, ka_head, kb, bp, grid),
+                 torch.float64, "Eq. 10 vs Eq. 9")
+
+
+def _module(dim=8, heads=2, **kw):
+    kw.setdefault("input_size", (5, 7))
+    kw.setdefault("D", 3)
+    return subquad.build_attention("structure_aware", dim, heads, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("hw,D,heads,shared", [((4, 5), 1, 1, False), ((7, 7), 3, 2, True), ((6, 10), 8, 2, False)])
+def test_module_fast_equals_ref(hw, D, heads, shared, dtype):
+    """Whole module (qkv, normalisation, kernels, struct_proj, proj): every parameter gradient included."""
+    m = _module(dim=8, heads=heads, D=D, input_size=hw, shared_kernel_b=shared)
+    x = torch.randn(2, math.prod(hw), 8)
+    compare_module(m, lambda m, x: m(x, hw), lambda m, x: m.forward_ref(x, hw), [x], dtype)
+
+
+@pytest.mark.parametrize("mode", ["pad", "interp"])
+def test_module_other_grid_fast_equals_ref(mode):
+    """At a grid other than input_size the resampled kernels feed both paths (gradients reach the stored ones)."""
+    m = _module(input_size=(5, 7), kernel_resize=mode)
+    hw = (6, 4)
+    compare_module(m, lambda m, x: m(x, hw), lambda m, x: m.forward_ref(x, hw), [torch.randn(2, 24, 8)],
+                   torch.float32)
+
+
+def test_module_local_kernel_equals_explicit_local_form():
+    m = _module(local_kernel=3, input_size=(5, 7))
+    assert tuple(m.kernel_a.shape) == (8, 3, 3, 3)
+    for hw in [(5, 7), (4, 6)]:
+        compare_module(m, lambda m, x, hw=hw: m(x, hw), lambda m, x, hw=hw: m.forward_ref(x, hw),
+                       [torch.randn(2, math.prod(hw), 8)], torch.float64)
+
+
+def test_module_zero_boundary_and_video_equal_ref():
+    m = _module(boundary="zero", input_size=(4, 5))
+    compare_module(m, lambda m, x: m(x, (4, 5)), lambda m, x: m.forward_ref(x, (4, 5)), [torch.randn(2, 20, 8)])
+    mv = _module(input_size=(3, 4, 5))
+    compare_module(mv, lambda m, x: m(x, (3, 4, 5)), lambda m, x: m.forward_ref(x, (3, 4, 5)),
+                   [torch.randn(2, 60, 8)], torch.float32)
+
+
+def test_module_d_chunk_equals_unchunked():
+    m = _module(D=6)
+    x = torch.randn(2, 35, 8)
+    y = m(x, (5, 7))
+    for c in (1, 4):
+        m.d_chunk = c
+        assert_close(m(x, (5, 7)), y, torch.float32, f"d_chunk={c}")
+    m.checkpoint_kernels = True
+    x.requires_grad_(True)
+    m(x, (5, 7)).sum().backward()
+    assert torch.isfinite(x.grad).all() and m.kernel_a.grad is not None
+
+
+def test_default_d_chunk_budget():
+    assert fsa.default_d_chunk(1, 192, 8, 56 * 56) == 8
+    # 112^2 tokens, C=192, B=8: 8*192*12544*4 B = 77 MiB per d -> 3 fit in 256 MiB -> largest divisor of 8 is 2.
+    assert fsa.default_d_chunk(8, 192, 8, 112 * 112) == 2
+
+
+def test_attention_matrix_is_the_kernel_path():
+    """With B = 0 (no feature path), forward == proj(A-hat V) per head."""
+    m = _module().double()
+    with torch.no_grad():
+        m.struct_proj.zero_()
+    x = torch.randn(2, 35, 8, dtype=torch.float64)
+    a = m.attention_matrix(x, (5, 7))
+    assert a.shape == (2, 2, 35, 35)
+    _, _, v = m._qkv(x)
+    expect = m.proj(subquad._shapes.merge_heads(a @ v))
+    assert_close(m(x, (5, 7)), expect, torch.float64, "A-hat V")
+
+
+def test_resize_kernel_pad_rules():
+    k = torch.randn(2, 3, 5, 6)
+    assert torch.equal(fsa.resize_kernel(k, (5, 6)), k)
+    assert torch.equal(fsa.resize_kernel(fsa.resize_kernel(k, (9, 11)), (5, 6)), k)
+    # Kernel supported on |delta| <= 1: the same offsets carry the same weights at the larger grid, zero elsewhere.
+    small = torch.zeros(1, 1, 5, 6)
+    for dy in (-1, 0, 1):
+        for dx in (-1, 0, 1):
+            small[..., dy % 5, dx % 6] = torch.randn(())
+    big = fsa.resize_kernel(small, (9, 11))
+    for dy in range(-4, 5):
+        for dx in range(-5, 6):
+            expect = small[..., dy % 5, dx % 6] if abs(dy) <= 1 and abs(dx) <= 1 else torch.zeros(1, 1)
+            assert torch.equal(big[..., dy % 9, dx % 11], expect)
+
+
+def test_resize_kernel_interp_keeps_dc_gain():
+    k = torch.full((2, 1, 5, 5), 0.3, dtype=torch.float64)
+    r = fsa.resize_kernel(k, (9, 8), "interp")
+    assert r.shape == (2, 1, 9, 8)
+    torch.testing.assert_close(r.sum((-2, -1)), k.sum((-2, -1)))
+
+
+def test_video_t1_equals_2d_and_center_inflation_is_framewise():
+    m2 = _module(input_size=(5, 7)).eval()
+    m3 = _module(input_size=(4, 5, 7)).eval()
+    m1 = _module(input_size=(1, 5, 7)).eval()
+    sd = m2.state_dict()
+    for mod in (m3, m1):
+        T = mod.input_size[0]
+        mod.load_state_dict({**sd, "kernel_a": fsa.inflate_kernel(sd["kernel_a"], T),
+                             "kernel_b": fsa.inflate_kernel(sd["kernel_b"], T)})
+    video = torch.randn(2, 4, 35, 8)
+    with torch.no_grad():
+        y3 = m3(video.reshape(2, 140, 8), (4, 5, 7)).reshape(2, 4, 35, 8)
+        framewise = torch.stack([m2(video[:, t], (5, 7)) for t in range(4)], 1)
+        assert_close(y3, framewise, torch.float32, "center-inflated 3-D vs frame-wise 2-D")
+        assert_close(m1(video[:, 0], (1, 5, 7)), m2(video[:, 0], (5, 7)), torch.float32, "T=1 vs 2-D")
+    avg = fsa.inflate_kernel(sd["kernel_a"], 4, "average")
+    torch.testing.assert_close(avg.sum(-3), sd["kernel_a"])
+
+
+def test_eval_spectra_cache_is_invalidated_by_updates():
+    m = _module().eval()
+    x = torch.randn(1, 35, 8)
+    with torch.no_grad():
+        y0 = m(x, (5, 7))
+        assert m._spectra_cache
+        assert torch.equal(m(x, (5, 7)), y0)
+        m.kernel_b.mul_(2.0)
+        y1 = m(x, (5, 7))
+    assert not torch.allclose(y0, y1)
+    m.train()
+    assert_close(m(x, (5, 7)).detach(), y1, torch.float32, "train vs cached eval")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_runs_core_in_fp32(dtype, monkeypatch):
+    """Under autocast the FFT core receives float32 q, k, v and kernels (the fp32 island), output is finite."""
+    import subquad.attention.structure_aware as mod
+
+    seen = []
+
+    def spy(*args, **kw):
+        seen.extend(a.dtype for a in args[:6] if isinstance(a, torch.Tensor))
+        return fsa.lisa_fft(*args, **kw)
+
+    monkeypatch.setattr(mod, "lisa_fft", spy)
+    m = _module()
+    x = torch.randn(2, 35, 8)
+    with torch.autocast("cpu", dtype=dtype):
+        y = m(x, (5, 7))
+    assert torch.isfinite(y).all() and y.dtype == dtype
+    assert seen and all(d == torch.float32 for d in seen), seen
+    assert_close(y.float(), m(x, (5, 7)), dtype, "autocast vs fp32")
+
+
+def test_bad_inputs_clear_errors():
+    with pytest.raises(ValueError, match="D .*>= 1, got 0"):
+        _module(D=0)
+    with pytest.raises(ValueError, match="local_kernel"):
+        _module(local_kernel=4)
+    m = _module()
+    with pytest.raises(ValueError, match="hw=6x7 makes 42 tokens but x has N=35"):
+        m(torch.randn(1, 35, 8), (6, 7))
+    with pytest.raises(ValueError, match=r"\(T, H, W\)"):
+        _module(input_size=(2, 5, 7))(torch.randn(1, 35, 8), (5, 7))
+    with pytest.raises(ValueError, match="num_prefix_tokens"):
+        _module(num_prefix_tokens=1)
