@@ -29,3 +29,4 @@ def list_sequence_models() -> list[str]:
 
 
 # Model modules (each registers itself). One import per line.
+from . import encoder  # noqa: E402,F401
