@@ -1,0 +1,214 @@
+"""Window attention: Swin W-MSA / SW-MSA with relative position bias, and L2ViT's local window attention (LWA).
+
+The module takes the full map tokens (B, H*W, C) with hw and does pad -> cyclic shift -> partition -> attention ->
+reverse -> unshift -> crop itself, so hosts never partition.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timm.layers import trunc_normal_
+from torch import nn
+
+from .._shapes import as_hw, check_heads, merge_heads
+from . import register_attention
+from .base import AttentionCaps, TokenMixer
+from .functional.window import (
+    WindowGeometry,
+    relative_position_bias,
+    relative_position_index,
+    window_attention,
+    window_attention_probs_ref,
+    window_attention_ref,
+    window_geometry,
+    window_mask,
+    window_partition,
+    window_reverse,
+)
+
+__all__ = ["WindowAttention"]
+
+
+@register_attention("window")
+class WindowAttention(TokenMixer):
+    """Multi-head softmax attention inside non-overlapping w x w windows of the token map.
+
+    Shapes: x (B, N, C) with hw=(H, W), N = H * W -> (B, N, C). Any H, W: the map is padded at the bottom/right to
+    multiples of the window and cropped afterwards.
+    Paper: Swin (Liu et al. 2021) Eq. 4 (RPB) and shifted windows; L2ViT seed 000 section 3.2 (LWA: no RPB, no shift).
+    Official: FLatten-Transformer `models/flatten_swin.py` `WindowAttention` + `SwinTransformerBlock` (Swin);
+        L2ViT `classification/models/l2vit.py` `WindowAttention` + `LWABlock` (zero padding after LN, no mask).
+    Symbols: w window side (paper M), s shift (paper floor(M/2)), h heads, d = C / h.
+
+    Two configurations:
+        * Swin: `rel_pos_bias=True`, `shift_size` 0 or w // 2, `pad_mode="mask"`. Following the official block,
+          when min(H, W) <= w the window is clipped to min(H, W) and the shift set to 0: at construction for
+          `input_size` (this also sizes the bias table, as the official code does) and again at run time for the
+          given hw (a clipped run-time window reads the central offsets of the table). Padded keys are masked
+          **[ours]**: the official code requires divisible maps.
+        * L2ViT LWA: `rel_pos_bias=False`, `shift_size=0`, `pad_mode="zero"`: padded tokens are zeros projected by
+          `qkv` (their key/value are the qkv bias) and take part as keys, without a mask and without clipping,
+          exactly as the official code.
+
+    Args:
+        dim: channels C.
+        num_heads: heads h.
+        window_size: window side w.
+        shift_size: cyclic shift s (0 <= s < w).
+        qkv_bias: bias on `qkv`.
+        rel_pos_bias: learnable `relative_position_bias_table` ((2w - 1)^2, h), trunc_normal(0.02).
+        pad_mode: 'mask' (padded keys excluded) or 'zero' (padded zero tokens are keys).
+        clip_window: clip the window to small maps (default: True for 'mask', False for 'zero').
+        attn_drop: dropout on the attention probabilities (training only).
+        proj_drop: dropout after `proj`.
+        input_size: construction map (H, W); sets the official clipping of window and shift.
+        fused: SDPA fast path (True) or the dense reference (False).
+    """
+
+    caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False,
+                         complexity="O(N w^2)", sequence=False,
+                         notes="Swin W-MSA/SW-MSA (RPB, shift mask, padded keys masked) or L2ViT LWA (zero padding)")
+
+    def __init__(self, dim: int, num_heads: int = 8, window_size: int = 7, shift_size: int = 0,
+                 qkv_bias: bool = True, rel_pos_bias: bool = True, pad_mode: str = "mask",
+                 clip_window: bool | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0,
+                 input_size: tuple[int, int] | None = None, fused: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = check_heads(dim, num_heads, "window attention")
+        if pad_mode not in ("mask", "zero"):
+            raise ValueError(f"window attention: pad_mode must be 'mask' or 'zero', got {pad_mode!r}")
+        if not isinstance(window_size, int) or window_size < 1:
+            raise ValueError(f"window attention: window_size must be an int >= 1, got {window_size!r}")
+        if not 0 <= shift_size < window_size:
+            raise ValueError(f"window attention: shift_size must satisfy 0 <= shift_size < window_size={window_size},"
+                             f" got {shift_size}")
+        self.pad_mode = pad_mode
+        self.clip_window = (pad_mode == "mask") if clip_window is None else bool(clip_window)
+        self.input_size = as_hw(input_size, "input_size")
+        if self.input_size is not None:
+            geo = window_geometry(self.input_size, window_size, shift_size, self.clip_window)
+            window_size, shift_size = geo.window, geo.shift
+        self.window_size = window_size
+        self.shift_size = shift_size
+        self.scale = self.head_dim ** -0.5
+        self.fused = fused
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+        if rel_pos_bias:
+            self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1) ** 2, num_heads, **dd))
+            self.register_buffer("relative_position_index",
+                                 relative_position_index(window_size, device=device), persistent=False)
+            if not self.relative_position_bias_table.is_meta:
+                trunc_normal_(self.relative_position_bias_table, std=0.02)
+        else:
+            self.relative_position_bias_table = None
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, "
+                f"shift_size={self.shift_size}, pad_mode={self.pad_mode!r}")
+
+    def geometry(self, hw: tuple[int, int]) -> WindowGeometry:
+        """Effective window, shift and padded map for a run-time map hw."""
+        return window_geometry(hw, self.window_size, self.shift_size, self.clip_window)
+
+    def _pad_kv(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Key and value (h, d) of a zero token: the qkv bias (pad_mode='zero'), else None."""
+        b = self.qkv.bias
+        if self.pad_mode != "zero" or b is None:
+            return None
+        C, h, d = self.dim, self.num_heads, self.head_dim
+        return b[C:2 * C].view(h, d), b[2 * C:].view(h, d)
+
+    def _attn_mask(self, geo: WindowGeometry, dtype: torch.dtype, device) -> torch.Tensor | None:
+        """Float mask (nW or 1, h or 1, L, L): relative position bias plus the shift / padding mask."""
+        bias = None
+        if self.relative_position_bias_table is not None:
+            if geo.window == self.window_size:
+                L = geo.window ** 2
+                idx = self.relative_position_index
+                bias = self.relative_position_bias_table[idx.view(-1)].view(L, L, -1).permute(2, 0, 1)
+            else:
+                bias = relative_position_bias(self.relative_position_bias_table, geo.window, self.window_size)
+            bias = bias.to(dtype)[None]  # (1, h, L, L)
+        m = window_mask(geo, self.pad_mode == "mask", device, dtype)
+        if m is None:
+            return bias
+        return m[:, None] if bias is None else bias + m[:, None]
+
+    def _qkv(self, x: torch.Tensor):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return qkv.unbind(0)  # each (B, h, N, d)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        H, W = self._check_input(x, hw, mask)
+        if not self.fused:
+            return self.forward_ref(x, (H, W))
+        B, N, C = x.shape
+        h, d = self.num_heads, self.head_dim
+        geo = self.geometry((H, W))
+        (Hp, Wp), w, s = geo.padded, geo.window, geo.shift
+        L, nW = w * w, geo.num_windows
+        # Pad the normalised input with zero tokens (L2ViT pads after LN; for 'mask' the pads are masked keys).
+        xm = x.view(B, H, W, C)
+        if (Hp, Wp) != (H, W):
+            xm = F.pad(xm, (0, 0, 0, Wp - W, 0, Hp - H))
+        if s:
+            xm = torch.roll(xm, shifts=(-s, -s), dims=(1, 2))
+        xw = window_partition(xm, w)  # (B*nW, L, C)
+        # (B*nW, L, 3C) -> (3, B, nW*h, L, d): windows and heads share one batch axis (4-D fused SDPA kernel).
+        qkv = self.qkv(xw).view(B, nW, L, 3, h, d).permute(3, 0, 1, 4, 2, 5).reshape(3, B, nW * h, L, d)
+        q, k, v = qkv.unbind(0)
+        attn_mask = self._attn_mask(geo, x.dtype, x.device)  # broadcastable to (nW, h, L, L)
+        if attn_mask is not None:
+            attn_mask = attn_mask.expand(nW, h, L, L).reshape(1, nW * h, L, L)
+        drop = self.attn_drop.p if self.training else 0.0
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop, scale=self.scale)
+        # (B, nW*h, L, d) -> (B*nW, L, C); proj is per token, so it runs before the reverse.
+        o = self.proj(o.view(B * nW, h, L, d).transpose(1, 2).reshape(B * nW, L, C))
+        o = window_reverse(o, w, Hp, Wp)  # (B, Hp, Wp, C)
+        if s:
+            o = torch.roll(o, shifts=(s, s), dims=(1, 2))
+        o = o[:, :H, :W].reshape(B, N, C)
+        return self.proj_drop(o)
+
+    def forward_functional(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        """`forward` through the parameter-free `window_attention` (q, k, v on the full map); same function."""
+        q, k, v = self._qkv(x)
+        o = window_attention(q, k, v, tuple(hw), self.window_size, self.shift_size, self.relative_position_bias_table,
+                             self.window_size, self.pad_mode, self.clip_window, self.scale, self._pad_kv())
+        return self.proj_drop(self.proj(merge_heads(o)))
+
+    def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense reference of `forward`: one masked (N x N) softmax over the whole (padded) map."""
+        q, k, v = self._qkv(x)
+        o = window_attention_ref(q, k, v, tuple(hw), self.window_size, self.shift_size,
+                                 self.relative_position_bias_table, self.window_size, self.pad_mode,
+                                 self.clip_window, self.scale, self._pad_kv())
+        return self.proj_drop(self.proj(merge_heads(o)))
+
+    @torch.no_grad()
+    def attention_matrix(self, x: torch.Tensor, hw: tuple[int, int] | None = None) -> torch.Tensor:
+        """(B, N, C) -> (B, h, N, N) softmax probabilities between real tokens (exact).
+
+        With pad_mode='zero' the padded zero tokens also receive probability mass, which this matrix omits (its
+        rows then sum to less than 1).
+        """
+        H, W = self._check_input(x, hw)
+        q, k, _ = self._qkv(x)
+        geo = self.geometry((H, W))
+        pad_kv = self._pad_kv()
+        p = window_attention_probs_ref(q, k, (H, W), self.window_size, self.shift_size,
+                                       self.relative_position_bias_table, self.window_size, self.pad_mode,
+                                       self.clip_window, self.scale, None if pad_kv is None else pad_kv[0])
+        Hp, Wp = geo.padded
+        real = (torch.arange(H, device=x.device)[:, None] * Wp + torch.arange(W, device=x.device)[None, :]).flatten()
+        return p[:, :, real][:, :, :, real]
