@@ -1,0 +1,574 @@
+"""Transformer-LS long-short attention modules: bidirectional 1-D / 2-D (`LongShortAttention`) and causal
+(`ChunkedLongShortAttention`), registered as one mechanism, "long_short".
+
+`build_attention("long_short", dim, heads, ...)` returns:
+- `causal=False`: a `LongShortAttention`; it computes the 1-D form when called with hw=None and the 2-D image form
+  when called with hw=(H, W) (`dims=1` or `dims=2` pins one form);
+- `causal=True`: a `ChunkedLongShortAttention` (autoregressive form with a decoding cache).
+
+The math lives in `functional/long_short.py`; these modules hold the parameters (official names) and prepare q, k, v.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from timm.layers import trunc_normal_
+from torch import nn
+
+from .._shapes import check_heads, check_hw, check_mask, check_tokens, merge_heads, split_heads
+from . import register_attention
+from .base import AttentionCaps, TokenMixer
+from .functional.long_short import (
+    dynamic_projection,
+    long_short_1d_sdpa,
+    long_short_2d_sdpa,
+    long_short_causal_ref,
+    long_short_causal_sdpa,
+    long_short_ref,
+    post_cls_ref,
+    post_cls_sdpa,
+    rpe_index_2d,
+    rpe_index_tile,
+    rpe_table_size,
+    window_mask_1d,
+    window_mask_2d,
+    xl_sinusoid,
+)
+
+__all__ = ["LongShortAttention", "ChunkedLongShortAttention", "LongShortCache"]
+
+_CAPS = AttentionCaps(bidirectional=True, causal=True, needs_hw=False, supports_mask=True, complexity="O(N)",
+                      sequence=True, notes="1-D with hw=None, 2-D with hw; causal=True gives the autoregressive form")
+
+
+def _check_positive(who: str, **values: int) -> None:
+    for name, v in values.items():
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{who}: {name} must be an int >= 1, got {v!r}")
+
+
+@register_attention("long_short")
+class LongShortAttention(TokenMixer):
+    """Bidirectional long-short attention (1-D sequences and 2-D token maps).
+
+    Every query takes ONE softmax over [r dynamically projected keys (LN_G) ; its window keys (LN_L) ; the global
+    token], then the global token takes the official post-CLS rule. 1-D: segments of w queries, each seeing
+    w + 2 ext keys (ext = max(w // 2, 1)). 2-D: w x w query tiles, each seeing the (w + 2 ext)^2 keys around it,
+    with the ViL relative-position bias on the window logits only. Any length / any H x W (padding is internal and
+    masked, register LS-11).
+
+    Shapes: x (B, N, C) -> (B, N, C); N = P + n with P = num_prefix_tokens leading global tokens; 2-D: n = H * W.
+    mask (B, N) bool, True = real token (the prefix entry is ignored). Padded (mask False) query rows get zero
+    attention, so their output equals the output-projection bias (official, register LS-10).
+
+    Paper: seed 003, Eq. 3 (dynamic projection), Eq. 6-7 (DualLN aggregation).
+    Official: NVIDIA/transformer-ls, `imagenet/models/layers/transformer_ls.py` AttentionLS (layout "vision") and
+    `lra/attention_transformer_ls.py` AttentionLS (layout "lra").
+    Symbols: w window_size (paper w; official `w` / `window_size`), r rank (paper r; official `dp_rank` /
+    `num_landmarks`), h num_heads, d = C / h.
+
+    Args:
+        dim: channels C.
+        num_heads: heads h.
+        window_size: w >= 1 (default 7 for a 2-D build, i.e. `dims=2` or `input_size` given, else 8).
+        rank: r >= 1 (default 8 for a 2-D build, else 32).
+        causal: False here (True builds a `ChunkedLongShortAttention`).
+        dims: None (1-D when hw is None, 2-D when hw is given), 1 or 2.
+        layout: "vision" (keys `qkv`, `proj`, `to_dynamic_projection`, `dual_ln_full`, `dual_ln_dp`,
+            `local_relative_position_bias_table`) or "lra" (`W_q`, `W_k`, `W_v`, `W_o`, `dual_ln_l`, `dual_ln_s`,
+            `dconv_fc`).
+        global_token_rule: "vision" (global K/V get LN_L; patches see it as an extra key) or "lra" (raw global K/V
+            prepended to the projections before LN_G). Default: the layout's rule.
+        num_prefix_tokens: 0 or 1 global (class) tokens at the front of x.
+        qkv_bias: bias on the q/k/v projections ("vision" layout; "lra" always has biases).
+        qk_scale: logit scale (default d^-1/2).
+        rpe: ViL relative-position bias on 2-D window logits (default: on for a 2-D "vision" build with w >= 2).
+        attn_drop, proj_drop: dropout on the attention probabilities / after the output projection.
+        input_size: (H, W) of the construction grid (makes the defaults 2-D).
+        fused: SDPA tile paths (True) or the dense references (False); both compute the same function.
+        group: segments per 1-D SDPA tile (default max(1, ceil(64 / w))).
+        chunk_size, causal_form, clamp_len: options of the causal form (refused here).
+    """
+
+    caps = _CAPS
+
+    def __new__(cls, dim: int = 0, num_heads: int = 8, *args, causal: bool = False, **kwargs):
+        if cls is LongShortAttention and causal:
+            return ChunkedLongShortAttention(dim, num_heads, *args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, dim: int, num_heads: int = 8, window_size: int | None = None, rank: int | None = None,
+                 causal: bool = False, dims: int | None = None, layout: str = "vision",
+                 global_token_rule: str | None = None, num_prefix_tokens: int = 0, qkv_bias: bool = True,
+                 qk_scale: float | None = None, rpe: bool | None = None, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0, input_size: tuple[int, int] | None = None, fused: bool = True,
+                 group: int | None = None, chunk_size: int | None = None, causal_form: str | None = None,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        who = "long_short attention"
+        if chunk_size is not None or causal_form is not None:
+            raise ValueError(f"{who}: chunk_size / causal_form apply to causal=True only")
+        if dims not in (None, 1, 2):
+            raise ValueError(f"{who}: dims must be None, 1 or 2, got {dims!r}")
+        if layout not in ("vision", "lra"):
+            raise ValueError(f"{who}: layout must be 'vision' or 'lra', got {layout!r}")
+        rule = global_token_rule or layout
+        if rule not in ("vision", "lra"):
+            raise ValueError(f"{who}: global_token_rule must be 'vision' or 'lra', got {global_token_rule!r}")
+        if num_prefix_tokens not in (0, 1):
+            raise ValueError(f"{who}: num_prefix_tokens must be 0 or 1 (the official code supports one global "
+                             f"token), got {num_prefix_tokens!r}")
+        two_d = dims == 2 or (dims is None and input_size is not None)
+        window_size = (7 if two_d else 8) if window_size is None else window_size
+        rank = (8 if two_d else 32) if rank is None else rank
+        _check_positive(who, window_size=window_size, rank=rank)
+        if rpe is None:
+            rpe = two_d and layout == "vision" and window_size >= 2
+        if rpe and window_size < 2:
+            raise ValueError(f"{who}: rpe=True needs window_size >= 2 (the ViL table uses e = w // 2), "
+                             f"got window_size={window_size}")
+        if rpe and dims == 1:
+            raise ValueError(f"{who}: rpe applies to the 2-D form only; got rpe=True with dims=1")
+        self.dim, self.num_heads = dim, num_heads
+        self.head_dim = check_heads(dim, num_heads, who)
+        self.scale = qk_scale or self.head_dim ** -0.5
+        self.window_size, self.rank, self.dims = window_size, rank, dims
+        self.layout, self.global_token_rule = layout, rule
+        self.num_prefix_tokens = num_prefix_tokens
+        self.fused, self.group = fused, group
+        self.attn_drop = attn_drop
+        self.rpe = bool(rpe)
+        if layout == "vision":
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+            self.proj = nn.Linear(dim, dim, **dd)
+            self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
+            self.dual_ln_dp = nn.LayerNorm(dim, **dd)
+            self.dual_ln_full = nn.LayerNorm(dim, **dd)
+        else:
+            self.W_q = nn.Linear(dim, dim, **dd)
+            self.W_k = nn.Linear(dim, dim, **dd)
+            self.W_v = nn.Linear(dim, dim, **dd)
+            self.W_o = nn.Linear(dim, dim, **dd)
+            self.dual_ln_s = nn.LayerNorm(dim, **dd)
+            self.dual_ln_l = nn.LayerNorm(dim, **dd)
+            self.dconv_fc = nn.Linear(dim, num_heads * rank, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+        if self.rpe:
+            self.local_relative_position_bias_table = nn.Parameter(
+                torch.zeros(rpe_table_size(window_size), num_heads, **dd))
+            self.register_buffer("relative_position_index", rpe_index_tile(window_size, device=device),
+                                 persistent=False)
+            if not self.local_relative_position_bias_table.is_meta:
+                trunc_normal_(self.local_relative_position_bias_table, std=0.02)
+
+    # Parameter access shared by both layouts.
+    def _qkv(self, x: torch.Tensor):
+        if self.layout == "vision":
+            return self.qkv(x).chunk(3, dim=-1)
+        return self.W_q(x), self.W_k(x), self.W_v(x)
+
+    def _ln_local(self, t: torch.Tensor) -> torch.Tensor:
+        return self.dual_ln_full(t) if self.layout == "vision" else self.dual_ln_l(t)
+
+    def _ln_global(self, t: torch.Tensor) -> torch.Tensor:
+        return self.dual_ln_dp(t) if self.layout == "vision" else self.dual_ln_s(t)
+
+    def _dp_logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.to_dynamic_projection(x) if self.layout == "vision" else self.dconv_fc(x)
+
+    def _out(self, t: torch.Tensor) -> torch.Tensor:
+        return self.proj_drop(self.proj(t) if self.layout == "vision" else self.W_o(t))
+
+    def _grid(self, x: torch.Tensor, hw, mask: torch.Tensor | None) -> tuple[int, int] | None:
+        who = f"{type(self).__name__} ({self.name!r})"
+        check_tokens(x, self.dim, who)
+        check_mask(mask, x, who)
+        if self.dims == 1 or (self.dims is None and hw is None):
+            if x.shape[1] <= self.num_prefix_tokens:
+                raise ValueError(f"{who}: x has N={x.shape[1]} tokens, needs more than num_prefix_tokens="
+                                 f"{self.num_prefix_tokens}")
+            return None
+        return check_hw(x, hw, who, self.num_prefix_tokens)
+
+    def _prepare(self, x: torch.Tensor, mask: torch.Tensor | None):
+        """q, k, v (B, h, n, d) of the n non-prefix tokens, global keys/values (B, h, G, d), validity, and the
+        global token's (q, k, v) for the post-CLS rule (None without one)."""
+        B, N, C = x.shape
+        P, h = self.num_prefix_tokens, self.num_heads
+        q, k, v = self._qkv(x)  # (B, N, C) each
+        kl, vl = self._ln_local(k), self._ln_local(v)
+        valid = None if mask is None else mask[:, P:]
+        proj = dynamic_projection(self._dp_logits(x[:, P:]), h, self.rank, valid)  # (B, h, r, n)
+        qh, kh, vh = split_heads(q[:, P:], h), split_heads(kl[:, P:], h), split_heads(vl[:, P:], h)
+        # (B, r, C) compressed keys/values, LN_G over the full width (all heads jointly)
+        kbar, vbar = merge_heads(proj @ kh), merge_heads(proj @ vh.to(proj.dtype))
+        cls = None
+        if P and self.global_token_rule == "lra":
+            # raw global K/V join the projections before LN_G; the post-CLS rule uses them raw
+            kg = split_heads(self._ln_global(torch.cat([k[:, :P], kbar], dim=1)), h)
+            vg = split_heads(self._ln_global(torch.cat([v[:, :P], vbar], dim=1)), h)
+            cls = (split_heads(q[:, :P], h), split_heads(k[:, :P], h), split_heads(v[:, :P], h))
+        else:
+            kg, vg = split_heads(self._ln_global(kbar), h), split_heads(self._ln_global(vbar), h)
+            if P:
+                kc, vc = split_heads(kl[:, :P], h), split_heads(vl[:, :P], h)
+                kg, vg = torch.cat([kg, kc], dim=2), torch.cat([vg, vc], dim=2)
+                cls = (split_heads(q[:, :P], h), kc, vc)
+        return qh, kh, vh, kg, vg, valid, cls
+
+    def _tile_bias(self) -> torch.Tensor:
+        """(h, w^2, (w + 2e)^2) RPE bias of one tile."""
+        idx = self.relative_position_index
+        return self.local_relative_position_bias_table[idx.reshape(-1)].reshape(*idx.shape, -1).permute(2, 0, 1)
+
+    def _finish(self, out: torch.Tensor, valid, cls, ref: bool) -> torch.Tensor:
+        if valid is not None:
+            # padded query rows get zero attention (official), so their output is the projection bias
+            out = out.masked_fill(~valid[:, None, :, None], 0.0)
+        if cls is not None:
+            fn = post_cls_ref if ref else post_cls_sdpa
+            out = torch.cat([fn(*cls, out, valid, self.scale), out], dim=2)
+        return self._out(merge_heads(out))
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, N, C), hw (H, W) or None, mask (B, N) bool -> (B, N, C)."""
+        if not self.fused:
+            return self.forward_ref(x, hw, mask)
+        grid = self._grid(x, hw, mask)
+        qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask)
+        p = self.attn_drop if self.training else 0.0
+        if grid is None:
+            out = long_short_1d_sdpa(qh, kh, vh, kg, vg, self.window_size, valid, self.scale, self.group, p)
+        else:
+            bias = self._tile_bias() if self.rpe else None
+            out = long_short_2d_sdpa(qh, kh, vh, kg, vg, grid, self.window_size, valid, bias, self.scale, p)
+        return self._finish(out, valid, cls, ref=False)
+
+    def _dense(self, x: torch.Tensor, hw, mask: torch.Tensor | None, return_probs: bool = False):
+        grid = self._grid(x, hw, mask)
+        qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask)
+        n = qh.shape[2]
+        bias = None
+        if grid is None:
+            local = window_mask_1d(n, self.window_size, x.device)
+        else:
+            local = window_mask_2d(grid, self.window_size, x.device)
+            if self.rpe:
+                idx = rpe_index_2d(grid, self.window_size, x.device)
+                bias = self.local_relative_position_bias_table[idx].permute(2, 0, 1)  # (h, n, n)
+        res = long_short_ref(qh, kh, vh, kg, vg, local, valid, bias, self.scale, return_probs)
+        return res, valid, cls
+
+    def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense reference of `forward`: explicit (N x (G + N)) masked softmax over the union of keys."""
+        out, valid, cls = self._dense(x, hw, mask)
+        return self._finish(out, valid, cls, ref=True)
+
+    @torch.no_grad()
+    def attention_matrix(self, x: torch.Tensor, hw: tuple[int, int] | None = None) -> torch.Tensor:
+        """(B, N, C) -> (B, h, N, N): window probabilities plus the projected-key probabilities mapped back to
+        tokens through P (the LN_G non-linearity is ignored, so this is the linearised token-mixing map)."""
+        B, N, _ = x.shape
+        P = self.num_prefix_tokens
+        (out, (pg, pl)), _, cls = self._dense(x, hw, None, return_probs=True)
+        proj = dynamic_projection(self._dp_logits(x[:, P:]), self.num_heads, self.rank)  # (B, h, r, n)
+        r = self.rank
+        lra = P and self.global_token_rule == "lra"
+        pg_proj = pg[..., P:P + r] if lra else pg[..., :r]
+        a = pl + pg_proj @ proj  # (B, h, n, n)
+        if not P:
+            return a
+        p_cls = pg[..., :P] if lra else pg[..., r:]  # (B, h, n, 1)
+        full = x.new_zeros(B, self.num_heads, N, N)
+        full[:, :, P:, P:] = a
+        full[:, :, P:, :P] = p_cls
+        # global row: softmax over [own key ; token outputs] composed with the token rows
+        qc, kc, _ = cls
+        s = self.scale
+        logits = torch.cat([(qc * s) @ kc.transpose(-2, -1), (qc * s) @ out.transpose(-2, -1)], dim=-1)
+        pc = logits.softmax(dim=-1)  # (B, h, 1, 1 + n)
+        full[:, :, :P] = pc[..., 1:] @ full[:, :, P:]
+        full[:, :, :P, :P] += pc[..., :1]
+        return full
+
+
+@dataclass
+class LongShortCache:
+    """Decoding state of one `ChunkedLongShortAttention` (create with `init_cache`; updated in place).
+
+    Attributes:
+        owner: signature of the module that made it (a cache from another module is refused).
+        t: tokens consumed so far.
+        kw, vw: (B, h, <= w - 1, d) LN_L'd window keys/values of the last tokens.
+        kc, vc: (B, h, chunks * r, d) LN_G'd vectors of every completed chunk.
+        pk, pv: (B, < l, C) the incomplete chunk's keys/values as compressed (projected, pre-LN_G).
+        ps: (B, < l, h * r) its projection logits.
+    """
+
+    owner: tuple
+    batch_size: int
+    t: int = 0
+    kw: torch.Tensor | None = None
+    vw: torch.Tensor | None = None
+    kc: torch.Tensor | None = None
+    vc: torch.Tensor | None = None
+    pk: torch.Tensor | None = None
+    pv: torch.Tensor | None = None
+    ps: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class ChunkedLongShortAttention(TokenMixer):
+    """Causal long-short attention (official autoregressive semantics), with a decoding cache.
+
+    Query t attends, in ONE softmax, to exactly the w window keys t-w+1 ... t (LN_L) and to the r compressed
+    vectors of every chunk of l tokens strictly before its own chunk (dynamic projection with the softmax over the
+    chunk's l positions, then LN_G), with Transformer-XL relative terms on both branches (spec section 5.1). Any
+    length T; positions before the start are absent (the official model fills them with a zero cache; [ours]).
+
+    Decoding: `cache = m.init_cache(B)`, then `m(x_block, cache=cache)` for consecutive blocks of any size; the
+    outputs equal the parallel `m(x_full)` (the cache keeps the same compressed vectors the parallel pass makes).
+
+    Shapes: x (B, T, C) -> (B, T, C). mask: not supported (right padding never affects earlier outputs).
+
+    Paper: seed 003, Sec. 3.3 and App. D (segment-wise compression of earlier segments, causal window).
+    Official: NVIDIA/transformer-ls, `autoregressive/model_lib/layer.py` ChunkedLSAttention (keys `proj_query`,
+    `proj_key`, `proj_val`, `proj_out`, `dconv_1`, `r_net`, `r_net_chunk`, `r_r_bias`, `r_w_bias`,
+    `dual_ln_dproj`, `dual_ln_win`).
+    Paper vs code: the code's per-token band of exactly w keys and its compression of projected keys before LN_L
+    are the default (`causal_form="official"`); `causal_form="paper"` compresses LN_L(K), LN_L(V) as Eq. 3 reads.
+    The official model compresses a carried-over Transformer-XL hidden-state cache differently from the current
+    block (register LS-8); here every chunk is compressed from projected keys, which is what makes parallel and
+    cached decoding equal (cf. `cache_compress='projected'` in the spec).
+    Symbols: w window_size (official `window_len`), l chunk_size (official `chunk_size`), r rank (official
+    `chunk_rank`), h num_heads, d = C / h.
+
+    Args:
+        dim, num_heads: C and h.
+        window_size: w >= 1 (default 512, official).
+        rank: r >= 1 (default 1, official).
+        chunk_size: l >= 1 (default 16, official).
+        causal_form: "official" or "paper" (see above).
+        qkv_bias: bias on the four projections (official `use_bias`, default False).
+        clamp_len: clamp of the window/chunk relative positions (official `clamp_len` / `cpos_clamp_len`; -1 off).
+        attn_drop, proj_drop: dropout on the attention probabilities / after `proj_out`.
+        fused: SDPA tile path (True) or the dense reference (False).
+        input_size, dims, layout, ...: accepted for interface uniformity where meaningful; 2-D options refused.
+    """
+
+    caps = _CAPS
+    name = "long_short"
+
+    def __init__(self, dim: int, num_heads: int = 8, window_size: int | None = None, rank: int | None = None,
+                 dims: int | None = None, layout: str | None = None, global_token_rule: str | None = None,
+                 num_prefix_tokens: int = 0, qkv_bias: bool = False, qk_scale: float | None = None,
+                 rpe: bool | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0,
+                 input_size: tuple[int, int] | None = None, fused: bool = True, group: int | None = None,
+                 chunk_size: int | None = None, causal_form: str | None = None, clamp_len: int = -1,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        who = "long_short attention (causal)"
+        if dims == 2 or rpe or num_prefix_tokens or layout not in (None, "ar"):
+            raise ValueError(f"{who}: the causal form is 1-D without global tokens; got dims={dims!r}, rpe={rpe!r}, "
+                             f"num_prefix_tokens={num_prefix_tokens!r}, layout={layout!r}")
+        window_size = 512 if window_size is None else window_size
+        rank = 1 if rank is None else rank
+        chunk_size = 16 if chunk_size is None else chunk_size
+        _check_positive(who, window_size=window_size, rank=rank, chunk_size=chunk_size)
+        causal_form = causal_form or "official"
+        if causal_form not in ("official", "paper"):
+            raise ValueError(f"{who}: causal_form must be 'official' or 'paper', got {causal_form!r}")
+        self.dim, self.num_heads = dim, num_heads
+        self.head_dim = check_heads(dim, num_heads, who)
+        self.scale = qk_scale or self.head_dim ** -0.5
+        self.window_size, self.rank, self.chunk_size = window_size, rank, chunk_size
+        self.causal_form, self.clamp_len, self.fused = causal_form, clamp_len, fused
+        self.causal = True
+        self.attn_drop = attn_drop
+        self.proj_query = nn.Linear(dim, dim, bias=qkv_bias, **dd)
+        self.proj_key = nn.Linear(dim, dim, bias=qkv_bias, **dd)
+        self.proj_val = nn.Linear(dim, dim, bias=qkv_bias, **dd)
+        self.proj_out = nn.Linear(dim, dim, bias=qkv_bias, **dd)
+        self.dconv_1 = nn.Linear(dim, num_heads * rank, **dd)
+        self.r_net = nn.Linear(dim, dim, bias=False, **dd)
+        self.r_net_chunk = nn.Linear(dim, dim, **dd)
+        self.r_r_bias = nn.Parameter(torch.zeros(1, num_heads, 1, self.head_dim, **dd))
+        self.r_w_bias = nn.Parameter(torch.zeros(1, num_heads, 1, 1, self.head_dim, **dd))
+        self.dual_ln_dproj = nn.LayerNorm(dim, **dd)
+        self.dual_ln_win = nn.LayerNorm(dim, **dd)
+        self.dropout = nn.Dropout(proj_drop)
+        if not self.r_r_bias.is_meta:
+            # the official model re-initialises these with normal(0, 0.02); zeros would starve their gradients
+            nn.init.normal_(self.r_r_bias, std=0.02)
+            nn.init.normal_(self.r_w_bias, std=0.02)
+
+    def _signature(self) -> tuple:
+        return (id(self), self.dim, self.num_heads, self.window_size, self.chunk_size, self.rank)
+
+    def init_cache(self, batch_size: int) -> LongShortCache:
+        """An empty decoding cache for `batch_size` sequences."""
+        return LongShortCache(owner=self._signature(), batch_size=batch_size)
+
+    def _check_cache(self, cache: LongShortCache, x: torch.Tensor) -> None:
+        if not isinstance(cache, LongShortCache):
+            raise ValueError(f"long_short (causal): cache must be a LongShortCache from init_cache(), got "
+                             f"{type(cache).__name__}")
+        if cache.owner != self._signature():
+            raise ValueError(f"long_short (causal): cache belongs to another module (made for dim, heads, w, l, r = "
+                             f"{cache.owner[1:]}; this module has {self._signature()[1:]}); use this module's "
+                             "init_cache()")
+        if cache.batch_size != x.shape[0]:
+            raise ValueError(f"long_short (causal): cache holds batch {cache.batch_size}, x has batch {x.shape[0]}")
+
+    def _rel_tables(self, n_chunk_pos: int, ref: torch.Tensor):
+        """R_win (h, w, d) for delta = 0 ... w-1 and R_chunk (h, P, d) for rho = 0 ... P-1."""
+        h, d = self.num_heads, self.head_dim
+        pos_w = torch.arange(self.window_size, device=ref.device, dtype=ref.dtype)
+        pos_c = torch.arange(max(n_chunk_pos, 1), device=ref.device, dtype=ref.dtype)
+        if self.clamp_len > 0:
+            pos_w, pos_c = pos_w.clamp(max=self.clamp_len), pos_c.clamp(max=self.clamp_len)
+        r_win = self.r_net(xl_sinusoid(pos_w, self.dim)).reshape(-1, h, d).transpose(0, 1)
+        r_chunk = self.r_net_chunk(xl_sinusoid(pos_c, self.dim)).reshape(-1, h, d).transpose(0, 1)
+        return r_win, r_chunk
+
+    def _compress(self, k: torch.Tensor, v: torch.Tensor, s: torch.Tensor):
+        """Complete chunks of (B, L, C) keys/values with logits s (B, L, h*r) -> LN_G'd (B, h, L/l * r, d)."""
+        B, L, C = k.shape
+        l, r, h, d = self.chunk_size, self.rank, self.num_heads, self.head_dim
+        n = L // l
+        if n == 0:
+            return k.new_zeros(B, h, 0, d), v.new_zeros(B, h, 0, d)
+        # (B, h, n, r, l): softmax over the l positions of each chunk, in float32 (official)
+        sc = s[:, :n * l].reshape(B, n, l, h, r).permute(0, 3, 1, 4, 2)
+        sc = sc.softmax(dim=-1, dtype=torch.promote_types(s.dtype, torch.float32)).to(k.dtype)
+
+        def comp(t: torch.Tensor) -> torch.Tensor:
+            t = t[:, :n * l].reshape(B, n, l, h, d).permute(0, 3, 1, 2, 4)  # (B, h, n, l, d)
+            t = (sc @ t).reshape(B, h, n * r, d)
+            return split_heads(self.dual_ln_dproj(merge_heads(t)), h)
+
+        return comp(k), comp(v)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None, mask: torch.Tensor | None = None,
+                cache: LongShortCache | None = None, memory: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C).
+
+        Args:
+            cache: x continues the cached sequence; the cache is updated in place.
+            memory: (B, L, C) official Transformer-XL memory (the normalised inputs of the previous segment,
+                L % l == 0, L >= w - 1): its chunks are compressed from hidden states per head slice and then
+                projected, exactly as the official `ChunkedLSAttention(h, h_cache)` does (parity path; exclusive
+                with `cache`).
+        """
+        return self._run(x, mask, cache, ref=not self.fused, memory=memory)
+
+    def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None, mask: torch.Tensor | None = None,
+                    cache: LongShortCache | None = None, memory: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense reference of `forward` (explicit masked softmax over [chunk vectors ; window keys])."""
+        return self._run(x, mask, cache, ref=True, memory=memory)
+
+    def _memory(self, memory: torch.Tensor):
+        """Official cache branch: window keys of the last w memory tokens, chunk vectors compressed from hidden
+        states per head slice, then projected and LN_G'd (register LS-8)."""
+        who = "long_short attention (causal)"
+        check_tokens(memory, self.dim, who + " memory")
+        B, L, C = memory.shape
+        l, r, h, d = self.chunk_size, self.rank, self.num_heads, self.head_dim
+        if L % l or L < self.window_size - 1:
+            raise ValueError(f"{who}: memory length L={L} must be a multiple of chunk_size={l} and >= "
+                             f"window_size - 1 = {self.window_size - 1}")
+        n = L // l
+        sc = self.dconv_1(memory).reshape(B, n, l, h, r).permute(0, 3, 1, 4, 2)
+        sc = sc.softmax(dim=-1, dtype=torch.promote_types(memory.dtype, torch.float32)).to(memory.dtype)
+        hid = (sc @ memory.reshape(B, n, l, h, d).permute(0, 3, 1, 2, 4)).reshape(B, h, n * r, d)
+        hid = merge_heads(hid)  # (B, n r, C), heads mixed by the projections below (official)
+        kc = split_heads(self.dual_ln_dproj(self.proj_key(hid)), h)
+        vc = split_heads(self.dual_ln_dproj(self.proj_val(hid)), h)
+        tail = memory[:, L - (self.window_size - 1):] if self.window_size > 1 else memory[:, :0]
+        kw = split_heads(self.dual_ln_win(self.proj_key(tail)), h)
+        vw = split_heads(self.dual_ln_win(self.proj_val(tail)), h)
+        return LongShortCache(owner=self._signature(), batch_size=B, t=L, kw=kw, vw=vw, kc=kc, vc=vc,
+                              pk=memory[:, :0], pv=memory[:, :0], ps=memory.new_zeros(B, 0, h * r))
+
+    def _run(self, x: torch.Tensor, mask: torch.Tensor | None, cache: LongShortCache | None,
+             ref: bool, memory: torch.Tensor | None = None) -> torch.Tensor:
+        who = "long_short attention (causal)"
+        check_tokens(x, self.dim, who)
+        if mask is not None:
+            raise ValueError(f"{who}: masks are not supported by the causal form (pad on the right instead: "
+                             "later tokens never change earlier outputs); pass mask=None")
+        if cache is not None:
+            self._check_cache(cache, x)
+        if memory is not None:
+            if cache is not None:
+                raise ValueError(f"{who}: pass either cache= or memory=, not both")
+            cache = self._memory(memory)
+            if cache.batch_size != x.shape[0]:
+                raise ValueError(f"{who}: memory has batch {cache.batch_size}, x has batch {x.shape[0]}")
+        B, M, C = x.shape
+        h, d, w, l, r = self.num_heads, self.head_dim, self.window_size, self.chunk_size, self.rank
+        t0 = cache.t if cache is not None else 0
+        q = split_heads(self.proj_query(x), h)
+        k, v, s = self.proj_key(x), self.proj_val(x), self.dconv_1(x)
+        klw, vlw = self.dual_ln_win(k), self.dual_ln_win(v)
+        # what the chunk branch compresses: projected K/V (official) or LN_L(K/V) (paper Eq. 3)
+        ck, cv = (k, v) if self.causal_form == "official" else (klw, vlw)
+        kw, vw = split_heads(klw, h), split_heads(vlw, h)
+        if cache is not None and cache.t:
+            kw, vw = torch.cat([cache.kw, kw], dim=2), torch.cat([cache.vw, vw], dim=2)
+            ck, cv, s = (torch.cat([cache.pk, ck], dim=1), torch.cat([cache.pv, cv], dim=1),
+                         torch.cat([cache.ps, s], dim=1))
+        kc, vc = self._compress(ck, cv, s)
+        if cache is not None and cache.t:
+            kc, vc = torch.cat([cache.kc, kc], dim=2), torch.cat([cache.vc, vc], dim=2)
+        n_pos = ((t0 + M - 1) // l) * r
+        r_win, r_chunk = self._rel_tables(n_pos, x)
+        u, vb = self.r_w_bias.reshape(h, d), self.r_r_bias.reshape(h, d)
+        if ref:
+            out = long_short_causal_ref(q, kw, vw, kc, vc, r_win, r_chunk, u, vb, t0, w, l, r, self.scale)
+        else:
+            p = self.attn_drop if self.training else 0.0
+            out = long_short_causal_sdpa(q, kw, vw, kc, vc, r_win, r_chunk, u, vb, t0, w, l, r, self.scale, p)
+        if cache is not None:
+            keep = max(w - 1, 0)
+            cache.kw, cache.vw = kw[:, :, kw.shape[2] - min(keep, kw.shape[2]):], \
+                vw[:, :, vw.shape[2] - min(keep, vw.shape[2]):]
+            done = (ck.shape[1] // l) * l
+            cache.pk, cache.pv, cache.ps = ck[:, done:], cv[:, done:], s[:, done:]
+            cache.kc, cache.vc = kc, vc
+            cache.t = t0 + M
+        return self.dropout(self.proj_out(merge_heads(out)))
+
+    @torch.no_grad()
+    def attention_matrix(self, x: torch.Tensor, hw: tuple[int, int] | None = None) -> torch.Tensor:
+        """(B, T, C) -> (B, h, T, T): window probabilities plus chunk-vector probabilities mapped back to tokens
+        through the chunk projections (LN_G ignored: the linearised map). Lower triangular."""
+        B, T, C = x.shape
+        h, d, w, l, r = self.num_heads, self.head_dim, self.window_size, self.chunk_size, self.rank
+        q = split_heads(self.proj_query(x), h)
+        k, s = self.proj_key(x), self.dconv_1(x)
+        kl = self.dual_ln_win(k)
+        kc, _ = self._compress(k if self.causal_form == "official" else kl, k, s)
+        n = kc.shape[2] // r
+        r_win, r_chunk = self._rel_tables(((T - 1) // l) * r, x)
+        u, vb = self.r_w_bias.reshape(h, d), self.r_r_bias.reshape(h, d)
+        eye_c = torch.eye(kc.shape[2], dtype=x.dtype, device=x.device).expand(B, h, -1, -1)
+        eye_w = torch.eye(T, dtype=x.dtype, device=x.device).expand(B, h, -1, -1)
+        # probabilities: feed identity "values" through the reference
+        kw = split_heads(kl, h)
+        pc = long_short_causal_ref(q, kw, torch.zeros(B, h, T, kc.shape[2], dtype=x.dtype, device=x.device), kc,
+                                   eye_c, r_win, r_chunk, u, vb, 0, w, l, r, self.scale)
+        pw = long_short_causal_ref(q, kw, eye_w, kc, torch.zeros(B, h, kc.shape[2], T, dtype=x.dtype,
+                                                                 device=x.device),
+                                   r_win, r_chunk, u, vb, 0, w, l, r, self.scale)
+        sc = s[:, :n * l].reshape(B, n, l, h, r).permute(0, 3, 1, 4, 2).softmax(dim=-1)  # (B, h, n, r, l)
+        proj = x.new_zeros(B, h, n * r, T)
+        for c in range(n):
+            proj[:, :, c * r:(c + 1) * r, c * l:(c + 1) * l] = sc[:, :, c]
+        return pw + pc @ proj
