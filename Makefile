@@ -14,7 +14,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/ruff check subquad tests benchmarks
+	$(BIN)/ruff check .
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not slow and not gpu and not parity" --durations=15
 
 test-all: $(STAMP)
@@ -24,7 +24,7 @@ demo: $(STAMP)
 	$(BIN)/subquad train --model vit_attn_micro --data digits --epochs 30 --output runs/demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check subquad tests benchmarks
+	$(BIN)/ruff check .
 
 readme: $(STAMP)
 	$(BIN)/python -m subquad.cli.readme --write
