@@ -72,3 +72,4 @@ from . import window  # noqa: E402,F401
 from . import structure_aware  # noqa: E402,F401
 from . import global_filter  # noqa: E402,F401
 from . import long_short  # noqa: E402,F401
+from .focused_linear import FocusedLinearAttention  # noqa: E402,F401

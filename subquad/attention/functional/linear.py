@@ -188,8 +188,8 @@ def fp32_island(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, **kwarg
     if not low and not torch.is_autocast_enabled(t0.device.type):
         return fn(*tensors, **kwargs)
     with torch.autocast(device_type=t0.device.type, enabled=False):
-        out = fn(*(t.float() if t.is_floating_point() and t.dtype != torch.float64 else t for t in tensors),
-                 **kwargs)
+        out = fn(*(t.float() if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+                   for t in tensors), **kwargs)
     return out.to(t0.dtype) if low else out
 
 

@@ -1,0 +1,246 @@
+"""FLatten focused linear attention (`"focused_linear"`): one class for the qkv | q_kv | external layouts."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from timm.layers import trunc_normal_
+from torch import nn
+
+from .._shapes import as_hw, check_heads, map_to_tokens, tokens_to_map
+from . import register_attention
+from .base import AttentionCaps, TokenMixer
+from .functional.focused import (
+    SR_MODES,
+    focused_attention_matrix,
+    focused_linear_attention_kv,
+    focused_linear_attention_ref,
+    resize_pe,
+)
+from .functional.linear import fp32_island
+
+__all__ = ["FocusedLinearAttention"]
+
+QKV_LAYOUTS = ("qkv", "q_kv", "external")
+DWC_INITS = ("default", "pvt_v2")
+
+
+@register_attention("focused_linear")
+class FocusedLinearAttention(TokenMixer):
+    """FLatten focused linear attention with the rank-restoring DWC, as the current official code computes it.
+
+    Shapes: x (B, N, C) with hw=(H, W), N = num_prefix_tokens + H * W -> (B, N, C); `forward_qkv(q, k, v, hw)` takes
+    already projected q, k, v (B, N, C) (layout 'external', CSwin) and returns (B, N, C) without a projection.
+    Paper: FLatten seed 001, Eq. 5-6 (focused function, p = 3) and Eq. 12 (O = phi(Q) phi(K)^T V + DWC(V)).
+    Official: LeapLabTHU/FLatten-Transformer `models/flatten_{swin,pvt,pvt_v2,cswin}.py` `FocusedLinearAttention`.
+        Paper: no scale, no eps, no PE, no normaliser / Official code: softplus(scale) per channel, +1e-6, norms over
+        all C, PE on K, mean/sqrt(n) normaliser, DWC over d channels shared by heads (k = 5) / subquad: the code
+        (register FL-1..FL-5), plus the PE resized bicubically at other grids (FL-9), a 2-D V resize for sr > 1
+        (FL-10; official 1-D mode as `sr_mode='flat1d'`), the DeiT class-token rule (FL-11) and a float32 core
+        under autocast (FL-12).
+    Symbols: p = focusing_factor (paper p), k = kernel_size, s = softplus(`scale`), h heads, d = C / h, sr = sr_ratio.
+
+    Args:
+        dim: channels C.
+        num_heads: heads h.
+        input_size: (H, W) query grid at construction; sizes `positional_encoding` (key grid + prefix tokens).
+        qkv_layout: 'qkv' (Swin/DeiT: `qkv`, `proj`), 'q_kv' (PVT/PVTv2: `q`, `kv`, `proj`, plus `sr`/`norm`),
+            'external' (CSwin: no projections; use `forward_qkv`).
+        qkv_bias: bias on the input projections.
+        focusing_factor: p.
+        kernel_size: DWC kernel k.
+        sr_ratio: PVT spatial reduction of K/V ('q_kv' only).
+        linear_sr: PVTv2 pooled reduction (AdaptiveAvgPool2d(7) -> 1x1 `sr` -> `norm` -> GELU; 'q_kv' only).
+        sr_mode: 'bilinear' (2-D resize of the V map for the DWC) or 'flat1d' (official 1-D interpolation).
+        normaliser: 'mean' (current official) or 'sum' (original release).
+        num_prefix_tokens: P leading class tokens; they take part in the linear attention as queries and keys, own
+            PE slots that are never resized, and get no DWC term.
+        lepe: add CSwin's LePE `get_v` (depthwise 3x3 on the v map) to the output.
+        dwc_init: 'default' (PyTorch init; Swin, PVT, CSwin) or 'pvt_v2' (normal(0, sqrt(2 / fan_out))).
+        proj_drop: dropout after `proj`.
+        fused: K^T V fast path (True) or the dense reference (False); both compute the same function.
+    """
+
+    caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False, complexity="O(N)",
+                         sequence=False, notes="FLatten; DWC needs the grid; PE resized bicubically at other grids")
+
+    def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
+                 qkv_layout: str = "qkv", qkv_bias: bool = True, focusing_factor: float = 3,
+                 kernel_size: int = 5, sr_ratio: int = 1, linear_sr: bool = False, sr_mode: str = "bilinear",
+                 normaliser: str = "mean", num_prefix_tokens: int = 0, lepe: bool = False,
+                 dwc_init: str = "default", proj_drop: float = 0.0, fused: bool = True,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        who = "focused_linear attention"
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = check_heads(dim, num_heads, who)
+        if input_size is None:
+            raise ValueError(f"{who} needs input_size=(H, W) to size positional_encoding")
+        self.input_size = as_hw(input_size, "input_size")
+        for name, val, allowed in (("qkv_layout", qkv_layout, QKV_LAYOUTS), ("sr_mode", sr_mode, SR_MODES),
+                                   ("normaliser", normaliser, ("mean", "sum")), ("dwc_init", dwc_init, DWC_INITS)):
+            if val not in allowed:
+                raise ValueError(f"{who}: {name}={val!r} is not one of {allowed}")
+        if int(sr_ratio) != sr_ratio or sr_ratio < 1:
+            raise ValueError(f"{who}: sr_ratio={sr_ratio} must be a positive int")
+        if (sr_ratio > 1 or linear_sr) and qkv_layout != "q_kv":
+            raise ValueError(f"{who}: sr_ratio={sr_ratio} / linear_sr={linear_sr} need qkv_layout='q_kv', "
+                             f"got {qkv_layout!r}")
+        if sr_ratio > 1 and linear_sr:
+            raise ValueError(f"{who}: use either sr_ratio > 1 or linear_sr=True (PVTv2 uses sr_ratio=1 with linear)")
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"{who}: kernel_size={kernel_size} must be a positive odd int")
+        if focusing_factor <= 0:
+            raise ValueError(f"{who}: focusing_factor={focusing_factor} must be > 0")
+        if num_prefix_tokens < 0:
+            raise ValueError(f"{who}: num_prefix_tokens={num_prefix_tokens} must be >= 0")
+        self.qkv_layout = qkv_layout
+        self.focusing_factor = focusing_factor
+        self.sr_ratio = int(sr_ratio)
+        self.linear_sr = linear_sr
+        self.sr_mode = sr_mode
+        self.normaliser = normaliser
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.dwc_init = dwc_init
+        self.fused = fused
+
+        if qkv_layout == "qkv":
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+        elif qkv_layout == "q_kv":
+            self.q = nn.Linear(dim, dim, bias=qkv_bias, **dd)
+            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias, **dd)
+            if linear_sr:
+                self.pool = nn.AdaptiveAvgPool2d(7)
+                self.sr = nn.Conv2d(dim, dim, 1, **dd)
+                self.norm = nn.LayerNorm(dim, **dd)
+                self.act = nn.GELU()
+            elif self.sr_ratio > 1:
+                self.sr = nn.Conv2d(dim, dim, self.sr_ratio, stride=self.sr_ratio, **dd)
+                self.norm = nn.LayerNorm(dim, **dd)
+        self.pe_hw = self._kv_hw(self.input_size)
+        n_pe = self.num_prefix_tokens + self.pe_hw[0] * self.pe_hw[1]
+        self.scale = nn.Parameter(torch.empty(1, 1, dim, **dd))
+        self.positional_encoding = nn.Parameter(torch.empty(1, n_pe, dim, **dd))
+        d = self.head_dim
+        self.dwc = nn.Conv2d(d, d, kernel_size, padding=kernel_size // 2, groups=d, **dd)
+        self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd) if lepe else None
+        if qkv_layout != "external":
+            self.proj = nn.Linear(dim, dim, **dd)
+            self.proj_drop = nn.Dropout(proj_drop)
+        if not self.scale.is_meta:
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Official init: zero `scale` and `positional_encoding`; Linear trunc_normal(0.02), zero bias; `dwc` keeps
+        PyTorch's default, or normal(0, sqrt(2 / fan_out)) with zero bias for dwc_init='pvt_v2'."""
+        nn.init.zeros_(self.scale)
+        nn.init.zeros_(self.positional_encoding)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        if self.dwc_init == "pvt_v2":
+            fan_out = self.dwc.kernel_size[0] * self.dwc.kernel_size[1] * self.dwc.out_channels // self.dwc.groups
+            nn.init.normal_(self.dwc.weight, 0.0, math.sqrt(2.0 / fan_out))
+            nn.init.zeros_(self.dwc.bias)
+
+    def _kv_hw(self, hw: tuple[int, int]) -> tuple[int, int]:
+        """Key grid for query grid hw."""
+        if self.linear_sr:
+            return (7, 7)
+        s = self.sr_ratio
+        H, W = hw
+        if H < s or W < s:
+            raise ValueError(f"focused_linear attention: grid {H}x{W} is smaller than sr_ratio={s}")
+        return (H // s, W // s)
+
+    def _project(self, x: torch.Tensor, hw: tuple[int, int]):
+        """x (B, N, C) -> q (B, N, C), k, v (B, n, C) and the key grid."""
+        B, N, C = x.shape
+        if self.qkv_layout == "qkv":
+            q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
+            return q, k, v, tuple(hw)
+        q = self.q(x)
+        P = self.num_prefix_tokens
+        if self.sr_ratio > 1 or self.linear_sr:
+            kv_hw = self._kv_hw(hw)
+            xm = tokens_to_map(x[:, P:], hw)  # (B, C, H, W)
+            if self.linear_sr:
+                xm = self.pool(xm)
+            xr = map_to_tokens(self.sr(xm))  # (B, n_g, C)
+            xr = self.norm(torch.cat([x[:, :P], xr], dim=1))
+            if self.linear_sr:
+                xr = self.act(xr)
+        else:
+            xr, kv_hw = x, tuple(hw)
+        k, v = self.kv(xr).reshape(B, xr.shape[1], 2, C).unbind(2)
+        return q, k, v, kv_hw
+
+    def _pe(self, kv_hw: tuple[int, int]) -> torch.Tensor:
+        return resize_pe(self.positional_encoding, self.pe_hw, kv_hw, self.num_prefix_tokens)
+
+    def _core(self, q, k, v, hw, kv_hw, fused: bool) -> torch.Tensor:
+        k = k + self._pe(kv_hw)
+        fn = focused_linear_attention_kv if fused else focused_linear_attention_ref
+        lw = None if self.get_v is None else self.get_v.weight
+        lb = None if self.get_v is None else self.get_v.bias
+        return fp32_island(fn, q, k, v, self.scale, self.dwc.weight, self.dwc.bias, lw, lb, hw=tuple(hw),
+                           kv_hw=kv_hw, num_heads=self.num_heads, p=self.focusing_factor,
+                           normaliser=self.normaliser, prefix=self.num_prefix_tokens, sr_mode=self.sr_mode)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self._forward(x, hw, mask, self.fused)
+
+    def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense reference of `forward` (explicit kernel, V-resize, DWC and LePE matrices)."""
+        return self._forward(x, hw, mask, False)
+
+    def _forward(self, x, hw, mask, fused: bool) -> torch.Tensor:
+        if self.qkv_layout == "external":
+            raise ValueError("focused_linear attention with qkv_layout='external' has no projections; "
+                             "call forward_qkv(q, k, v, hw)")
+        hw = self._check_input(x, hw, mask)
+        q, k, v, kv_hw = self._project(x, hw)
+        o = self._core(q, k, v, hw, kv_hw, fused)
+        return self.proj_drop(self.proj(o))
+
+    def forward_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int],
+                    fused: bool | None = None) -> torch.Tensor:
+        """Attention on projected q, k, v (B, N, C) (CSwin 'L' blocks); returns (B, N, C), no projection."""
+        hw = self._check_input(q, hw)
+        if k.shape != q.shape or v.shape != q.shape:
+            raise ValueError(f"focused_linear forward_qkv: q {tuple(q.shape)}, k {tuple(k.shape)} and "
+                             f"v {tuple(v.shape)} must have the same shape")
+        return self._core(q, k, v, hw, tuple(hw), self.fused if fused is None else fused)
+
+    @torch.no_grad()
+    def attention_matrix(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
+                         channel: int | None = None) -> torch.Tensor:
+        """(B, N, C) -> (B, h, N, n) equivalent map including the DWC (and LePE) as explicit matrices (Eq. 11).
+
+        Exact for head channel `channel`: out_head[:, c] = M @ v_head[:, c] + biases, before `proj`. With
+        channel=None the conv part is the mean over the d channel kernels (see `focused_attention_matrix`).
+        n = N unless sr_ratio > 1 / linear_sr (then n = P + reduced key grid, V resize included).
+        For layout 'external', x is taken as q = k = v.
+        """
+        hw = self._check_input(x, hw)
+        if self.qkv_layout == "external":
+            q, k, kv_hw = x, x, tuple(hw)
+        else:
+            q, k, _, kv_hw = self._project(x, hw)
+        k = k + self._pe(kv_hw)
+        lw = None if self.get_v is None else self.get_v.weight
+        return focused_attention_matrix(q, k, self.scale, self.dwc.weight, lw, hw=tuple(hw), kv_hw=kv_hw,
+                                        num_heads=self.num_heads, p=self.focusing_factor, normaliser=self.normaliser,
+                                        prefix=self.num_prefix_tokens, sr_mode=self.sr_mode, channel=channel)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, layout={self.qkv_layout}, p={self.focusing_factor}, "
+                f"pe_grid={self.pe_hw}, prefix={self.num_prefix_tokens}, sr_ratio={self.sr_ratio}, "
+                f"linear_sr={self.linear_sr}, normaliser={self.normaliser}")

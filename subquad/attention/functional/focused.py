@@ -1,0 +1,256 @@
+"""FLatten focused linear attention: the focused feature map, the full token-level operator (dense reference and
+fast path) and its DWC / V-resize / positional-encoding helpers.
+
+Token-level shapes (the module boundary, before the head split): q (B, N, C), k and v (B, n, C) with
+N = P + H * W query tokens and n = P + H_kv * W_kv key tokens, P leading prefix tokens (a class token), channel layout
+head-major (channel = head * d + c). Inside, the linear core runs on (B, h, N, d) from `functional/linear.py`.
+
+Operator (current official code, spec/flatten.md section 2.2):
+    phi(x) = f_p(t) with t = (ReLU(x) + 1e-6) / softplus(scale), f_p(t) = t^p / ||t^p|| * ||t||, norms over all C;
+    out = LinearCore(phi(q), phi(k), v; normaliser, eps=1e-6) + DWC(resize(v_grid)) [+ LePE(v_grid)].
+The DWC is one depthwise k x k conv over the d head channels, shared by every head, applied to the grid tokens only
+(prefix rows of the DWC term are 0, spec section 5.1). `normaliser='mean'` is the current code (mean(k), 1/sqrt(n)
+scaling, i.e. eps enters n times larger), `'sum'` the original release.
+
+Paper: FLatten seed 001, Eq. 5-6 (focused function f_p), Eq. 10-12 (rank restoration with DWC).
+Official: LeapLabTHU/FLatten-Transformer `models/flatten_{swin,pvt,pvt_v2,cswin}.py` `FocusedLinearAttention.forward`.
+Symbols: p focusing factor (paper p), k DWC kernel size, s = softplus(scale) per channel, h heads, d = C / h.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .linear import depthwise_conv_matrix, linear_attention, linear_attention_matrix, linear_attention_ref
+
+__all__ = [
+    "SR_MODES",
+    "focused_feature_map",
+    "resize_pe",
+    "upsample_v",
+    "upsample_matrix",
+    "focused_linear_attention_ref",
+    "focused_linear_attention_kv",
+    "focused_attention_matrix",
+]
+
+SR_MODES = ("bilinear", "flat1d")
+FEATURE_EPS = 1e-6
+NORM_EPS = 1e-6
+
+
+def focused_feature_map(x: torch.Tensor, scale: torch.Tensor, p: float) -> torch.Tensor:
+    """FLatten feature map over the last (channel) axis: f_p((ReLU(x) + 1e-6) / softplus(scale)).
+
+    Args:
+        x: (..., C) projected queries or keys (all heads jointly, as the official code).
+        scale: (..., C) raw `scale` parameter (broadcast; softplus applied here).
+        p: focusing factor (p = 1 gives the scaled ReLU kernel t itself).
+
+    Returns:
+        (..., C) with ||phi(x)|| = ||t|| per token.
+    """
+    s = F.softplus(scale)
+    # (ReLU(x) + eps) / s in one fused op: eps / s + ReLU(x) / s.
+    t = torch.addcdiv(FEATURE_EPS / s, F.relu(x), s)
+    if p == 1:
+        return t
+    r = torch.linalg.vector_norm(t, dim=-1, keepdim=True)
+    u = t.pow(p)
+    return u * (r / torch.linalg.vector_norm(u, dim=-1, keepdim=True))
+
+
+def resize_pe(pe: torch.Tensor, pe_hw: tuple[int, int], hw: tuple[int, int], prefix: int = 0) -> torch.Tensor:
+    """Bicubic 2-D resize (align_corners False) of a (1, P + h_pe * w_pe, C) positional encoding to hw.
+
+    Prefix slots are kept as they are (never resized); the official fine-tune loader's rule for the grid part.
+    """
+    if tuple(pe_hw) == tuple(hw):
+        return pe
+    C = pe.shape[-1]
+    grid = pe[:, prefix:].transpose(1, 2).reshape(1, C, pe_hw[0], pe_hw[1])
+    grid = F.interpolate(grid, size=tuple(hw), mode="bicubic", align_corners=False)
+    return torch.cat([pe[:, :prefix], grid.flatten(2).transpose(1, 2)], dim=1)
+
+
+def upsample_v(v_grid: torch.Tensor, kv_hw: tuple[int, int], hw: tuple[int, int], mode: str) -> torch.Tensor:
+    """Bring grid values (B, n_g, C) on kv_hw to the query grid hw as a map (B, C, H, W).
+
+    mode 'bilinear': 2-D bilinear resize (align_corners False) of the (H_kv, W_kv) map (ours, register FL-10);
+    'flat1d': the official 1-D linear interpolation along the flattened token axis, reshaped to (H, W).
+    """
+    B, n_g, C = v_grid.shape
+    H, W = hw
+    if tuple(kv_hw) == (H, W):
+        return v_grid.transpose(1, 2).reshape(B, C, H, W)
+    if mode == "bilinear":
+        vm = v_grid.transpose(1, 2).reshape(B, C, kv_hw[0], kv_hw[1])
+        return F.interpolate(vm, size=(H, W), mode="bilinear", align_corners=False)
+    if mode == "flat1d":
+        return F.interpolate(v_grid.transpose(1, 2), size=H * W, mode="linear", align_corners=False).reshape(
+            B, C, H, W)
+    raise ValueError(f"sr_mode={mode!r} is not one of {SR_MODES}")
+
+
+def upsample_matrix(kv_hw: tuple[int, int], hw: tuple[int, int], mode: str, dtype: torch.dtype = torch.float64,
+                    device: torch.device | None = None) -> torch.Tensor:
+    """The linear map of `upsample_v` as an explicit (H * W, H_kv * W_kv) matrix (identity when grids agree)."""
+    n_g = kv_hw[0] * kv_hw[1]
+    eye = torch.eye(n_g, dtype=dtype, device=device)[None]  # (1, n_g tokens, n_g channels)
+    return upsample_v(eye, kv_hw, hw, mode)[0].flatten(1).T  # (N_g, n_g)
+
+
+def _split(x: torch.Tensor, h: int) -> torch.Tensor:
+    B, L, C = x.shape
+    return x.reshape(B, L, h, C // h).transpose(1, 2)  # (B, h, L, d)
+
+
+def _merge(x: torch.Tensor) -> torch.Tensor:
+    B, h, L, d = x.shape
+    return x.transpose(1, 2).reshape(B, L, h * d)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw, kv_hw, num_heads: int, prefix: int,
+           normaliser: str, sr_mode: str) -> None:
+    if normaliser not in ("mean", "sum"):
+        raise ValueError(f"normaliser={normaliser!r} is not one of ('mean', 'sum')")
+    if sr_mode not in SR_MODES:
+        raise ValueError(f"sr_mode={sr_mode!r} is not one of {SR_MODES}")
+    B, N, C = q.shape
+    if C % num_heads:
+        raise ValueError(f"focused linear attention: C={C} must be a multiple of num_heads={num_heads}")
+    if prefix + hw[0] * hw[1] != N:
+        raise ValueError(f"focused linear attention: hw={hw[0]}x{hw[1]} + {prefix} prefix token(s) != N={N}")
+    if k.shape != v.shape or k.shape[0] != B or k.shape[2] != C or k.shape[1] != prefix + kv_hw[0] * kv_hw[1]:
+        raise ValueError(f"focused linear attention: k {tuple(k.shape)} / v {tuple(v.shape)} do not match "
+                         f"q {tuple(q.shape)} and key grid {kv_hw[0]}x{kv_hw[1]} + {prefix} prefix token(s)")
+
+
+def _dwc_fast(v: torch.Tensor, hw, kv_hw, num_heads: int, prefix: int, sr_mode: str, dwc_weight: torch.Tensor,
+              dwc_bias: torch.Tensor | None, lepe_weight: torch.Tensor | None,
+              lepe_bias: torch.Tensor | None) -> torch.Tensor:
+    """DWC (+ LePE) term on the grid tokens as (B, H * W, C) via conv2d."""
+    vm = upsample_v(v[:, prefix:], kv_hw, hw, sr_mode)  # (B, C, H, W)
+    # The d-channel kernel shared by all heads is the C-channel depthwise kernel repeated h times (head-major).
+    C = vm.shape[1]
+    w = dwc_weight.repeat(num_heads, 1, 1, 1)
+    b = None if dwc_bias is None else dwc_bias.repeat(num_heads)
+    y = F.conv2d(vm, w, b, padding=(w.shape[-2] // 2, w.shape[-1] // 2), groups=C)
+    if lepe_weight is not None:
+        # LePE acts on the key-grid map of v (CSwin 'L' blocks have n == N).
+        y = y + F.conv2d(vm, lepe_weight, lepe_bias, padding=(lepe_weight.shape[-2] // 2, lepe_weight.shape[-1] // 2),
+                         groups=C)
+    return y.flatten(2).transpose(1, 2)  # (B, H*W, C)
+
+
+def focused_linear_attention_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor,
+                                dwc_weight: torch.Tensor, dwc_bias: torch.Tensor | None = None,
+                                lepe_weight: torch.Tensor | None = None, lepe_bias: torch.Tensor | None = None, *,
+                                hw: tuple[int, int], kv_hw: tuple[int, int] | None = None, num_heads: int,
+                                p: float = 3.0, normaliser: str = "mean", prefix: int = 0,
+                                sr_mode: str = "bilinear") -> torch.Tensor:
+    """Fast focused linear attention (K^T V first, DWC and LePE by conv2d).
+
+    Args:
+        q: (B, N, C) projected queries, N = prefix + H * W.
+        k: (B, n, C) projected keys with the positional encoding already added, n = prefix + H_kv * W_kv.
+        v: (B, n, C) projected values.
+        scale: (1, 1, C) raw `scale` parameter.
+        dwc_weight: (d, 1, k, k) shared depthwise kernel (`dwc.weight`); dwc_bias: (d,) or None.
+        lepe_weight: (C, 1, 3, 3) CSwin LePE kernel (`get_v.weight`) or None; lepe_bias: (C,) or None.
+        hw: query grid (H, W); kv_hw: key grid (default hw).
+        num_heads: h.
+        p: focusing factor.
+        normaliser: 'mean' (current official) or 'sum' (original release).
+        prefix: P leading non-grid tokens in q, k, v.
+        sr_mode: 'bilinear' or 'flat1d' (how V reaches the query grid for the DWC when kv_hw != hw).
+
+    Returns:
+        (B, N, C), before the output projection.
+    """
+    kv_hw = tuple(hw) if kv_hw is None else tuple(kv_hw)
+    _check(q, k, v, hw, kv_hw, num_heads, prefix, normaliser, sr_mode)
+    qf, kf = focused_feature_map(q, scale, p), focused_feature_map(k, scale, p)
+    h = num_heads
+    out = _merge(linear_attention(_split(qf, h), _split(kf, h), _split(v, h), normaliser, NORM_EPS, order="kv"))
+    conv = _dwc_fast(v, hw, kv_hw, h, prefix, sr_mode, dwc_weight, dwc_bias, lepe_weight, lepe_bias)
+    if prefix:
+        return torch.cat([out[:, :prefix], out[:, prefix:] + conv], dim=1)
+    return out + conv
+
+
+def _conv_matrices(dwc_weight: torch.Tensor, lepe_weight: torch.Tensor | None, hw, num_heads: int,
+                   channel: int | None) -> torch.Tensor:
+    """Equivalent conv matrices per head (h, d or 1, N_g, N_g): DWC (shared) + LePE (per channel) on the grid."""
+    d = dwc_weight.shape[0]
+    if channel is None:
+        m = depthwise_conv_matrix(dwc_weight.mean(0, keepdim=True), hw)[None]  # (1, 1, N_g, N_g)
+        if lepe_weight is not None:
+            lw = lepe_weight.reshape(num_heads, d, *lepe_weight.shape[1:]).mean(1)  # (h, 1, kh, kw)
+            m = m + depthwise_conv_matrix(lw, hw)[:, None]
+        return m.expand(num_heads, 1, -1, -1)
+    if channel is True:
+        m = depthwise_conv_matrix(dwc_weight, hw)[None]  # (1, d, N_g, N_g)
+        if lepe_weight is not None:
+            m = m + depthwise_conv_matrix(lepe_weight, hw).reshape(num_heads, d, *m.shape[-2:])
+        return m.expand(num_heads, -1, -1, -1)
+    c = int(channel)
+    m = depthwise_conv_matrix(dwc_weight[c:c + 1], hw)[None]
+    if lepe_weight is not None:
+        m = m + depthwise_conv_matrix(lepe_weight[c::d], hw)[:, None]
+    return m.expand(num_heads, 1, -1, -1)
+
+
+def focused_linear_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor,
+                                 dwc_weight: torch.Tensor, dwc_bias: torch.Tensor | None = None,
+                                 lepe_weight: torch.Tensor | None = None, lepe_bias: torch.Tensor | None = None, *,
+                                 hw: tuple[int, int], kv_hw: tuple[int, int] | None = None, num_heads: int,
+                                 p: float = 3.0, normaliser: str = "mean", prefix: int = 0,
+                                 sr_mode: str = "bilinear") -> torch.Tensor:
+    """Dense reference of `focused_linear_attention_kv` (same arguments and result).
+
+    The kernel matrix A_ij = phi(q_i).phi(k_j) is built explicitly and row-normalised; the V resize, the DWC and the
+    LePE are explicit matrices (U: N_g x n_g; M_DWC, M_LePE: N_g x N_g per channel; paper Eq. 10-11).
+    """
+    kv_hw = tuple(hw) if kv_hw is None else tuple(kv_hw)
+    _check(q, k, v, hw, kv_hw, num_heads, prefix, normaliser, sr_mode)
+    h = num_heads
+    qf, kf = focused_feature_map(q, scale, p), focused_feature_map(k, scale, p)
+    vh = _split(v, h)  # (B, h, n, d)
+    out = linear_attention_ref(_split(qf, h), _split(kf, h), vh, normaliser, NORM_EPS)  # (B, h, N, d)
+    u = upsample_matrix(kv_hw, hw, sr_mode, v.dtype, v.device)  # (N_g, n_g)
+    m = _conv_matrices(dwc_weight, lepe_weight, hw, h, True)  # (h, d, N_g, N_g)
+    conv = torch.einsum("hcij,jk,bhkc->bhic", m, u, vh[:, :, prefix:])  # (B, h, N_g, d)
+    if dwc_bias is not None:
+        conv = conv + dwc_bias
+    conv = _merge(conv)
+    if lepe_bias is not None:
+        conv = conv + lepe_bias
+    out = _merge(out)
+    return torch.cat([out[:, :prefix], out[:, prefix:] + conv], dim=1)
+
+
+def focused_attention_matrix(q: torch.Tensor, k: torch.Tensor, scale: torch.Tensor, dwc_weight: torch.Tensor,
+                             lepe_weight: torch.Tensor | None = None, *, hw: tuple[int, int],
+                             kv_hw: tuple[int, int] | None = None, num_heads: int, p: float = 3.0,
+                             normaliser: str = "mean", prefix: int = 0, sr_mode: str = "bilinear",
+                             channel: int | None = None) -> torch.Tensor:
+    """Equivalent token-mixing matrix (B, h, N, n): out[:, head, :, c] = M @ v[:, head, :, c] + conv biases.
+
+    Exact for head channel `channel` = c (DWC kernel c, LePE kernel head * d + c; the V resize included). With
+    `channel=None` the conv part uses the channel-mean kernels, which is the average of the exact per-channel maps
+    (exact for every channel only when the kernels agree across channels). Prefix rows and columns of the conv part
+    are 0. Shapes: q (B, N, C), k (B, n, C) with the PE added.
+    """
+    kv_hw = tuple(hw) if kv_hw is None else tuple(kv_hw)
+    _check(q, k, k, hw, kv_hw, num_heads, prefix, normaliser, sr_mode)
+    h = num_heads
+    qf, kf = focused_feature_map(q, scale, p), focused_feature_map(k, scale, p)
+    a = linear_attention_matrix(_split(qf, h), _split(kf, h), normaliser, NORM_EPS)  # (B, h, N, n)
+    u = upsample_matrix(kv_hw, hw, sr_mode, a.dtype, a.device)  # (N_g, n_g)
+    m = _conv_matrices(dwc_weight.to(a.dtype), None if lepe_weight is None else lepe_weight.to(a.dtype), hw, h,
+                       channel)[:, 0] @ u  # (h, N_g, n_g)
+    a = a.clone()
+    a[:, :, prefix:, prefix:] += m
+    return a
