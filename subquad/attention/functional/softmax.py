@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["softmax_attention_ref", "softmax_attention_probs", "softmax_attention"]
+__all__ = ["softmax_attention_ref", "softmax_attention_probs", "softmax_attention", "spatial_reduction_ref",
+           "adaptive_pool_matrix", "patch_mean_matrix"]
 
 
 def softmax_attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float | None = None,
@@ -61,3 +62,53 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
             return out.masked_fill(fill, 0.0)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+
+
+def spatial_reduction_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          sr_ratio: int) -> torch.Tensor:
+    """PVT key/value reduction, written as a patch-wise linear map: (B, C, H, W) -> (B, n, C_out).
+
+    Equals `Conv2d(C, C_out, kernel_size=sr, stride=sr)` (a trailing remainder of H or W is dropped, as the conv
+    does); n = (H // sr) * (W // sr), row-major. weight: (C_out, C, sr, sr); bias: (C_out,).
+    """
+    B, C, H, W = x.shape
+    s = sr_ratio
+    h, w = H // s, W // s
+    # (B, C, h, s, w, s) -> (B, h, w, C, s, s): one row per patch.
+    patches = x[:, :, : h * s, : w * s].reshape(B, C, h, s, w, s).permute(0, 2, 4, 1, 3, 5)
+    out = torch.einsum("bhwcij,ocij->bhwo", patches, weight)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(B, h * w, -1)
+
+
+def adaptive_pool_matrix(hw: tuple[int, int], out_hw: tuple[int, int], device=None,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(n, N) averaging matrix of `AdaptiveAvgPool2d(out_hw)` on an (H, W) map: bin i spans
+    [floor(i H / h), ceil((i + 1) H / h)) in each direction (torch's rule)."""
+    H, W = hw
+    oh, ow = out_hw
+
+    def bins(size: int, out: int) -> torch.Tensor:
+        m = torch.zeros(out, size, dtype=dtype, device=device)
+        for i in range(out):
+            start, end = (i * size) // out, -((-(i + 1) * size) // out)
+            m[i, start:end] = 1.0 / (end - start)
+        return m
+
+    return torch.kron(bins(H, oh), bins(W, ow))
+
+
+def patch_mean_matrix(hw: tuple[int, int], sr_ratio: int, device=None,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(n, N) matrix averaging each sr x sr patch (remainder rows/columns get no weight)."""
+    H, W = hw
+    s = sr_ratio
+
+    def bins(size: int) -> torch.Tensor:
+        m = torch.zeros(size // s, size, dtype=dtype, device=device)
+        for i in range(size // s):
+            m[i, i * s:(i + 1) * s] = 1.0 / s
+        return m
+
+    return torch.kron(bins(H), bins(W))
