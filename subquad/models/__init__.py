@@ -52,3 +52,10 @@ def create_model(name: str, pretrained: bool = False, checkpoint_path: str | Non
 
         load_checkpoint(model, checkpoint_path)
     return model
+
+
+# Backbone family modules added by the family owners (one per line; each registers its models and cards).
+from . import l2vit  # noqa: E402,F401,I001
+from . import flatten_pvt  # noqa: E402,F401
+from . import flatten_pvt_v2  # noqa: E402,F401
+from . import flatten_deit  # noqa: E402,F401
