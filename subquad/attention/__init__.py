@@ -73,3 +73,4 @@ from . import structure_aware  # noqa: E402,F401
 from . import global_filter  # noqa: E402,F401
 from . import long_short  # noqa: E402,F401
 from .focused_linear import FocusedLinearAttention  # noqa: E402,F401
+from . import cswin  # noqa: E402,F401

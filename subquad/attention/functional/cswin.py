@@ -1,0 +1,131 @@
+"""CSwin stripe attention with LePE: dense reference over the whole map and the SDPA fast path.
+
+Shapes: q, k, v (B, h, N, d) with N = H * W (row-major, head-major channels c = head * d + j); LePE weight
+(h * d, 1, 3, 3), bias (h * d,); stripes are (sh, sw) rectangles tiling the map padded to (Hp, Wp); output
+(B, h, N, d).
+
+Paper: CSwin (Dong et al. 2022) Eq. 1-3: horizontal/vertical stripe self-attention, LePE = DWConv3x3(V) added to the
+    attention output inside each stripe.
+Official: LeapLabTHU/FLatten-Transformer `models/flatten_cswin.py` `LePEAttention` (`im2cswin`, `get_lepe`,
+    `img2windows`, `windows2img`), from microsoft/CSWin-Transformer.
+Symbols: sw stripe width (paper sw, `split_size`), (sh, sw) = (H, sw) vertical branch (`idx=0`), (sw, W) horizontal
+    branch (`idx=1`), (H, W) one global branch (`idx=-1`, last stage).
+
+Padding **[ours]** (register FL-13): a map whose side is not a multiple of the stripe is padded with zeros at the
+bottom/right (after the qkv projection), padded keys are excluded for real queries, LePE runs on the padded stripe
+(so at a real token it equals the 3x3 conv of the cut stripe with zero padding) and the result is cropped. Where the
+official code runs (divisible maps) this is exactly the official computation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .softmax import softmax_attention_probs
+from .window import stripe_partition, stripe_reverse
+
+__all__ = ["stripe_shape", "stripe_ids", "cswin_attention_probs_ref", "lepe_ref", "cswin_attention_ref",
+           "cswin_attention"]
+
+
+def stripe_shape(hw: tuple[int, int], idx: int, split_size: int) -> tuple[int, int]:
+    """(sh, sw) of a branch: idx 0 vertical (H, s), 1 horizontal (s, W), -1 global (H, W)."""
+    H, W = hw
+    if split_size < 1:
+        raise ValueError(f"CSwin split_size must be >= 1, got {split_size}")
+    if idx == 0:
+        return H, split_size
+    if idx == 1:
+        return split_size, W
+    if idx == -1:
+        return H, W
+    raise ValueError(f"CSwin branch idx must be 0 (vertical), 1 (horizontal) or -1 (global), got {idx}")
+
+
+def stripe_ids(hw: tuple[int, int], stripe: tuple[int, int], device=None) -> torch.Tensor:
+    """(N,) stripe index of every token of the (H, W) map (row-major)."""
+    H, W = hw
+    sh, sw = stripe
+    r = torch.arange(H, device=device) // sh
+    c = torch.arange(W, device=device) // sw
+    return (r[:, None] * (-(-W // sw)) + c[None, :]).flatten()
+
+
+def cswin_attention_probs_ref(q: torch.Tensor, k: torch.Tensor, hw: tuple[int, int], stripe: tuple[int, int],
+                              scale: float | None = None) -> torch.Tensor:
+    """Dense (B, h, N, N) probabilities: token i attends to the real tokens of its own stripe."""
+    sid = stripe_ids(hw, stripe, q.device)
+    return softmax_attention_probs(q, k, scale, sid[:, None] == sid[None, :])
+
+
+def lepe_ref(v: torch.Tensor, hw: tuple[int, int], stripe: tuple[int, int], weight: torch.Tensor,
+             bias: torch.Tensor | None) -> torch.Tensor:
+    """LePE written out: out_i = b + sum over the 3x3 neighbours j of i inside i's stripe of w[:, offset] * v_j.
+
+    v (B, h, N, d) -> (B, h, N, d); weight (h * d, 1, 3, 3), bias (h * d,).
+    """
+    B, h, N, d = v.shape
+    H, W = hw
+    sid = stripe_ids(hw, stripe, v.device).view(H, W)
+    vm = v.permute(0, 1, 3, 2).reshape(B, h * d, H, W)  # (B, C, H, W)
+    out = torch.zeros_like(vm)
+    rows = torch.arange(H, device=v.device)[:, None]
+    cols = torch.arange(W, device=v.device)[None, :]
+    for dy in (-1, 0, 1):
+        for dx in (-1, 0, 1):
+            rj, cj = rows + dy, cols + dx
+            inside = (rj >= 0) & (rj < H) & (cj >= 0) & (cj < W)
+            rj_c, cj_c = rj.clamp(0, H - 1).expand(H, W), cj.clamp(0, W - 1).expand(H, W)
+            ok = inside & (sid[rj_c, cj_c] == sid)  # (H, W)
+            neighbour = vm[:, :, rj_c, cj_c]  # (B, C, H, W)
+            out = out + weight[:, 0, dy + 1, dx + 1][None, :, None, None] * neighbour * ok
+    if bias is not None:
+        out = out + bias[None, :, None, None]
+    return out.reshape(B, h, d, N).transpose(-2, -1)
+
+
+def cswin_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int],
+                        stripe: tuple[int, int], lepe_weight: torch.Tensor | None = None,
+                        lepe_bias: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """Reference: dense stripe-masked softmax over the whole map plus the written-out LePE. Returns (B, h, N, d)."""
+    out = cswin_attention_probs_ref(q, k, hw, stripe, scale) @ v
+    if lepe_weight is not None:
+        out = out + lepe_ref(v, hw, stripe, lepe_weight, lepe_bias)
+    return out
+
+
+def cswin_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int],
+                    stripe: tuple[int, int], lepe_weight: torch.Tensor | None = None,
+                    lepe_bias: torch.Tensor | None = None, scale: float | None = None,
+                    dropout_p: float = 0.0) -> torch.Tensor:
+    """Fast path: pad, partition into stripes, one SDPA call (padded keys masked), LePE as a depthwise conv on the
+    stripes, reverse, crop. Same arguments and result as `cswin_attention_ref`."""
+    B, h, N, d = q.shape
+    H, W = hw
+    sh, sw = stripe
+    Hp, Wp = -(-H // sh) * sh, -(-W // sw) * sw
+    C, L = h * d, sh * sw
+    # (3, B, h, N, d) -> (B, H, W, 3, h, d) channels-last map of q, k, v.
+    qkv = torch.stack([q, k, v]).permute(1, 3, 0, 2, 4).reshape(B, H, W, 3 * C)
+    if (Hp, Wp) != (H, W):
+        qkv = F.pad(qkv, (0, 0, 0, Wp - W, 0, Hp - H))
+    s = stripe_partition(qkv, sh, sw)  # (B*nS, L, 3C)
+    nS = s.shape[0] // B
+    qs, ks, vs = s.view(B * nS, L, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)  # each (B*nS, h, L, d)
+    mask = None
+    if (Hp, Wp) != (H, W):
+        r = torch.arange(Hp, device=q.device)[:, None] < H
+        c = torch.arange(Wp, device=q.device)[None, :] < W
+        real = stripe_partition((r & c)[None, :, :, None], sh, sw)[..., 0]  # (nS, L)
+        # Real queries never read padded keys; padded query rows stay unmasked (cropped later).
+        mask = ~(real[:, :, None] & ~real[:, None, :])  # (nS, L, L)
+        mask = mask[:, None].repeat(B, 1, 1, 1)  # (B*nS, 1, L, L)
+    o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    if lepe_weight is not None:
+        # (B*nS, h, L, d) -> (B*nS, C, sh, sw): channel head * d + j, as the official get_lepe.
+        vmap = vs.permute(0, 1, 3, 2).reshape(B * nS, C, sh, sw)
+        lepe = F.conv2d(vmap, lepe_weight, lepe_bias, padding=1, groups=C)
+        o = o + lepe.reshape(B * nS, h, d, L).transpose(-2, -1)
+    o = stripe_reverse(o.transpose(1, 2).reshape(B * nS, L, C), sh, sw, Hp, Wp)  # (B, Hp, Wp, C)
+    return o[:, :H, :W].reshape(B, N, h, d).transpose(1, 2)
