@@ -14,7 +14,6 @@ from .._shapes import check_heads, check_tokens, merge_heads
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.structure_aware import (
-    default_d_chunk,
     kernel_spectrum,
     lisa_eq10_ref,
     lisa_fft,
@@ -69,8 +68,8 @@ class StructureAwareAttention(TokenMixer):
             kernels (Tab. 3(d)), computed with grouped convolutions.
         boundary: 'circular' (Eq. 13, registered models) or 'zero' (Toeplitz Eq. 11 via FFTs on the doubled grid;
             ablation of the circular approximation).
-        d_chunk: process D in chunks of this size (bounds peak memory); None = `default_d_chunk` (all of D while
-            B*C*D*N*4 bytes <= 256 MiB).
+        d_chunk: process D in chunks of this size (bounds peak memory); None = automatic tiling over heads and D
+            (`plan_tiles`: Ga/Gb tiles of at most 2^21 floats).
         kernel_resize: 'pad' or 'interp' (see Resolution).
         normalize_v: also L2-normalise v (off; LI-5).
         checkpoint_kernels: recompute Ga/Gb per chunk in backward instead of storing them.
@@ -204,8 +203,7 @@ class StructureAwareAttention(TokenMixer):
     def _mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
         """q-bar, k-bar, v (B, h, N, d) -> (B, h, N, d) by the fast path of this configuration."""
         bproj = self.struct_proj.to(q.dtype)
-        d_chunk = self.d_chunk or default_d_chunk(q.shape[0], self.dim, self.D, q.shape[2],
-                                                  itemsize=q.element_size())
+        d_chunk = self.d_chunk
         if self.local_kernel is not None:
             ka, kb = self.kernels(grid, q.dtype)
             return lisa_local(q, k, v, ka, kb, bproj, grid, d_chunk=d_chunk)

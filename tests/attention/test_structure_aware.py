@@ -167,10 +167,17 @@ def test_module_d_chunk_equals_unchunked():
     assert torch.isfinite(x.grad).all() and m.kernel_a.grad is not None
 
 
-def test_default_d_chunk_budget():
-    assert fsa.default_d_chunk(1, 192, 8, 56 * 56) == 8
-    # 112^2 tokens, C=192, B=8: 8*192*12544*4 B = 77 MiB per d -> 3 fit in 256 MiB -> largest divisor of 8 is 2.
-    assert fsa.default_d_chunk(8, 192, 8, 112 * 112) == 2
+def test_plan_tiles():
+    # 14^2 tokens, C=192 (6 heads of 32), D=8: everything in one tile.
+    assert fsa.plan_tiles(1, 6, 32, 8, 14 * 14) == (6, 8)
+    # 112^2: one head with all of D is 3.2M floats > 2^21 -> D in chunks of 4, one head per tile.
+    assert fsa.plan_tiles(1, 6, 32, 8, 112 * 112) == (1, 4)
+    assert fsa.plan_tiles(1, 6, 32, 8, 112 * 112, d_chunk=1) == (5, 1)
+    grid = (5, 7)
+    ops = _operands(grid, h=3, D=4)
+    ref = fsa.lisa_fft(*ops, grid)
+    for budget in (1, 300, 2 ** 10):
+        assert_close(fsa.lisa_fft(*ops, grid, tile_elems=budget), ref, torch.float64, f"tile budget {budget}")
 
 
 def test_attention_matrix_is_the_kernel_path():

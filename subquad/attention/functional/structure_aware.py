@@ -45,7 +45,7 @@ __all__ = [
     "lisa_fft",
     "lisa_local",
     "kernel_spectrum",
-    "default_d_chunk",
+    "plan_tiles",
     "toeplitz_to_circular",
     "local_to_toeplitz",
     "resize_kernel",
@@ -207,14 +207,23 @@ def kernel_spectrum(kernel: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tens
     return torch.fft.rfftn(kernel, s=tuple(fft_grid), dim=tuple(range(-nd, 0))).conj()
 
 
-def default_d_chunk(batch: int, channels: int, D: int, n: int, budget_bytes: int = 256 * 2 ** 20,
-                    itemsize: int = 4) -> int:
-    """All of D when B*C*D*N*itemsize <= budget, else the largest divisor of D that fits (at least 1)."""
-    per_d = max(1, batch * channels * n * itemsize)
-    if per_d * D <= budget_bytes:
-        return D
-    fit = [c for c in range(1, D + 1) if D % c == 0 and c * per_d <= budget_bytes]
-    return max(fit) if fit else 1
+def plan_tiles(batch: int, heads: int, head_dim: int, D: int, n: int, d_chunk: int | None = None,
+               tile_elems: int = 2 ** 21) -> tuple[int, int]:
+    """Tile sizes (heads per tile, D per tile) of the chunked FFT evaluation.
+
+    Heads are independent and Y is a sum over d, so any tiling is exact; each Ga/Gb tile holds
+    batch * heads_per_tile * head_dim * d_per_tile * n floats. With `d_chunk` given, D is cut into chunks of that
+    size; otherwise D is kept whole while one head's tile fits `tile_elems` (default 2^21 floats = 8 MiB), else the
+    largest divisor of D that fits (at least 1). Then as many heads as fit join a tile (at least 1).
+    """
+    per_d = max(1, batch * head_dim * n)
+    if d_chunk is None:
+        fit = [c for c in range(1, D + 1) if D % c == 0 and c * per_d <= tile_elems]
+        d_chunk = max(fit) if fit else 1
+    elif d_chunk < 1:
+        raise ValueError(f"d_chunk must be >= 1, got {d_chunk}")
+    d_chunk = min(d_chunk, D)
+    return max(1, min(heads, tile_elems // (per_d * d_chunk))), d_chunk
 
 
 def _chunks(D: int, d_chunk: int | None) -> list[slice]:
@@ -236,21 +245,24 @@ def _contract(q_cn: torch.Tensor, ga: torch.Tensor, gb: torch.Tensor, bproj: tor
 
     Shapes: q_cn (B, h, d, N); ga, gb (B, h, d, Dc, N); bproj (h, d, Dc) -> y chunk (B, h, d, N).
     """
-    s = torch.einsum("bhcn,bhcen->bhen", q_cn, ga)  # structural vector S chunk, (B, h, Dc, N)
-    y = torch.einsum("bhen,bhcen->bhcn", s, gb)  # kernel path sum_d S_d Gb_d, (B, h, d, N)
+    # Memory-bound batched dot products over c (and over d below) as multiply + reduce: einsum would route them
+    # through bmm with a permuted copy of the large Ga/Gb tiles.
+    s = (ga * q_cn[:, :, :, None]).sum(2)  # structural vector S chunk, (B, h, Dc, N)
+    y = (gb * s[:, :, None]).sum(3)  # kernel path sum_d S_d Gb_d, (B, h, d, N)
     return y + torch.einsum("bhen,hce->bhcn", s, bproj)  # feature path S B^T
 
 
 def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
              struct_proj: torch.Tensor, grid: Sequence[int], boundary: str = "circular", d_chunk: int | None = None,
-             spectra: tuple[torch.Tensor, torch.Tensor] | None = None, checkpoint_chunks: bool = False
-             ) -> torch.Tensor:
+             spectra: tuple[torch.Tensor, torch.Tensor] | None = None, checkpoint_chunks: bool = False,
+             tile_elems: int = 2 ** 21) -> torch.Tensor:
     """Eq. 13: LiSA through real FFTs over the grid (rfft2 for (H, W), rfftn over (T, H, W) for video).
 
     Ga[c, d, i] = sum_n kernel_a[c, d, n - i] k[c, n];  S[g, i, d] = sum_{c in g} q[c, i] Ga[c, d, i];
     Gb[c, d, i] = sum_j kernel_b[g(c), d, j - i] v[c, j];  Y[c, i] = sum_d S[g(c), i, d] (Gb[c, d, i] + B[c, d]).
-    Both correlations are irfftn(rfftn(x) * conj(rfftn(w))) (spec section 3.3). D is processed in chunks of
-    `d_chunk` (exact: S_d needs only Ga_d and Y is a sum over d), bounding the peak at B*C*d_chunk*N per tensor.
+    Both correlations are irfftn(rfftn(x) * conj(rfftn(w))) (spec section 3.3). The work is tiled over heads and
+    over D (`plan_tiles`; exact: heads are independent, S_d needs only Ga_d and Y is a sum over d), so the peak of
+    Ga/Gb is one tile (<= 8 MiB by default, B*d_h*d_chunk*N floats with an explicit `d_chunk`) instead of B*C*D*N.
 
     Shapes: q, k, v (B, h, N, dh); kernel_a (C, D, *K); kernel_b (h or 1, D, *K); struct_proj (C, D)
     -> (B, h, N, dh). K = grid ('circular', equals `lisa_circulant_ref`) or 2*grid-1 ('zero': evaluated on the
@@ -259,6 +271,7 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
         spectra: optional precomputed (kernel_spectrum(kernel_a), kernel_spectrum(kernel_b)) on the FFT grid
             (grid for 'circular', 2*grid for 'zero'); they are input-independent (the module caches them in eval).
         checkpoint_chunks: recompute each chunk's Ga/Gb in backward instead of saving them.
+        tile_elems: float budget of one Ga/Gb tile (see `plan_tiles`).
     """
     _check_boundary(boundary)
     B, h, N, dh = q.shape
@@ -291,14 +304,21 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
         gb = crop(torch.fft.irfftn(vf * wbf_c, s=fft_grid, dim=dims))  # (B, h, dh, Dc, N)
         return _contract(q_cn, ga, gb, bproj_c)
 
-    y = None
-    for sl in _chunks(D, d_chunk):
-        args = (kf, vf, waf[:, :, sl], wbf[:, :, sl], q_cn, bproj[..., sl])
-        if checkpoint_chunks and torch.is_grad_enabled():
-            part = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False)
-        else:
-            part = chunk(*args)
-        y = part if y is None else y + part
+    h_tile, d_tile = plan_tiles(B, h, dh, D, N, d_chunk, tile_elems)
+    outs = []
+    for g in range(0, h, h_tile):
+        hs = slice(g, g + h_tile)
+        y = None
+        for sl in _chunks(D, d_tile):
+            args = (kf[:, hs], vf[:, hs], waf[hs, :, sl], wbf[hs if wbf.shape[0] > 1 else slice(None), :, sl],
+                    q_cn[:, hs], bproj[hs, :, sl])
+            if checkpoint_chunks and torch.is_grad_enabled():
+                part = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False)
+            else:
+                part = chunk(*args)
+            y = part if y is None else y + part
+        outs.append(y)
+    y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     return y.transpose(-1, -2)  # (B, h, N, dh)
 
 
