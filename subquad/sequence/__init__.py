@@ -30,3 +30,5 @@ def list_sequence_models() -> list[str]:
 
 # Model modules (each registers itself). One import per line.
 from . import encoder  # noqa: E402,F401
+from . import char_lm  # noqa: E402,F401
+from .char_lm import CharLM  # noqa: E402,F401
