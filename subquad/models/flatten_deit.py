@@ -27,14 +27,16 @@ from torch import nn
 from ..errors import UserError
 from ._builder import build, unwrap_state_dict
 from ._card import ModelCard, register_card
+from .flatten_pvt import _resize_tables
 from .vit import VisionTransformerAttn, _check_out_indices
 
 __all__ = ["remap_official"]
 
 
 def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """Checkpoint in the timm DeiT layout -> our state dict: unwrap the container and resample `pos_embed` to the
-    model's grid when it differs (timm's `resample_abs_pos_embed`, bicubic).
+    """Checkpoint in the timm DeiT layout -> our state dict: unwrap the container and resample `pos_embed` (timm's
+    `resample_abs_pos_embed`, bicubic) and the focused-attention `positional_encoding` (bicubic, class slot kept) to
+    the model's grid when they differ: the run-time rules, so a resized load equals running the source model there.
 
     There is no official FLatten-DeiT checkpoint; a timm DeiT checkpoint has no FLatten parameters (`scale`,
     `positional_encoding`, `dwc`), so it loads only with strict=False.
@@ -53,7 +55,7 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dic
         if side * side != n:
             raise UserError(f"cannot resample pos_embed of shape {tuple(pos.shape)}: {n} grid tokens are not square")
         sd["pos_embed"] = resample_abs_pos_embed(pos, tuple(model.grid_size), (side, side), num_prefix_tokens=prefix)
-    return sd
+    return _resize_tables(sd, model)
 
 
 def _cfg(**kwargs) -> dict:

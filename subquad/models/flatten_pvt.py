@@ -23,6 +23,7 @@ from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
 from ..attention import build_attention
+from ..attention.functional.focused import resize_pe
 from ..errors import UserError
 from ..layers.mlp import ConvMlp
 from ..layers.patch_embed import PatchEmbedLN, resize_pos_embed_2d
@@ -151,14 +152,12 @@ class FlattenPVT(PyramidBackbone):
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         grid = (img_hw[0] // patch_size, img_hw[1] // patch_size)
         self.grids: list[tuple[int, int]] = []
-        self.pe_grids: list[tuple[int, int]] = []
         self.feature_info = []
         cur, stride = 0, patch_size
         for i in range(4):
             if i > 0:
                 grid, stride = (grid[0] // 2, grid[1] // 2), stride * 2
             self.grids.append(grid)
-            self.pe_grids.append((grid[0] // la_sr_ratios[i], grid[1] // la_sr_ratios[i]))
             p = patch_size if i == 0 else 2
             setattr(self, f"patch_embed{i + 1}",
                     PatchEmbedLN(in_chans if i == 0 else embed_dims[i - 1], embed_dims[i], p, **dd))
@@ -228,21 +227,28 @@ def resize_token_grid(t: torch.Tensor, dst_hw: tuple[int, int], prefix: int = 0,
     return torch.cat([t[:, :prefix], grid.to(t.dtype)], dim=1) if prefix else grid.to(t.dtype)
 
 
-def _resize_tables(sd: dict[str, torch.Tensor], model: nn.Module, mode: str = "bicubic") -> dict[str, torch.Tensor]:
-    """Resize `pos_embed{i}` / `block{i}.*.attn.positional_encoding` whose token count differs from the model's.
+def _resize_tables(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Resize `pos_embed{i}` / `*.attn.positional_encoding` whose token count differs from the model's.
 
-    Targets are the model's construction grids: `model.grids[i]` for `pos_embed{i+1}`, `model.pe_grids[i]` (the key
-    grid of a focused stage) for the attention PE.
+    Targets are the model's construction grids: `model.grids[i]` for `pos_embed{i+1}` (bilinear, PVT's run-time rule)
+    and the owning attention's `pe_hw` for its PE (bicubic through `resize_pe`, the FLatten loader's and the
+    mechanism's run-time rule). Loading at another size therefore equals running the source model at that size.
     """
     own = model.state_dict()
-    grids, pe_grids = getattr(model, "grids", None), getattr(model, "pe_grids", None)
+    grids = getattr(model, "grids", None)
     out = {}
     for k, v in sd.items():
         if k in own and own[k].shape != v.shape and v.dim() == 3 and own[k].shape[-1] == v.shape[-1]:
             if k.startswith("pos_embed") and grids:
-                v = resize_token_grid(v, grids[int(k[len("pos_embed"):]) - 1], what=k, mode=mode)
-            elif k.startswith("block") and k.endswith("attn.positional_encoding") and pe_grids:
-                v = resize_token_grid(v, pe_grids[int(k[len("block"):k.index(".")]) - 1], what=k, mode=mode)
+                v = resize_token_grid(v, grids[int(k[len("pos_embed"):]) - 1], what=k, mode="bilinear")
+            elif k.endswith(".positional_encoding"):
+                attn = model.get_submodule(k[: -len(".positional_encoding")])
+                prefix = getattr(attn, "num_prefix_tokens", 0)
+                n = v.shape[1] - prefix
+                side = math.isqrt(n)
+                if side * side != n:
+                    raise UserError(f"cannot resize {k} of shape {tuple(v.shape)}: {n} tokens are not a square grid")
+                v = resize_pe(v, (side, side), tuple(attn.pe_hw), prefix)
         out[k] = v
     return out
 
@@ -251,8 +257,8 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize
     """Official FLatten-PVT checkpoint -> our state dict.
 
     Unwraps `model` / `model_ema` / `state_dict`, drops the unused final `norm.*` (not built here), and, with
-    `resize`, bicubic-resizes `pos_embed{i}` and `positional_encoding` tables whose grid differs from the model's
-    construction grid (as the official fine-tuning loader does).
+    `resize`, resizes `pos_embed{i}` (bilinear) and `positional_encoding` (bicubic) tables whose grid differs from
+    the model's construction grid (the run-time rules, so a resized load equals running the source model there).
 
     Args:
         state_dict: official checkpoint (wrapped or flat).

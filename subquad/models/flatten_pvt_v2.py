@@ -84,14 +84,12 @@ class FlattenPVTv2(PyramidBackbone):
         # Construction grids as the official code computes them (floors of img / stride).
         grid = (img_hw[0] // stem[1], img_hw[1] // stem[1])
         self.grids: list[tuple[int, int]] = []
-        self.pe_grids: list[tuple[int, int]] = []
         self.feature_info = []
         cur, stride = 0, stem[1]
         for i in range(4):
             if i > 0:
                 grid, stride = (grid[0] // 2, grid[1] // 2), stride * 2
             self.grids.append(grid)
-            self.pe_grids.append((7, 7) if linear else (grid[0] // la_sr_ratios[i], grid[1] // la_sr_ratios[i]))
             k, s = stem if i == 0 else (3, 2)
             setattr(self, f"patch_embed{i + 1}",
                     OverlapPatchEmbed(in_chans if i == 0 else embed_dims[i - 1], embed_dims[i], k, s, **dd))

@@ -1,0 +1,160 @@
+"""Official checkpoint loading: key-layout fixtures (names + shapes of the official classes), remap, strict load.
+
+The fixtures `tests/_fixtures/{l2vit,flatten_pvt,flatten_pvt_v2}_keys.json` list `state_dict()` of the official
+classes; a random state dict in that layout, wrapped as the official files wrap it, must load strictly through
+`create_model(name, checkpoint_path=...)`. The `parity` test regenerates the lists from the official code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import subquad
+
+FIXTURES = Path(__file__).resolve().parents[1] / "_fixtures"
+FAMILIES = {"l2vit": "l2vit_keys.json", "flatten_pvt": "flatten_pvt_keys.json",
+            "flatten_pvt_v2": "flatten_pvt_v2_keys.json"}
+# Full-size models built on CPU in the default run (values checked); the others load on meta (names and shapes).
+REAL = {"flatten_pvt_v2_b0"}
+
+
+def fixture(family: str) -> dict[str, dict[str, list[int]]]:
+    return json.loads((FIXTURES / FAMILIES[family]).read_text())["models"]
+
+
+def random_state_dict(keys: dict[str, list[int]], seed: int = 0) -> dict[str, torch.Tensor]:
+    """One random value per key, expanded to the fixture's shape (a small file that still tells keys apart);
+    BN variances positive, counters int64."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for k, shape in keys.items():
+        if k.endswith("num_batches_tracked"):
+            sd[k] = torch.tensor(7, dtype=torch.int64)
+        else:
+            v = torch.rand(1, generator=g) + 0.5 if k.endswith("running_var") else torch.randn(1, generator=g)
+            sd[k] = v.reshape([1] * len(shape)).expand(shape) if shape else v.reshape(())
+    return sd
+
+
+CASES = [(fam, name) for fam in FAMILIES for name in fixture(fam)]
+
+
+def _check_load(tmp_path, family: str, name: str, wrapper: str, device) -> None:
+    keys = fixture(family)[name]
+    sd = random_state_dict(keys)
+    path = tmp_path / "official.pth"
+    torch.save({wrapper: sd, "epoch": 299}, path)
+    m = subquad.create_model(name, checkpoint_path=str(path), device=device)
+    own = m.state_dict()
+    dropped = set(keys) - set(own)
+    # Only the unused FLatten-PVT final norm is dropped (spec flatten.md 5.2); nothing is left unloaded.
+    assert dropped <= {"norm.weight", "norm.bias"} and (not dropped or family == "flatten_pvt"), dropped
+    assert set(own) <= set(keys)
+    if device is None:
+        for k, v in own.items():
+            assert torch.equal(v, sd[k]), k
+
+
+@pytest.mark.parametrize("family,name", CASES)
+def test_official_layout_loads_strictly(tmp_path, family, name):
+    _check_load(tmp_path, family, name, "model", None if name in REAL else "meta")
+
+
+@pytest.mark.parametrize("wrapper", ["model_ema", "state_dict", "module"])
+def test_official_wrappers(tmp_path, wrapper):
+    _check_load(tmp_path, "flatten_pvt_v2", "flatten_pvt_v2_b0", wrapper, "meta")
+
+
+@pytest.mark.slow
+def test_l2vit_tiny_values_load(tmp_path):
+    _check_load(tmp_path, "l2vit", "l2vit_tiny", "model_ema", None)
+
+
+def test_other_architecture_one_line_error(tmp_path):
+    sd = random_state_dict(fixture("l2vit")["l2vit_tiny"])
+    path = tmp_path / "l2vit.pth"
+    torch.save({"model": sd}, path)
+    with pytest.raises(ValueError, match="does not fit model 'flatten_pvt_v2_b0'") as e:
+        subquad.create_model("flatten_pvt_v2_b0", checkpoint_path=str(path), device="meta")
+    msg = str(e.value)
+    assert "\n" not in msg and "missing key" in msg and "unexpected key" in msg
+
+
+def test_wrong_shapes_named(tmp_path):
+    sd = random_state_dict(fixture("l2vit")["l2vit_tiny"])
+    path = tmp_path / "l2vit_t.pth"
+    torch.save({"model": sd}, path)
+    with pytest.raises(ValueError, match=r"shape mismatch.*checkpoint \(") as e:
+        subquad.create_model("l2vit_small", checkpoint_path=str(path), device="meta", depths=(2, 2, 6, 2),
+                             dims=(128, 256, 512, 1024), num_heads=(4, 8, 16, 32))
+    assert "l2vit_small" in str(e.value)
+
+
+@pytest.mark.parametrize("name,size", [("flatten_pvt_micro", 48), ("flatten_pvt_v2_micro", 40),
+                                       ("flatten_deit_micro", 48)])
+def test_resized_load_equals_runtime_resize(name, size):
+    """A checkpoint loaded into a model built at another size (tables resized by remap_official) gives the same
+    logits as the source model run at that size (tables resized at run time)."""
+    src = subquad.create_model(name, num_classes=5).eval()
+    with torch.no_grad():
+        for n, p in src.named_parameters():
+            if n.endswith(("positional_encoding", "scale")) or "pos_embed" in n:
+                p.normal_(0, 0.3)
+    dst = subquad.create_model(name, num_classes=5, img_size=size).eval()
+    remap = sys.modules[f"subquad.models.{name[: -len('_micro')]}"].remap_official
+    dst.load_state_dict(remap({"model": src.state_dict()}, dst), strict=True)
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        torch.testing.assert_close(dst(x), src(x), rtol=1e-5, atol=1e-5)
+
+
+def _load_official(path: str, name: str) -> types.ModuleType:
+    """Import an official model file by path without letting it touch timm's registry (its names clash with ours)."""
+    import timm.models.registry as reg
+
+    sys.modules.setdefault("einops", types.SimpleNamespace(rearrange=None))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    saved = reg.register_model
+    reg.register_model = lambda fn: fn
+    try:
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    finally:
+        reg.register_model = saved
+    return mod
+
+
+def official_models(root: str) -> dict[str, callable]:
+    """Builders of the official classes for every fixture model (la_sr_ratios='1111' as the FLatten configs)."""
+    l2 = _load_official(os.path.join(root, "L2ViT/classification/models/l2vit.py"), "_official_l2vit")
+    fl = os.path.join(root, "FLatten-Transformer/models")
+    pvt = _load_official(os.path.join(fl, "flatten_pvt.py"), "_official_flatten_pvt")
+    pvt2 = _load_official(os.path.join(fl, "flatten_pvt_v2.py"), "_official_flatten_pvt_v2")
+    out = {"l2vit_tiny": l2.L2ViT_Tiny, "l2vit_small": l2.L2ViT_Small, "l2vit_base": l2.L2ViT_Base,
+           "l2vit_base_384": l2.L2ViT_Base_384}
+    for n in ("tiny", "small", "medium", "large"):
+        out[f"flatten_pvt_{n}"] = lambda n=n, **kw: getattr(pvt, f"flatten_pvt_{n}")(la_sr_ratios="1111", **kw)
+    for b in range(6):
+        out[f"flatten_pvt_v2_b{b}"] = lambda b=b, **kw: getattr(pvt2, f"flatten_pvt_v2_b{b}")(la_sr_ratios="1111",
+                                                                                             **kw)
+    return out
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("family,name", CASES)
+def test_fixture_matches_official(official_root, family, name):
+    builders = official_models(official_root)
+    with contextlib.redirect_stdout(io.StringIO()):
+        off = builders[name]()
+    assert {k: list(v.shape) for k, v in off.state_dict().items()} == fixture(family)[name]
