@@ -187,7 +187,10 @@ def long_short_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: torch.
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
           dropout_p: float = 0.0) -> torch.Tensor:
     """SDPA with rows that have no visible key forced to zero (never NaN)."""
-    if mask.dtype == torch.bool:
+    if mask.is_meta:
+        # FLOP counting on the meta device: no data-dependent check is possible (or needed)
+        pass
+    elif mask.dtype == torch.bool:
         any_key = mask.any(dim=-1, keepdim=True)
         if not bool(any_key.all()):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~any_key, scale=scale,
