@@ -15,7 +15,7 @@ from torch import nn
 from .._shapes import as_hw, check_heads, map_to_tokens, tokens_to_map
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
-from .functional.structure_aware import relative_index
+from .functional.structure_aware import no_autocast, relative_index
 
 __all__ = ["GlobalFilter", "global_filter_kernel", "global_filter_ref", "global_filter_fft"]
 
@@ -104,7 +104,7 @@ class GlobalFilter(TokenMixer):
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         hw = self._check_input(x, hw, mask)
         cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
-        with torch.autocast(x.device.type, enabled=False):
+        with no_autocast(x):
             y = global_filter_fft(x.to(cdt), self.filter_for(hw).to(cdt), hw)
         return self.proj_drop(y.to(x.dtype))
 

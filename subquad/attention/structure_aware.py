@@ -19,6 +19,7 @@ from .functional.structure_aware import (
     lisa_fft,
     lisa_local,
     local_to_toeplitz,
+    no_autocast,
     resize_kernel,
     toeplitz_to_circular,
 )
@@ -215,7 +216,7 @@ class StructureAwareAttention(TokenMixer):
         if mask is not None:
             raise ValueError("structure_aware does not support masks; pass mask=None")
         grid = self._grid(x, hw)
-        with torch.autocast(x.device.type, enabled=False):
+        with no_autocast(x):
             q, k, v = self._qkv(x)
             o = self._mix(q, k, v, grid)
         # Back to the input dtype; under autocast `proj` then runs in the autocast dtype.

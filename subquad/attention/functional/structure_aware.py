@@ -28,6 +28,7 @@ Every correlation below is G[i] = sum_n w[n - i] x[n]; with FFTs this is irfft(r
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 
@@ -51,6 +52,7 @@ __all__ = [
     "resize_kernel",
     "inflate_kernel",
     "offsets_range",
+    "no_autocast",
 ]
 
 _BOUNDARIES = ("circular", "zero")
@@ -425,3 +427,11 @@ def inflate_kernel(kernel: torch.Tensor, frames: int, mode: str = "center") -> t
     if mode == "average":
         return kernel.unsqueeze(-3).expand(*kernel.shape[:-2], frames, *kernel.shape[-2:]) / frames
     raise ValueError(f"inflate mode must be 'center' or 'average', got {mode!r}")
+
+
+def no_autocast(x: torch.Tensor):
+    """Context with autocast disabled on x's device (a no-op on devices without autocast, e.g. meta); the LiSA and
+    global-filter FFT cores run in float32 inside it (DESIGN.md precision policy)."""
+    if x.device.type in ("cpu", "cuda", "xpu", "mps"):
+        return torch.autocast(x.device.type, enabled=False)
+    return contextlib.nullcontext()

@@ -1,0 +1,113 @@
+"""LiSANet / HyLiSANet: isotropic variant, video variants, 2-D -> 3-D inflation, errors (unofficial configs)."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import subquad
+from subquad.models.lisanet import _HYBRID, _MICRO, inflate_image_weights
+from tests._tol import assert_close
+
+_VIDEO_MICRO = dict(_MICRO, stage_types=_HYBRID, num_frames=4)
+
+
+def _isotropic_small(**kw):
+    return subquad.create_model("lisanet_i", img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2, D=2,
+                                **kw)
+
+
+def test_isotropic_forward_backward_features():
+    m = _isotropic_small(num_classes=5)
+    assert tuple(m.blocks[0].attn.kernel_a.shape) == (32, 2, 4, 4)
+    x = torch.randn(2, 3, 32, 40)  # 4 x 5 tokens: kernels resampled from 4 x 4
+    out = m(x)
+    assert out.shape == (2, 5) and torch.isfinite(out).all()
+    out.logsumexp(-1).mean().backward()
+    assert all(p.grad is not None for p in m.parameters())
+    m.eval()
+    final, inter = m.forward_intermediates(x)
+    assert len(inter) == 4 and all(t.shape == (2, 32, 4, 5) for t in inter)
+    feats = timm.create_model("lisanet_i", features_only=True, img_size=32, patch_size=8, embed_dim=32, depth=4,
+                              num_heads=2, D=2).eval()(x)
+    assert len(feats) == 4 and all(f.dim() == 4 for f in feats)
+    ref = m(x)
+    m.set_grad_checkpointing(True)
+    torch.testing.assert_close(m(x), ref)
+
+
+def test_video_model_shapes_and_intermediates():
+    m = subquad.create_model("hylisanet_s_video", num_classes=3, **_VIDEO_MICRO)
+    x = torch.randn(2, 3, 4, 64, 48)
+    out = m(x)
+    assert out.shape == (2, 3) and torch.isfinite(out).all()
+    out.sum().backward()
+    assert all(p.grad is not None for p in m.parameters())
+    inter = m.forward_intermediates(x, intermediates_only=True)
+    assert [tuple(t.shape) for t in inter] == [(2, 16, 2, 16, 12), (2, 32, 2, 8, 6), (2, 48, 2, 4, 3),
+                                               (2, 64, 2, 2, 2)]
+    # 3-D LiSA kernels (C, D, T0, H0, W0) with T0 = num_frames / 2.
+    assert tuple(m.stages[2].blocks[0].attn.kernel_a.shape) == (48, 2, 2, 4, 4)
+
+
+@pytest.mark.parametrize("mode", ["center", "average"])
+def test_inflation_loads_strict(mode):
+    img = subquad.create_model("hylisanet_micro")
+    vid = subquad.create_model("hylisanet_s_video", **_VIDEO_MICRO)
+    vid.load_state_dict(inflate_image_weights(img.state_dict(), vid, mode), strict=True)
+
+
+def test_center_inflation_is_framewise_image_model():
+    """Exact property (eval mode): with 'center' inflation, for ANY clip x (B, 3, T, H, W) and every stage s and
+    temporal token t, video.forward_intermediates(x)[s][:, :, t] == image.forward_intermediates(x[:, :, 2t])[s]
+    (the stem's temporal stride 2 takes the centre frame 2t of its window; every later op is frame-wise), and the
+    video logits equal the mean over t of the image logits of frames 2t. A clip of identical frames therefore
+    gives exactly the image model's features (replicated over t) and logits."""
+    img = subquad.create_model("hylisanet_micro", num_classes=5).eval()
+    vid = subquad.create_model("hylisanet_s_video", num_classes=5, **_VIDEO_MICRO).eval()
+    # Non-trivial BN statistics, so the BN inflation is exercised.
+    for mod in img.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.uniform_(-0.5, 0.5)
+            mod.running_var.uniform_(0.5, 1.5)
+    vid.load_state_dict(inflate_image_weights(img.state_dict(), vid, "center"))
+    x = torch.randn(2, 3, 4, 64, 64)
+    with torch.no_grad():
+        v_inter = vid.forward_intermediates(x, intermediates_only=True)
+        frames = [img.forward_intermediates(x[:, :, 2 * t], intermediates_only=True) for t in range(2)]
+        for s in range(4):
+            for t in range(2):
+                assert_close(v_inter[s][:, :, t], frames[t][s], torch.float32, f"stage {s} frame {t}")
+        assert_close(vid(x), (img(x[:, :, 0]) + img(x[:, :, 2])) / 2, torch.float32, "logits")
+        same = x[:, :, :1].expand(-1, -1, 4, -1, -1)
+        assert_close(vid(same), img(x[:, :, 0]), torch.float32, "identical frames")
+
+
+def test_bad_inputs_clear_errors():
+    img = subquad.create_model("lisanet_micro")
+    with pytest.raises(ValueError, match=r"expected images \(B, C, H, W\).*video"):
+        img(torch.randn(1, 3, 4, 64, 64))
+    vid = subquad.create_model("hylisanet_s_video", **_VIDEO_MICRO)
+    with pytest.raises(ValueError, match=r"expected video clips \(B, C, T, H, W\)"):
+        vid(torch.randn(1, 3, 64, 64))
+    with pytest.raises(ValueError, match="D .*>= 1, got 0"):
+        subquad.create_model("lisanet_micro", D=0)
+    with pytest.raises(ValueError, match="stage type"):
+        subquad.create_model("lisanet_micro", stage_types=("lisa", "lisa", "mlp", "lisa"))
+    block = img.stages[0].blocks[0]
+    with pytest.raises(ValueError, match="makes 12 tokens but x has N=16"):
+        block.attn(torch.randn(1, 16, 16), (3, 4))
+
+
+def test_cards_are_unofficial_and_sized():
+    from subquad.models import CARDS
+
+    for name in ("lisanet_i", "lisanet_s", "lisanet_b", "hylisanet_s", "hylisanet_b", "hylisanet_s_video",
+                 "hylisanet_b_video"):
+        card = CARDS[name]
+        assert card.status == "unofficial" and "unofficial" in card.notes and card.ref_params
+        assert "unofficial" in timm.models.get_pretrained_cfg(name).notes
+    # Spec section 8.2 table (exact counts of this definition).
+    assert CARDS["hylisanet_s"].ref_params == 26_458_344 and CARDS["lisanet_i"].ref_params == 36_956_008
+    assert CARDS["hylisanet_b"].top1 == 85.0
