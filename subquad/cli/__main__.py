@@ -18,6 +18,8 @@ COMMANDS: dict[str, str] = {
     "models": "models",
     "flops": "flops",
     "train": "train",
+    "bench": "bench",
+    "analyze": "analyze",
 }
 
 

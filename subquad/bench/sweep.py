@@ -1,0 +1,537 @@
+"""Benchmark sweeps: every mechanism over token grids, every model over image sizes; CSV rows and plots.
+
+Rows use timm's benchmark columns (`infer_samples_per_sec`, `infer_step_time` in ms, `infer_batch_size`,
+`infer_img_size`, `infer_gmacs`, the `train_*` equivalents, `param_count`) plus `peak_mem_mb` (forward) and
+`train_peak_mem_mb` (forward + backward), `seq_len`, `device`, `torch`, `subquad` and a `status` that says why a
+size was skipped or refused. Time is the median of repeats after warm-up (`timing.time_fn`); memory is the peak
+allocated by one step beyond parameters and inputs (`memory.peak_memory`); GMACs are counted on the meta device
+(`flops.count_module_macs` / `count_macs`).
+
+A size is skipped for a mechanism (and every larger size after it) when the memory or time of one step, extrapolated
+from the sizes already measured, would exceed the budget (`max_mem_mb`, `max_time_s`). Before numbers are recorded,
+each step's outputs (and gradients with backward) must be finite; a mechanism that fails is refused unless
+`force=True`, and forced rows are marked `forced=1`. This is a cheap sanity gate, not the test suite: run
+`make test` before committing results.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import platform
+import re
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .memory import peak_memory
+from .timing import time_fn
+
+__all__ = ["ATTN_COLUMNS", "MODEL_COLUMNS", "attention_candidates", "sweep_attention", "bench_models",
+           "device_tag", "default_result_path", "write_csv", "read_csv", "plot_attention", "plot_models"]
+
+_log = logging.getLogger(__name__)
+
+ATTN_COLUMNS = ["name", "grid", "seq_len", "dim", "heads", "infer_batch_size", "infer_img_size", "infer_step_time",
+                "infer_samples_per_sec", "infer_gmacs", "peak_mem_mb", "infer_time_vs_softmax", "train_step_time",
+                "train_samples_per_sec", "train_peak_mem_mb", "train_time_vs_softmax", "param_count", "complexity",
+                "status", "forced", "device", "torch", "subquad"]
+MODEL_COLUMNS = ["model", "infer_img_size", "infer_batch_size", "infer_step_time", "infer_samples_per_sec",
+                 "infer_gmacs", "peak_mem_mb", "train_img_size", "train_batch_size", "train_step_time",
+                 "train_samples_per_sec", "train_peak_mem_mb", "param_count", "status", "forced", "device",
+                 "torch", "subquad"]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def device_tag(device: torch.device | str) -> str:
+    """Hardware name for result files: e.g. 'cpu-amd-epyc-7b13-2t' (threads used) or 'cuda-nvidia-h200'."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda-{_slug(torch.cuda.get_device_name(device))}"
+    name = _slug(_cpu_name())
+    for noise in ("-processor", "-cpu", "-with-radeon-graphics"):
+        name = name.replace(noise, "")
+    name = re.sub(r"-\d+-core$", "", name)
+    return f"cpu-{name}-{torch.get_num_threads()}t"
+
+
+def torch_tag() -> str:
+    """'pt' + torch's release digits, as timm names its result files (2.14.1 -> pt2141)."""
+    return "pt" + torch.__version__.split("+")[0].replace(".", "")
+
+
+def default_result_path(kind: str, device: torch.device | str, root: str | Path | None = None) -> Path:
+    """`<root>/bench-<kind>-<device tag>-pt<torch>.csv`; root defaults to benchmarks/results when that exists."""
+    if root is None:
+        root = Path("benchmarks/results") if Path("benchmarks/results").is_dir() else Path(".")
+    return Path(root) / f"bench-{kind}-{device_tag(device)}-{torch_tag()}.csv"
+
+
+def _env(device: torch.device) -> dict[str, str]:
+    from ..version import __version__
+
+    return {"device": device_tag(device), "torch": torch.__version__, "subquad": __version__}
+
+
+def attention_candidates() -> list[str]:
+    """Registered mechanisms that run bidirectionally on a 2-D token grid (every mechanism takes hw)."""
+    from ..attention import ATTENTION_REGISTRY
+
+    return [n for n in ATTENTION_REGISTRY.names() if ATTENTION_REGISTRY.get(n).builder.caps.bidirectional]
+
+
+def _finite(*tensors: torch.Tensor | None) -> bool:
+    return all(t is None or bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def _extrapolate(history: list[tuple[float, float]], size: float, default_slope: float) -> float | None:
+    """Predict a cost at `size` from (size, cost) pairs on a log-log line (slope at least 1)."""
+    pts = [(s, c) for s, c in history if c > 0]
+    if not pts:
+        return None
+    s1, c1 = pts[-1]
+    slope = default_slope
+    if len(pts) >= 2:
+        s0, c0 = pts[-2]
+        if s1 > s0:
+            slope = max(1.0, math.log(c1 / c0) / math.log(s1 / s0))
+    return c1 * (size / s1) ** slope
+
+
+class _Budget:
+    """Per (name, mode) history of measured steps and the skip decision for the next size."""
+
+    def __init__(self, max_mem_mb: float | None, max_time_s: float | None, calls: int) -> None:
+        self.max_mem_mb, self.max_time_s, self.calls = max_mem_mb, max_time_s, calls
+        self.mem: dict[tuple, list] = {}
+        self.time: dict[tuple, list] = {}
+        self.stopped: dict[tuple, str] = {}
+
+    def reason(self, key: tuple, size: float, slope: float) -> str | None:
+        if key in self.stopped:
+            return f"skipped: {self.stopped[key]} at a smaller size"
+        mem = _extrapolate(self.mem.get(key, []), size, slope)
+        if self.max_mem_mb is not None and mem is not None and mem > self.max_mem_mb:
+            self.stopped[key] = "over --max-mem"
+            return f"skipped: estimated {mem:.0f} MiB > --max-mem {self.max_mem_mb:.0f} MiB"
+        t = _extrapolate(self.time.get(key, []), size, slope)
+        if self.max_time_s is not None and t is not None and t * self.calls > self.max_time_s:
+            self.stopped[key] = "over --max-time"
+            total = t * self.calls
+            return f"skipped: estimated {total:.0f} s for {self.calls} steps > --max-time {self.max_time_s:.0f} s"
+        return None
+
+    def record(self, key: tuple, size: float, mem_mb: float, step_s: float) -> None:
+        self.mem.setdefault(key, []).append((size, mem_mb))
+        self.time.setdefault(key, []).append((size, step_s))
+
+
+def _measure(step: Callable[[], object], device: torch.device, warmup: int, repeats: int,
+             budget_s: float | None) -> tuple[float, float]:
+    """(median seconds, peak MiB) of `step`."""
+    timing = time_fn(step, device, warmup=warmup, repeats=repeats, budget_s=budget_s)
+    mem = peak_memory(step, device) / 2**20
+    return timing.median, mem
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 4)
+
+
+def sweep_attention(names: Sequence[str] | None = None, dim: int = 192, heads: int = 6,
+                    tokens: Sequence[int] = (14, 28, 56, 112, 224), backward: bool = False, batch_size: int = 1,
+                    device: str | torch.device = "cpu", max_mem_mb: float | None = 8192.0,
+                    max_time_s: float | None = 120.0, warmup: int = 1, repeats: int = 5, force: bool = False,
+                    attn_kwargs: dict[str, dict[str, Any]] | None = None,
+                    on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Time, peak memory and GMACs of mechanisms on square t x t token grids.
+
+    Args:
+        names: mechanisms (default: `attention_candidates()`); "softmax" is always added as the baseline.
+        dim: channels C; heads: heads h (C % h == 0).
+        tokens: grid sides t (N = t * t tokens); measured in increasing order.
+        backward: also time forward + backward (gradients of the input and every parameter).
+        batch_size: B.
+        device: 'cpu' or a CUDA device.
+        max_mem_mb: skip a size (and larger ones) whose peak memory, extrapolated from smaller sizes, exceeds this.
+        max_time_s: skip a size whose warm-up + repeats + memory probe would take longer than this.
+        warmup, repeats: untimed and timed calls per measurement.
+        force: record mechanisms whose outputs or gradients are not finite (rows marked forced=1).
+        attn_kwargs: extra constructor options per mechanism name.
+        on_row: called with each finished row (progress printing).
+    Returns:
+        rows with `ATTN_COLUMNS` (ratios to "softmax" at the same grid filled in at the end).
+    """
+    from ..attention import ATTENTION_REGISTRY, build_attention
+
+    device = torch.device(device)
+    names = list(dict.fromkeys(["softmax", *(names if names else attention_candidates())]))
+    for n in names:
+        ATTENTION_REGISTRY.get(n)
+    bad = [t for t in tokens if int(t) < 1]
+    if bad or dim % heads:
+        raise ValueError(f"need positive grid sides and dim % heads == 0, got tokens={list(tokens)}, "
+                         f"dim={dim}, heads={heads}")
+    env = _env(device)
+    budget = _Budget(max_mem_mb, max_time_s, warmup + repeats + 1)
+    step_budget = None if max_time_s is None else max_time_s / 2
+    rows: list[dict] = []
+    for name in names:
+        caps = ATTENTION_REGISTRY.get(name).builder.caps
+        slope = 2.0 if "N^2" in caps.complexity or "N²" in caps.complexity else 1.0
+        for t in sorted({int(t) for t in tokens}):
+            N = t * t
+            row: dict[str, Any] = dict.fromkeys(ATTN_COLUMNS, "")
+            row.update(name=name, grid=f"{t}x{t}", seq_len=N, dim=dim, heads=heads, infer_batch_size=batch_size,
+                       infer_img_size=t, complexity=caps.complexity, forced=0, **env)
+            status: list[str] = []
+            kw = {"input_size": (t, t), **((attn_kwargs or {}).get(name, {}))}
+            try:
+                module = build_attention(name, dim, heads, device=device, **kw).eval()
+                meta = build_attention(name, dim, heads, device="meta", **kw).eval()
+                row["param_count"] = sum(p.numel() for p in module.parameters())
+            except Exception as e:  # noqa: BLE001 - a mechanism that cannot be built is reported, not fatal
+                row["status"] = f"error: build failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                rows.append(row)
+                if on_row:
+                    on_row(row)
+                continue
+            x = torch.randn(batch_size, N, dim, device=device)
+            row["infer_gmacs"] = _attn_gmacs(meta, module, x, t)
+            modes = [("infer", False)] + ([("train", True)] if backward else [])
+            for mode, grad in modes:
+                key = (name, mode)
+                why = budget.reason(key, N, slope)
+                if why:
+                    status.append(f"{mode} {why}")
+                    continue
+                xin = x.detach().requires_grad_(grad)
+
+                def step(xin=xin, grad=grad, module=module, t=t):
+                    if grad:
+                        for p in module.parameters():
+                            p.grad = None
+                        xin.grad = None
+                        module(xin, (t, t)).sum().backward()
+                        return None
+                    with torch.no_grad():
+                        return module(xin, (t, t))
+
+                try:
+                    out = step()
+                    grads = [xin.grad] + [p.grad for p in module.parameters()] if grad else []
+                    finite = _finite(out, *grads)
+                    if not finite and not force:
+                        status.append(f"{mode} refused: non-finite {'gradients' if grad else 'output'} "
+                                      "(--force records it)")
+                        budget.stopped[key] = "refused"
+                        continue
+                    if not finite:
+                        row["forced"] = 1
+                    sec, mem = _measure(step, device, max(0, warmup - 1), repeats, step_budget)
+                except Exception as e:  # noqa: BLE001 - report the failure in the row and go on
+                    msg = str(e).splitlines()[0][:160] if str(e) else ""
+                    status.append(f"{mode} error: {type(e).__name__}: {msg}")
+                    budget.stopped[key] = "an error"
+                    continue
+                budget.record(key, N, mem, sec)
+                if mode == "infer":
+                    row.update(infer_step_time=_ms(sec), infer_samples_per_sec=round(batch_size / sec, 3),
+                               peak_mem_mb=round(mem, 3))
+                else:
+                    row.update(train_step_time=_ms(sec), train_samples_per_sec=round(batch_size / sec, 3),
+                               train_peak_mem_mb=round(mem, 3))
+            row["status"] = "; ".join(status) or "ok"
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    _ratios(rows)
+    return rows
+
+
+def _attn_gmacs(meta: torch.nn.Module, module: torch.nn.Module, x: torch.Tensor, t: int) -> float | str:
+    """GMACs of one forward, counted on meta; on the real module when a mechanism cannot run on meta."""
+    from .flops import count_module_macs
+
+    for m, inp in ((meta, torch.empty(x.shape, device="meta")), (module, x)):
+        try:
+            return round(count_module_macs(m, inp, hw=(t, t))["gmacs"], 6)
+        except Exception as e:  # noqa: BLE001 - counting is best effort; timing still runs
+            _log.debug("GMACs of %s at %s on %s failed: %s", type(m).__name__, t, inp.device, e)
+    return ""
+
+
+def _ratios(rows: list[dict]) -> None:
+    """Fill `*_time_vs_softmax` = step time / softmax's step time at the same grid (< 1: faster)."""
+    base = {r["grid"]: r for r in rows if r["name"] == "softmax"}
+    for r in rows:
+        b = base.get(r["grid"])
+        for mode in ("infer", "train"):
+            t, tb = r.get(f"{mode}_step_time"), (b or {}).get(f"{mode}_step_time")
+            if t not in ("", None) and tb not in ("", None) and float(tb) > 0:
+                r[f"{mode}_time_vs_softmax"] = round(float(t) / float(tb), 4)
+
+
+def _is_subquad(name: str) -> bool:
+    from ..models import is_subquad_model
+
+    return is_subquad_model(name)
+
+
+def _model_kwargs(name: str, size: int) -> dict[str, Any]:
+    """Construction options for `name` at `size`: timm models are built at the size (position tables, Swin masks;
+    Swin pads windows itself); subquad models run at any size as built."""
+    import timm
+
+    if _is_subquad(name):
+        return {}
+    cfg = timm.models.get_pretrained_cfg(name.split(".")[0])
+    native = tuple(cfg.input_size[-2:]) if cfg is not None else None
+    return {} if native == (size, size) else {"img_size": size}
+
+
+def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch_size: int = 1,
+                 backward: bool = False, device: str | torch.device = "cpu", max_mem_mb: float | None = 8192.0,
+                 max_time_s: float | None = 300.0, warmup: int = 1, repeats: int = 5, force: bool = False,
+                 on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Latency, images/s, peak memory, params and GMACs of image models at square sizes.
+
+    Args:
+        models: registered names (subquad's or timm's).
+        img_sizes: square input sides, measured in increasing order per model.
+        batch_size: images per step.
+        backward: also time a training step (forward, cross-entropy on random labels, backward; no optimizer step).
+        device, max_mem_mb, max_time_s, warmup, repeats, force, on_row: as in `sweep_attention`.
+    Returns:
+        rows with `MODEL_COLUMNS`.
+    """
+    import timm
+
+    from ..errors import unknown_name
+    from ..models import create_model, list_models
+    from .flops import count_macs
+
+    device = torch.device(device)
+    for m in models:
+        if not timm.is_model(m.split(".")[0]):
+            raise unknown_name("model", m, list_models() + timm.list_models())
+    if any(int(s) < 1 for s in img_sizes) or batch_size < 1:
+        raise ValueError(f"need positive --img-size and --batch-size, got {list(img_sizes)} and {batch_size}")
+    env = _env(device)
+    budget = _Budget(max_mem_mb, max_time_s, warmup + repeats + 1)
+    step_budget = None if max_time_s is None else max_time_s / 2
+    rows: list[dict] = []
+    for name in models:
+        for size in sorted({int(s) for s in img_sizes}):
+            row: dict[str, Any] = dict.fromkeys(MODEL_COLUMNS, "")
+            row.update(model=name, infer_img_size=size, infer_batch_size=batch_size, forced=0, **env)
+            status: list[str] = []
+            kw = _model_kwargs(name, size)
+            try:
+                model = create_model(name, **kw).to(device)
+                row["param_count"] = sum(p.numel() for p in model.parameters())
+            except Exception as e:  # noqa: BLE001 - reported in the row
+                row["status"] = f"error: build failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                rows.append(row)
+                if on_row:
+                    on_row(row)
+                continue
+            try:
+                row["infer_gmacs"] = round(count_macs(name, size, batch_size=batch_size, **kw)["gmacs"], 4)
+            except Exception as e:  # noqa: BLE001 - counting is best effort
+                _log.debug("GMACs of %s at %s failed: %s", name, size, e)
+            in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
+            x = torch.randn(batch_size, in_chans, size, size, device=device)
+            modes = [("infer", False)] + ([("train", True)] if backward else [])
+            for mode, grad in modes:
+                key = (name, mode)
+                why = budget.reason(key, size * size, 1.0)
+                if why:
+                    status.append(f"{mode} {why}")
+                    continue
+                model.train(grad)
+
+                def step(grad=grad, model=model, x=x):
+                    if grad:
+                        model.zero_grad(set_to_none=True)
+                        out = model(x)
+                        target = torch.zeros(out.shape[0], dtype=torch.long, device=out.device)
+                        torch.nn.functional.cross_entropy(out.float().flatten(1), target).backward()
+                        return out.detach()
+                    with torch.no_grad():
+                        return model(x)
+
+                try:
+                    out = step()
+                    if not _finite(out) and not force:
+                        status.append(f"{mode} refused: non-finite output (--force records it)")
+                        budget.stopped[key] = "refused"
+                        continue
+                    if not _finite(out):
+                        row["forced"] = 1
+                    del out
+                    sec, mem = _measure(step, device, max(0, warmup - 1), repeats, step_budget)
+                except Exception as e:  # noqa: BLE001 - reported in the row
+                    msg = str(e).splitlines()[0][:160] if str(e) else ""
+                    status.append(f"{mode} error: {type(e).__name__}: {msg}")
+                    budget.stopped[key] = "an error"
+                    continue
+                budget.record(key, size * size, mem, sec)
+                if mode == "infer":
+                    row.update(infer_step_time=_ms(sec), infer_samples_per_sec=round(batch_size / sec, 3),
+                               peak_mem_mb=round(mem, 3))
+                else:
+                    row.update(train_img_size=size, train_batch_size=batch_size, train_step_time=_ms(sec),
+                               train_samples_per_sec=round(batch_size / sec, 3), train_peak_mem_mb=round(mem, 3))
+            model.eval()
+            row["status"] = "; ".join(status) or "ok"
+            rows.append(row)
+            if on_row:
+                on_row(row)
+            del model
+    return rows
+
+
+def write_csv(rows: Iterable[dict], path: str | Path, columns: Sequence[str]) -> Path:
+    """Write rows (missing keys empty) to `path`, creating its folder; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, "") for c in columns})
+    return path
+
+
+def read_csv(path: str | Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) and f > 0 else None
+
+
+def _slopes(ax, xs: Sequence[float], ys: Sequence[float]) -> None:
+    """Dotted O(N) and O(N^2) guides through the geometric middle of the plotted data."""
+    x0, x1 = min(xs), max(xs)
+    if x1 <= x0:
+        return
+    xm = math.sqrt(x0 * x1)
+    ym = math.exp(sum(math.log(y) for y in ys) / len(ys))
+    for power, style, label in ((1, ":", "O(N) slope"), (2, "--", "O(N²) slope")):
+        ax.plot([x0, x1], [ym * (x0 / xm) ** power, ym * (x1 / xm) ** power], style, color="0.5", lw=1.2,
+                label=label, zorder=0)
+
+
+def plot_attention(rows: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
+    """Time and peak memory against tokens N, log-log, one line per mechanism, O(N)/O(N²) guides; PNG at `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("infer_step_time", "forward time per call (ms)"), ("peak_mem_mb", "forward peak memory (MiB)")]
+    if any(_num(r.get("train_step_time")) for r in rows):
+        panels += [("train_step_time", "forward + backward time (ms)"),
+                   ("train_peak_mem_mb", "forward + backward peak memory (MiB)")]
+    ncols = 2
+    nrows = len(panels) // 2
+    fig, axes = plt.subplots(nrows, ncols, figsize=(12, 4.6 * nrows), squeeze=False)
+    order = [n for n in dict.fromkeys(r["name"] for r in rows)]
+    cmap = plt.get_cmap("tab20" if len(order) > 10 else "tab10")
+    for ax, (col, label) in zip([a for rr in axes for a in rr], [(c, lab) for c, lab in panels]):
+        all_x, all_y = [], []
+        for i, name in enumerate(order):
+            pts = sorted((_num(r["seq_len"]), _num(r.get(col))) for r in rows if r["name"] == name)
+            pts = [(x, y) for x, y in pts if x and y]
+            if not pts:
+                continue
+            xs, ys = zip(*pts)
+            all_x += xs
+            all_y += ys
+            ax.plot(xs, ys, marker="o", ms=4, lw=2 if name == "softmax" else 1.4, color=cmap(i % cmap.N),
+                    label=name)
+        if all_x:
+            _slopes(ax, all_x, all_y)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax.set_xlabel("tokens N = H x W (log scale)")
+        ax.set_ylabel(label + " (log scale)")
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=7, ncol=2)
+    r0 = rows[0] if rows else {}
+    fig.suptitle(title or f"attention cost: C={r0.get('dim')}, heads={r0.get('heads')}, "
+                 f"B={r0.get('infer_batch_size')}, fp32, {r0.get('device')}, torch {r0.get('torch')}", fontsize=11)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_models(rows: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
+    """Latency and peak memory against pixels, log-log, one line per model, O(N)/O(N²) guides; PNG at `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("infer_step_time", "forward latency (ms)"), ("peak_mem_mb", "forward peak memory (MiB)")]
+    if any(_num(r.get("train_step_time")) for r in rows):
+        panels += [("train_step_time", "train step time (ms)"), ("train_peak_mem_mb", "train peak memory (MiB)")]
+    fig, axes = plt.subplots(len(panels) // 2, 2, figsize=(12, 4.6 * (len(panels) // 2)), squeeze=False)
+    order = list(dict.fromkeys(r["model"] for r in rows))
+    cmap = plt.get_cmap("tab20" if len(order) > 10 else "tab10")
+    for ax, (col, label) in zip([a for rr in axes for a in rr], panels):
+        all_x, all_y = [], []
+        for i, name in enumerate(order):
+            pts = sorted((_num(r["infer_img_size"]) ** 2, _num(r.get(col))) for r in rows
+                         if r["model"] == name and _num(r["infer_img_size"]))
+            pts = [(x, y) for x, y in pts if y]
+            if not pts:
+                continue
+            xs, ys = zip(*pts)
+            all_x += xs
+            all_y += ys
+            ax.plot(xs, ys, marker="o", ms=4, color=cmap(i % cmap.N), label=name)
+        if all_x:
+            _slopes(ax, all_x, all_y)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax.set_xlabel("pixels per image = img_size² (log scale)")
+        ax.set_ylabel(label + " (log scale)")
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=7, ncol=2)
+    r0 = rows[0] if rows else {}
+    fig.suptitle(title or f"model cost: batch {r0.get('infer_batch_size')}, fp32, {r0.get('device')}, "
+                 f"torch {r0.get('torch')}", fontsize=11)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

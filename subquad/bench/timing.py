@@ -1,0 +1,69 @@
+"""Wall-clock timing of a callable: warm-up calls, then the median of timed repeats.
+
+On CUDA every call is bracketed by `torch.cuda.synchronize` so the time covers the kernels, not their launch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Timing", "time_fn", "synchronize"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Result of `time_fn`, in seconds.
+
+    Attributes:
+        median: median of the timed repeats (the reported step time).
+        best: fastest repeat.
+        repeats: number of timed calls.
+        times: every timed call.
+    """
+
+    median: float
+    best: float
+    repeats: int
+    times: tuple[float, ...]
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued kernels on `device` (no-op on CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_fn(fn: Callable[[], object], device: torch.device | str = "cpu", warmup: int = 1, repeats: int = 5,
+            budget_s: float | None = None) -> Timing:
+    """Median time of `fn()` after `warmup` untimed calls.
+
+    Args:
+        fn: the step to time (takes no arguments; its result is discarded).
+        device: where `fn` computes (CUDA is synchronised around each call).
+        warmup: untimed calls first (at least one is advised: allocator, oneDNN and SDPA kernel selection).
+        repeats: timed calls wanted.
+        budget_s: when set, fewer repeats are made (at least one) so that the timed calls take about this long;
+            the first timed call sets the estimate.
+    Returns:
+        a `Timing`.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"time_fn needs repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times: list[float] = []
+    while len(times) < repeats:
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+        if budget_s is not None and sum(times) + times[0] > budget_s:
+            break
+    return Timing(statistics.median(times), min(times), len(times), tuple(times))

@@ -1,0 +1,172 @@
+"""`subquad bench attention|model`: time, peak memory and GMACs sweeps, written as CSV and plotted.
+
+Result files are named after the hardware and torch version (`bench-attn-<device>-pt<ver>.csv`,
+`bench-model-<device>-pt<ver>.csv`, in benchmarks/results/ when run from the repository root) unless `--out` is
+given; the plot is written beside the CSV with the same stem unless `--plot` names it (`--no-plot`: none).
+
+Before numbers are recorded each step's outputs (and gradients with --backward) must be finite; a mechanism or model
+that fails is refused unless --force, and forced rows are marked `forced=1`. The test suite is not run here: run
+`make test` before committing results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return vals
+
+
+def _name_list(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [n for v in values for n in v.split(",") if n]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backward", action="store_true", help="also time forward + backward (train_* columns)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default: cpu)")
+    p.add_argument("--max-mem", type=float, default=8192.0, metavar="MIB",
+                   help="skip a size (and larger ones) whose peak memory, extrapolated from smaller sizes, would "
+                   "exceed this many MiB (default: 8192)")
+    p.add_argument("--max-time", type=float, default=None, metavar="S",
+                   help="skip a size whose measurement (warm-up + repeats + memory probe) would exceed S seconds")
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing (default: 1)")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls; the median is reported (default: 5)")
+    p.add_argument("--out", default=None, help="CSV path (default: bench-<kind>-<device>-pt<torch>.csv in "
+                   "benchmarks/results/ if that folder exists, else here)")
+    p.add_argument("--plot", default=None, help="PNG path (default: the CSV path with .png)")
+    p.add_argument("--no-plot", action="store_true", help="write no plot")
+    p.add_argument("--force", action="store_true",
+                   help="record mechanisms/models whose outputs or gradients are not finite (rows get forced=1)")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("bench", help="benchmark attention mechanisms or models (CSV + plot)",
+                       description="Time (median after warm-up), peak memory and GMACs of attention mechanisms "
+                       "over token grids, or of models over image sizes. Writes a CSV with timm's benchmark "
+                       "columns and a log-log plot.")
+    kinds = p.add_subparsers(dest="kind", metavar="KIND")
+    a = kinds.add_parser("attention", help="sweep mechanisms over square token grids",
+                         description="Sweep registered mechanisms over t x t token grids; 'softmax' is always "
+                         "included as the baseline of the *_time_vs_softmax ratios.")
+    a.add_argument("--names", nargs="+", default=None, metavar="NAME",
+                   help="mechanisms, space- or comma-separated (default: every registered bidirectional one)")
+    a.add_argument("--dim", type=int, default=192, help="channels C (default: 192)")
+    a.add_argument("--heads", type=int, default=6, help="heads (default: 6)")
+    a.add_argument("--tokens", type=_int_list, default=[14, 28, 56, 112, 224], metavar="T,T,...",
+                   help="grid sides t; N = t * t tokens (default: 14,28,56,112,224)")
+    a.add_argument("-b", "--batch-size", type=int, default=1, help="batch size (default: 1)")
+    _common(a)
+    a.set_defaults(func=run_attention)
+    m = kinds.add_parser("model", help="benchmark models at image sizes",
+                         description="Latency, images/s, peak memory, params and GMACs of models at square sizes.")
+    m.add_argument("--model", nargs="+", required=True, metavar="NAME",
+                   help="registered models (subquad or timm), space- or comma-separated")
+    m.add_argument("--img-size", type=_int_list, default=[224], metavar="S,S,...",
+                   help="square input sides (default: 224)")
+    m.add_argument("-b", "--batch-size", type=int, default=1, help="batch size (default: 1)")
+    _common(m)
+    m.set_defaults(func=run_model)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    return p
+
+
+def _check(args: argparse.Namespace) -> None:
+    from subquad.errors import UserError
+
+    if args.repeats < 1 or args.warmup < 0:
+        raise UserError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
+    if args.max_mem is not None and args.max_mem <= 0:
+        raise UserError(f"--max-mem must be positive MiB, got {args.max_mem}")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    import torch
+
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise UserError(f"--device must be cpu or cuda[:i], got {args.device!r}")
+
+
+def _fmt(v) -> str:
+    if v in ("", None):
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _printer(cols: list[str]):
+    print("  ".join(f"{c:>14}" if i else f"{c:<18}" for i, c in enumerate(cols)))
+
+    def show(row: dict) -> None:
+        cells = [_fmt(row.get(c)) for c in cols]
+        line = "  ".join(f"{c:>14}" if i else f"{c:<18}" for i, c in enumerate(cells))
+        status = row.get("status", "ok")
+        print(line + ("" if status == "ok" else f"  [{status}]"), flush=True)
+
+    return show
+
+
+def _outputs(args: argparse.Namespace, kind: str) -> tuple[Path, Path | None]:
+    from subquad.bench.sweep import default_result_path
+
+    out = Path(args.out) if args.out else default_result_path(kind, args.device)
+    plot = None if args.no_plot else (Path(args.plot) if args.plot else out.with_suffix(".png"))
+    return out, plot
+
+
+def run_attention(args: argparse.Namespace) -> int:
+    import subquad  # noqa: F401 - registers the mechanisms
+    from subquad.bench.sweep import ATTN_COLUMNS, plot_attention, sweep_attention, write_csv
+    from subquad.errors import UserError
+
+    _check(args)
+    if args.dim % args.heads:
+        raise UserError(f"--dim {args.dim} is not divisible by --heads {args.heads}")
+    out, plot = _outputs(args, "attn")
+    show = _printer(["name", "grid", "infer_step_time", "peak_mem_mb", "infer_time_vs_softmax", "train_step_time",
+                     "train_peak_mem_mb", "infer_gmacs"])
+    rows = sweep_attention(_name_list(args.names), args.dim, args.heads, args.tokens, args.backward,
+                           args.batch_size, args.device, args.max_mem, args.max_time, args.warmup, args.repeats,
+                           args.force, on_row=show)
+    print("\nratio to softmax at the same grid (step time / softmax step time; < 1 is faster):")
+    for r in rows:
+        if r["name"] != "softmax" and r.get("infer_time_vs_softmax") not in ("", None):
+            train = r.get("train_time_vs_softmax")
+            extra = f", forward+backward {train}" if train not in ("", None) else ""
+            print(f"  {r['name']:<18} {r['grid']:>8}: forward {r['infer_time_vs_softmax']}{extra}")
+    write_csv(rows, out, ATTN_COLUMNS)
+    print(f"wrote {out}")
+    if plot is not None:
+        plot_attention(rows, plot)
+        print(f"wrote {plot}")
+    sys.stdout.flush()
+    return 0
+
+
+def run_model(args: argparse.Namespace) -> int:
+    import subquad  # noqa: F401 - registers the models
+    from subquad.bench.sweep import MODEL_COLUMNS, bench_models, plot_models, write_csv
+
+    _check(args)
+    out, plot = _outputs(args, "model")
+    show = _printer(["model", "infer_img_size", "infer_step_time", "infer_samples_per_sec", "peak_mem_mb",
+                     "train_step_time", "infer_gmacs", "param_count"])
+    rows = bench_models(_name_list(args.model), args.img_size, args.batch_size, args.backward, args.device,
+                        args.max_mem, args.max_time, args.warmup, args.repeats, args.force, on_row=show)
+    write_csv(rows, out, MODEL_COLUMNS)
+    print(f"wrote {out}")
+    if plot is not None:
+        plot_models(rows, plot)
+        print(f"wrote {plot}")
+    return 0
