@@ -185,7 +185,8 @@ def fp32_island(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, **kwarg
     """
     t0 = tensors[0]
     low = t0.dtype in (torch.float16, torch.bfloat16)
-    if not low and not torch.is_autocast_enabled(t0.device.type):
+    # Meta tensors (FLOP counting) have no autocast state.
+    if not low and (t0.device.type == "meta" or not torch.is_autocast_enabled(t0.device.type)):
         return fn(*tensors, **kwargs)
     with torch.autocast(device_type=t0.device.type, enabled=False):
         out = fn(*(t.float() if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
