@@ -61,3 +61,5 @@ from . import flatten_pvt_v2  # noqa: E402,F401
 from . import flatten_deit  # noqa: E402,F401
 from . import vil_ls  # noqa: E402,F401
 from . import lisanet  # noqa: E402,F401
+from . import flatten_swin  # noqa: E402,F401
+from . import flatten_cswin  # noqa: E402,F401

@@ -1,0 +1,315 @@
+"""FLatten-CSwin (CSwin host with global focused linear attention in the early stages).
+
+Module names follow the official file (`stage1_conv_embed.{0,2}`, `stage{i}.{j}.{norm1, qkv, attns, proj, norm2,
+mlp}`, `merge{i}.{conv, norm}`, `norm`, `head`), so the official checkpoints load with an identity remap. Each stage
+takes its mechanism from the typed tuple `stage_attn`: the default `("focused_linear", "focused_linear", "cswin",
+"cswin")` is FLatten-CSwin (official `ATTN_TYPE='LLSS'`); `("cswin",) * 4` is the CSwin baseline with FLatten's depths.
+
+Paper: FLatten Transformer (seed 001_95cca12290c6a157, arXiv 2308.00442), Tab. 2 (CSwin rows); CSwin (Dong et al.
+2022) for the host.
+Official: LeapLabTHU/FLatten-Transformer@abdb115 `models/flatten_cswin.py` (`CSWinTransformer`, `CSWinBlock`,
+    `LePEAttention`, `FocusedLinearAttention`, `Merge_Block`).
+    Paper: FLatten blocks in the early stages / Official code: 'L' blocks use a split equal to the stage resolution,
+    i.e. one global branch with all heads, focused linear attention + DWC + LePE; T/B depths changed to [2, 4, 18, 1]
+    / [3, 6, 29, 2] / subquad: the code (register FL-8), with explicit (H, W), padded and masked 'S' stripes and the
+    focused PE resized at run time, so every model runs at any resolution (FL-9, FL-13).
+Symbols: C embed dim, sw stripe width (paper sw, `split_size`), p focusing factor (3), k DWC kernel (5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.models import generate_default_cfgs, register_model
+from torch import nn
+
+from .._shapes import as_hw, map_to_tokens, tokens_to_map
+from ..attention import build_attention
+from ..attention.cswin import LePEAttention, cswin_branches
+from ..errors import UserError
+from ._builder import build, unwrap_state_dict
+from ._card import ModelCard, register_card
+from ._pyramid import PyramidBackbone
+from .flatten_pvt import _resize_tables
+
+__all__ = ["FlattenCSWin", "CSWinBlock", "MergeBlock", "remap_official"]
+
+STAGE_ATTNS = ("focused_linear", "cswin")
+
+
+class CSWinBlock(nn.Module):
+    """CSwin block: x + DropPath(proj(attention(qkv(LN(x))))), then x + DropPath(MLP(LN(x))).
+
+    Shapes: x (B, N, C) with hw=(H, W), N = H * W -> (B, N, C).
+
+    'cswin' blocks run two stripe branches (`attns.0` vertical, `attns.1` horizontal, h / 2 heads each) or, in the
+    last stage / when the construction grid equals (sw, sw), one global branch (the official rule). 'focused_linear'
+    blocks run one FocusedLinearAttention(qkv_layout='external', lepe=True) over the whole map at `attns.0`.
+
+    Args:
+        dim: channels C.
+        num_heads: heads h.
+        input_size: stage grid at construction (sizes the 'L' PE; the official single-branch rule).
+        attn: 'focused_linear' or 'cswin'.
+        split_size: 'S' stripe width sw.
+        last_stage: one global 'S' branch.
+        mlp_ratio, qkv_bias, drop, drop_path: the usual block options.
+        attn_kwargs: extra options for the focused attention ('L' blocks).
+    """
+
+    def __init__(self, dim: int, num_heads: int, input_size: tuple[int, int], attn: str = "cswin",
+                 split_size: int = 7, last_stage: bool = False, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 drop: float = 0.0, drop_path: float = 0.0, attn_kwargs: dict | None = None,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        if attn not in STAGE_ATTNS:
+            raise UserError(f"flatten_cswin: stage mechanism {attn!r} is not one of {STAGE_ATTNS}")
+        self.attn_name = attn
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+        self.norm1 = nn.LayerNorm(dim, **dd)
+        if attn == "focused_linear":
+            branches = [build_attention("focused_linear", dim, num_heads, input_size=input_size,
+                                        qkv_layout="external", lepe=True, **(attn_kwargs or {}), **dd)]
+        elif last_stage or tuple(input_size) == (split_size, split_size):
+            branches = [LePEAttention(dim, num_heads, -1, split_size, **dd)]
+        else:
+            if num_heads % 2:
+                raise UserError(f"flatten_cswin: two stripe branches need an even num_heads, got {num_heads}")
+            branches = [LePEAttention(dim // 2, num_heads // 2, i, split_size, **dd) for i in range(2)]
+        self.attns = nn.ModuleList(branches)
+        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_drop = nn.Dropout(drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop, **dd)
+        self.norm2 = nn.LayerNorm(dim, **dd)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        B, N, C = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(B, N, 3, C).unbind(2)  # each (B, N, C)
+        if self.attn_name == "focused_linear":
+            y = self.attns[0].forward_qkv(q, k, v, hw)
+        else:
+            y = cswin_branches(self.attns, q, k, v, hw)
+        x = x + self.drop_path(self.proj_drop(self.proj(y)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class MergeBlock(nn.Module):
+    """`merge{i}`: Conv2d(C, C_out, 3, stride 2, padding 1) on the map, then LN. (B, H*W, C) -> (B, H'*W', C_out)
+    with H' = ceil(H / 2). Official: FLatten `flatten_cswin.Merge_Block`."""
+
+    def __init__(self, dim: int, dim_out: int, device=None, dtype=None) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(dim, dim_out, 3, 2, 1, device=device, dtype=dtype)
+        self.norm = nn.LayerNorm(dim_out, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:
+        y = self.conv(tokens_to_map(x, hw))
+        return self.norm(map_to_tokens(y)), tuple(y.shape[-2:])
+
+
+class _ToTokens(nn.Module):
+    """(B, C, H, W) -> (B, H*W, C): the parameter-free middle of `stage1_conv_embed` (official einops Rearrange)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return map_to_tokens(x)
+
+
+class FlattenCSWin(PyramidBackbone):
+    """CSwin host with a mechanism per stage ('focused_linear' or 'cswin').
+
+    Shapes: images (B, in_chans, H, W), any H, W >= 32; stage-1 grid H_0 = floor((H - 3) / 4) + 1 (conv 7, stride 4,
+    padding 2), then H_{i+1} = ceil(H_i / 2); tokens (B, H_i * W_i, C * 2^i).
+
+    Paper: FLatten (seed 001) Tab. 2. Official: FLatten `flatten_cswin.CSWinTransformer`.
+
+    Args:
+        img_size: construction resolution (sets the 'L' PE grids and the single-branch rule).
+        in_chans, num_classes: input channels, classifier outputs (0: no head).
+        embed_dim, depths, num_heads, mlp_ratio: CSwin sizes.
+        stage_attn: mechanism per stage.
+        split_size: 'S' stripe width per stage ([1, 2, 7, 7] at 224, [1, 2, 12, 12] at 384).
+        focusing_factor, kernel_size: FLatten p and DWC k.
+        qkv_bias: bias of the block qkv projections.
+        attn_kwargs: extra options for the focused attention.
+        drop_rate, drop_path_rate: dropout (MLP, head) and stochastic depth (linear over all blocks; the official
+            recipes use 0.2 / 0.4 / 0.5 for T / S / B).
+    """
+
+    arch_name = "flatten_cswin"
+
+    def __init__(self, img_size: int | tuple[int, int] = 224, in_chans: int = 3, num_classes: int = 1000,
+                 embed_dim: int = 64, depths: Sequence[int] = (2, 4, 18, 1), num_heads: Sequence[int] = (2, 4, 8, 16),
+                 mlp_ratio: float = 4.0,
+                 stage_attn: Sequence[str] = ("focused_linear", "focused_linear", "cswin", "cswin"),
+                 split_size: Sequence[int] = (1, 2, 7, 7), focusing_factor: float = 3, kernel_size: int = 5,
+                 qkv_bias: bool = True, attn_kwargs: dict | None = None, drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.0, device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        if isinstance(stage_attn, str) or not all(isinstance(a, str) for a in stage_attn):
+            raise UserError(f"flatten_cswin: stage_attn must be a tuple of mechanism names, got {stage_attn!r}")
+        depths, num_heads, stage_attn, split_size = tuple(depths), tuple(num_heads), tuple(stage_attn), \
+            tuple(split_size)
+        if not (len(depths) == len(num_heads) == len(stage_attn) == len(split_size)):
+            raise UserError(f"flatten_cswin: depths {depths}, num_heads {num_heads}, stage_attn {stage_attn} and "
+                            f"split_size {split_size} must have one entry per stage")
+        self.img_size = as_hw(img_size, "img_size")
+        self.in_chans = in_chans
+        self.num_classes = num_classes
+        self.num_stages = len(depths)
+        self.stage_attn = stage_attn
+        self.num_features = self.head_hidden_size = embed_dim * 2 ** (self.num_stages - 1)
+        self.total_stride = 4 * 2 ** (self.num_stages - 1)
+        self.grad_checkpointing = False
+        self.stage1_conv_embed = nn.Sequential(nn.Conv2d(in_chans, embed_dim, 7, 4, 2, **dd), _ToTokens(),
+                                               nn.LayerNorm(embed_dim, **dd))
+        grid = tuple((s - 3) // 4 + 1 for s in self.img_size)
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        self.feature_info, cur = [], 0
+        fl_kw = dict(focusing_factor=focusing_factor, kernel_size=kernel_size, **(attn_kwargs or {}))
+        for i in range(self.num_stages):
+            dim = embed_dim * 2 ** i
+            if i > 0:
+                setattr(self, f"merge{i}", MergeBlock(dim // 2, dim, **dd))
+                grid = tuple(-(-s // 2) for s in grid)
+            blocks = [CSWinBlock(dim, num_heads[i], grid, stage_attn[i], split_size[i], i == self.num_stages - 1,
+                                 mlp_ratio, qkv_bias, drop_rate, dpr[cur + j], fl_kw, **dd) for j in range(depths[i])]
+            setattr(self, f"stage{i + 1}", nn.ModuleList(blocks))
+            self.feature_info.append(dict(num_chs=dim, reduction=4 * 2 ** i, module=f"stage{i + 1}"))
+            cur += depths[i]
+        self.norm = nn.LayerNorm(self.num_features, **dd)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(self.num_features, num_classes, **dd) if num_classes > 0 else nn.Identity()
+        if not self.norm.weight.is_meta:
+            self.apply(_init_cswin)
+
+    def _forward_stage(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
+        if i == 0:
+            conv, to_tokens, norm = self.stage1_conv_embed
+            y = conv(x)
+            x, hw = norm(to_tokens(y)), tuple(y.shape[-2:])
+        else:
+            x, hw = getattr(self, f"merge{i}")(x, hw)
+        return self._run_blocks(getattr(self, f"stage{i + 1}"), x, hw), hw
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+    def _truncate(self, num_stages: int) -> None:
+        for i in range(num_stages, self.num_stages):
+            delattr(self, f"stage{i + 1}")
+            delattr(self, f"merge{i}")
+        self.num_stages = num_stages
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Official exclusions: `pos_embed` and `cls_token`, neither of which exists (`scale` and
+        `positional_encoding` decay, as in the official training)."""
+        return set()
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        return dict(stem=r"^stage1_conv_embed",
+                    blocks=[(r"^stage(\d+)\.(\d+)", None), (r"^merge(\d+)", (0,)), (r"^norm", (99999,))])
+
+
+def _init_cswin(m: nn.Module) -> None:
+    """Official init: Linear trunc_normal(0.02), zero bias; LN (1, 0); convs keep PyTorch's default (focused
+    `scale` / `positional_encoding` stay zero)."""
+    if isinstance(m, nn.Linear):
+        trunc_normal_(m.weight, std=0.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
+
+
+def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize: bool = True) -> dict:
+    """Official FLatten-CSwin checkpoint -> our state dict (identical names).
+
+    Unwraps `model` / `model_ema` / `state_dict` / `state_dict_ema` and, with `resize`, bicubic-resizes
+    `positional_encoding` tables whose grid differs from the model's construction grid (the official loader's rule).
+
+    Args:
+        state_dict: official checkpoint (wrapped or flat).
+        model: the target FlattenCSWin.
+        resize: resize size-bound tables to the model's construction grids.
+    """
+    sd = dict(unwrap_state_dict(state_dict))
+    return _resize_tables(sd, model) if resize else sd
+
+
+def _cfg(**kwargs) -> dict:
+    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.9,
+            "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
+            "first_conv": "stage1_conv_embed.0", "classifier": "head", "license": "mit",
+            "origin_url": "https://github.com/LeapLabTHU/FLatten-Transformer", "paper_ids": "arXiv:2308.00442",
+            **kwargs}
+
+
+default_cfgs = generate_default_cfgs({
+    "flatten_cswin_micro": _cfg(input_size=(3, 64, 64), crop_pct=1.0, notes="tiny test/demo variant"),
+    "flatten_cswin_tiny.in1k": _cfg(notes="official README: FLatten-CSwin-T weights (83.130 top-1)"),
+    "flatten_cswin_small": _cfg(),
+    "flatten_cswin_base": _cfg(),
+    "flatten_cswin_base_384": _cfg(input_size=(3, 384, 384), crop_pct=1.0),
+})
+
+
+def _create(variant: str, pretrained: bool = False, **kwargs) -> FlattenCSWin:
+    if pretrained and not kwargs.get("pretrained_cfg_overlay"):
+        raise UserError(f"{variant}: no weights are bundled; pass checkpoint_path=... or "
+                        "pretrained_cfg_overlay=dict(file=...)")
+    return build(FlattenCSWin, variant, pretrained, remap=remap_official, **kwargs)
+
+
+@register_model
+def flatten_cswin_micro(pretrained: bool = False, **kwargs) -> FlattenCSWin:
+    """Tiny variant on 64 x 64 images: stage grids 16/8/4/2, 'S' stripes of width 3 in stage 3 (padded, masked)."""
+    args = dict(img_size=64, embed_dim=32, depths=(1, 1, 2, 1), num_heads=(2, 2, 4, 8), mlp_ratio=2.0,
+                split_size=(1, 2, 3, 3))
+    return _create("flatten_cswin_micro", pretrained, **{**args, **kwargs})
+
+
+@register_model
+def flatten_cswin_tiny(pretrained: bool = False, **kwargs) -> FlattenCSWin:
+    args = dict(embed_dim=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16))
+    return _create("flatten_cswin_tiny", pretrained, **{**args, **kwargs})
+
+
+@register_model
+def flatten_cswin_small(pretrained: bool = False, **kwargs) -> FlattenCSWin:
+    args = dict(embed_dim=64, depths=(2, 4, 32, 2), num_heads=(2, 4, 8, 16))
+    return _create("flatten_cswin_small", pretrained, **{**args, **kwargs})
+
+
+@register_model
+def flatten_cswin_base(pretrained: bool = False, **kwargs) -> FlattenCSWin:
+    args = dict(embed_dim=96, depths=(3, 6, 29, 2), num_heads=(4, 8, 16, 32))
+    return _create("flatten_cswin_base", pretrained, **{**args, **kwargs})
+
+
+@register_model
+def flatten_cswin_base_384(pretrained: bool = False, **kwargs) -> FlattenCSWin:
+    args = dict(img_size=384, embed_dim=96, depths=(3, 6, 29, 2), num_heads=(4, 8, 16, 32), split_size=(1, 2, 12, 12))
+    return _create("flatten_cswin_base_384", pretrained, **{**args, **kwargs})
+
+
+_SRC = "FLatten paper main table (arXiv 2308.00442) and official README"
+_CODE = "LeapLabTHU/FLatten-Transformer"
+_MEAS = "ref_* measured from the official classes at abdb115 (fvcore GMACs)"
+register_card(ModelCard("flatten_cswin_micro", "flatten", img_size=64, source="test/demo variant",
+                        status="official-arch", notes="not a paper model"))
+register_card(ModelCard("flatten_cswin_tiny", "flatten", 224, 21.0, 4.3, 83.1, _SRC + " (README eval 83.130)",
+                        ref_params=21_201_768, ref_gmacs=4.34, code=_CODE, notes=_MEAS))
+register_card(ModelCard("flatten_cswin_small", "flatten", 224, 35.0, 6.9, 83.8, _SRC, ref_params=35_451_752,
+                        ref_gmacs=6.81, code=_CODE, notes=_MEAS))
+register_card(ModelCard("flatten_cswin_base", "flatten", 224, 75.0, 15.0, 84.5, _SRC, ref_params=74_867_032,
+                        ref_gmacs=14.96, code=_CODE, notes=_MEAS))
+register_card(ModelCard("flatten_cswin_base_384", "flatten", 384, 78.0, 46.4, 85.5, _SRC, ref_params=78_369_112,
+                        ref_gmacs=46.43, code=_CODE, notes=_MEAS))

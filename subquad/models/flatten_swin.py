@@ -1,0 +1,388 @@
+"""FLatten-Swin (Swin-v1 host with focused linear attention in the early stages).
+
+Module names follow the official file (`patch_embed`, `layers.{s}.blocks.{b}`, `layers.{s}.downsample`, `norm`,
+`head`), so the official checkpoints load with an identity remap (recomputed buffers dropped). Each stage takes its
+mechanism from the typed tuple `stage_attn`: the default `("focused_linear", "focused_linear", "window", "window")`
+is FLatten-Swin (official `ATTN_TYPE='LLSS'`); `("window",) * 4` is the Swin baseline (the key layout of timm's
+`swin_*` differs). Any registered mechanism may be named for a stage; it is built with `input_size` = the stage grid.
+
+Paper: FLatten Transformer (seed 001_95cca12290c6a157, arXiv 2308.00442), Tab. 2 (Swin rows), Tab. 6-7 (LA window,
+stages); Swin (Liu et al. 2021) for the host.
+Official: LeapLabTHU/FLatten-Transformer@abdb115 `models/flatten_swin.py` (`FLattenSwinTransformer`).
+    Paper: FLatten blocks in the early stages / Official code: 'L' blocks run one global window (56^2 / 28^2 at 224),
+    no RPB, no shift; 'S' blocks are Swin W-MSA/SW-MSA with window 7 (12 when the L window > 56), clipped to the stage
+    resolution / subquad: the code (register FL-7), plus explicit (H, W) with padding, masked padded keys and the
+    focused PE resized at run time, so every model runs at any resolution (FL-9, FL-13).
+Symbols: C embed dim, w 'S' window (paper M), w_L 'L' window (`la_window`), p focusing factor (3), k DWC kernel (5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath, Mlp, PatchEmbed, trunc_normal_
+from timm.models import generate_default_cfgs, register_model
+from torch import nn
+
+from .._shapes import as_hw
+from ..attention import build_attention, get_attention_cls
+from ..attention.functional.window import window_geometry, window_partition, window_reverse
+from ..errors import UserError
+from ._builder import build, unwrap_state_dict
+from ._card import ModelCard, register_card
+from ._pyramid import PyramidBackbone
+from .flatten_pvt import _resize_tables
+
+__all__ = ["FlattenSwin", "SwinBlock", "PatchMerging", "remap_official"]
+
+_DROPPED_SUFFIXES = (".relative_position_index", ".attn_mask", ".relative_coords_table")
+
+
+class SwinBlock(nn.Module):
+    """Pre-norm Swin block with any mechanism: x + DropPath(attn(LN(x), hw)), then x + DropPath(MLP(LN(x))).
+
+    Shapes: x (B, N, C) with hw=(H, W), N = H * W -> (B, N, C).
+
+    'window' blocks pass (window, shift) to the mechanism, which pads / shifts / masks the full map itself. 'L' blocks
+    ('focused_linear') are global by default; with `la_window` they reproduce the official windowed ablation: roll
+    by w_L // 2 on odd blocks, partition into w_L x w_L windows **without** the shift mask (the official focused
+    attention ignores it, issue #16), zero-pad maps that are not multiples of w_L **[ours]**, run the mechanism per
+    window, reverse and unroll.
+
+    Args:
+        dim: channels C.
+        num_heads: heads h.
+        input_size: stage grid at construction (sets the 'S' clipping and the 'L' positional encoding).
+        attn: mechanism name.
+        window_size: 'S' window w.
+        shifted: odd block of a stage (shift w // 2 for 'S'; w_L // 2 for windowed 'L' with `la_shift`).
+        la_window: None (global 'L' attention) or the 'L' window w_L.
+        la_shift: shift windowed 'L' blocks on odd blocks (official behaviour).
+        mlp_ratio, qkv_bias, drop, drop_path: the usual block options.
+        attn_kwargs: extra mechanism options.
+    """
+
+    def __init__(self, dim: int, num_heads: int, input_size: tuple[int, int], attn: str = "window",
+                 window_size: int = 7, shifted: bool = False, la_window: int | None = None, la_shift: bool = True,
+                 mlp_ratio: float = 4.0, qkv_bias: bool = True, drop: float = 0.0, drop_path: float = 0.0,
+                 attn_kwargs: dict | None = None, device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        kw = dict(attn_kwargs or {})
+        self.attn_name = attn
+        self.la_window = None
+        self.la_shift = 0
+        self.norm1 = nn.LayerNorm(dim, **dd)
+        if attn == "window":
+            self.attn = build_attention("window", dim, num_heads, window_size=window_size,
+                                        shift_size=window_size // 2 if shifted else 0, qkv_bias=qkv_bias,
+                                        proj_drop=drop, input_size=input_size, **kw, **dd)
+        elif attn == "focused_linear":
+            grid = input_size
+            if la_window is not None:
+                geo = window_geometry(input_size, la_window, la_window // 2 if (shifted and la_shift) else 0)
+                self.la_window, self.la_shift = geo.window, geo.shift
+                grid = (geo.window, geo.window)
+            self.attn = build_attention("focused_linear", dim, num_heads, input_size=grid, qkv_layout="qkv",
+                                        qkv_bias=qkv_bias, proj_drop=drop, **kw, **dd)
+        else:
+            if "qkv_bias" in _init_params(attn):
+                kw.setdefault("qkv_bias", qkv_bias)
+            self.attn = build_attention(attn, dim, num_heads, input_size=input_size, **kw, **dd)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, **dd)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop, **dd)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def _windowed_linear(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        """Official windowed 'L' ablation on (B, N, C): roll, partition (no mask), attention per window, reverse."""
+        B, N, C = x.shape
+        H, W = hw
+        geo = window_geometry(hw, self.la_window, self.la_shift)
+        (Hp, Wp), w, s = geo.padded, geo.window, geo.shift
+        xm = x.view(B, H, W, C)
+        if (Hp, Wp) != (H, W):
+            xm = F.pad(xm, (0, 0, 0, Wp - W, 0, Hp - H))
+        if s:
+            xm = torch.roll(xm, (-s, -s), (1, 2))
+        o = window_reverse(self.attn(window_partition(xm, w), (w, w)), w, Hp, Wp)
+        if s:
+            o = torch.roll(o, (s, s), (1, 2))
+        return o[:, :H, :W].reshape(B, N, C)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        y = self.norm1(x)
+        y = self._windowed_linear(y, hw) if self.la_window is not None else self.attn(y, hw)
+        x = x + self.drop_path1(y)
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+def _init_params(name: str) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(get_attention_cls(name).__init__).parameters)
+
+
+class PatchMerging(nn.Module):
+    """Swin patch merging: 2 x 2 gather in the order (0,0), (1,0), (0,1), (1,1), LN(4C), Linear(4C, 2C, no bias).
+
+    Shapes: x (B, H * W, C) with hw -> (B, ceil(H / 2) * ceil(W / 2), 2C). Odd sides are zero-padded at the
+    bottom/right **[ours]** (the official code asserts even sides; timm pads the same way).
+    Official: FLatten `flatten_swin.PatchMerging` (`norm`, `reduction`).
+    """
+
+    def __init__(self, dim: int, device=None, dtype=None) -> None:
+        super().__init__()
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False, device=device, dtype=dtype)
+        self.norm = nn.LayerNorm(4 * dim, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:
+        B, N, C = x.shape
+        H, W = hw
+        xm = x.view(B, H, W, C)
+        if H % 2 or W % 2:
+            xm = F.pad(xm, (0, 0, 0, W % 2, 0, H % 2))
+        xm = torch.cat([xm[:, 0::2, 0::2], xm[:, 1::2, 0::2], xm[:, 0::2, 1::2], xm[:, 1::2, 1::2]], dim=-1)
+        h2, w2 = xm.shape[1:3]
+        return self.reduction(self.norm(xm.reshape(B, h2 * w2, 4 * C))), (h2, w2)
+
+
+class SwinStage(nn.Module):
+    """`layers.{s}`: `blocks` and the `downsample` that follows them (None in the last stage)."""
+
+    def __init__(self, blocks: list[nn.Module], downsample: nn.Module | None) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.downsample = downsample
+
+
+class FlattenSwin(PyramidBackbone):
+    """Swin-v1 host with a mechanism per stage.
+
+    Shapes: images (B, in_chans, H, W), any H, W >= 32 (padded to the patch size); stage i tokens
+    (B, H_i * W_i, C * 2^i) with H_0 = ceil(H / 4) and H_{i+1} = ceil(H_i / 2). No absolute position embedding.
+
+    Paper: FLatten (seed 001) Tab. 2. Official: FLatten `flatten_swin.FLattenSwinTransformer`.
+
+    Args:
+        img_size: construction resolution (sets 'L' PE grids and 'S' clipping as the official code does).
+        patch_size: patch side (4).
+        in_chans, num_classes: input channels, classifier outputs (0: no head).
+        embed_dim, depths, num_heads, mlp_ratio: Swin sizes.
+        stage_attn: mechanism per stage, e.g. ("focused_linear", "focused_linear", "window", "window").
+        window_size: 'S' window w (7; 12 for the 384 model).
+        la_window: None ('L' blocks global at any resolution, the official 224/384 behaviour) or w_L for the
+            windowed ablation (paper Tab. 6).
+        la_shift: shift windowed 'L' blocks on odd blocks (official).
+        focusing_factor, kernel_size: FLatten p and DWC k.
+        qkv_bias: bias of the qkv projections.
+        attn_kwargs: extra options for every stage's mechanism.
+        drop_rate, drop_path_rate: dropout (MLP, head) and stochastic depth (linear over all blocks; the official
+            recipes use 0.2 / 0.3 / 0.5 for T / S / B).
+    """
+
+    arch_name = "flatten_swin"
+
+    def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 4, in_chans: int = 3,
+                 num_classes: int = 1000, embed_dim: int = 96, depths: Sequence[int] = (2, 2, 6, 2),
+                 num_heads: Sequence[int] = (3, 6, 12, 24), mlp_ratio: float = 4.0,
+                 stage_attn: Sequence[str] = ("focused_linear", "focused_linear", "window", "window"),
+                 window_size: int = 7, la_window: int | None = None, la_shift: bool = True,
+                 focusing_factor: float = 3, kernel_size: int = 5, qkv_bias: bool = True,
+                 attn_kwargs: dict | None = None, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        if isinstance(stage_attn, str) or not all(isinstance(a, str) for a in stage_attn):
+            raise UserError(f"flatten_swin: stage_attn must be a tuple of mechanism names, got {stage_attn!r}")
+        depths, num_heads, stage_attn = tuple(depths), tuple(num_heads), tuple(stage_attn)
+        if not (len(depths) == len(num_heads) == len(stage_attn)):
+            raise UserError(f"flatten_swin: depths {depths}, num_heads {num_heads} and stage_attn {stage_attn} must "
+                            "have one entry per stage")
+        self.img_size = as_hw(img_size, "img_size")
+        self.in_chans = in_chans
+        self.num_classes = num_classes
+        self.num_stages = len(depths)
+        self.stage_attn = stage_attn
+        self.embed_dim = embed_dim
+        self.num_features = self.head_hidden_size = embed_dim * 2 ** (self.num_stages - 1)
+        self.total_stride = patch_size * 2 ** (self.num_stages - 1)
+        self.grad_checkpointing = False
+        self.patch_embed = PatchEmbed(self.img_size, patch_size, in_chans, embed_dim, norm_layer=nn.LayerNorm,
+                                      strict_img_size=False, dynamic_img_pad=True, output_fmt="NHWC", **dd)
+        grid = tuple(-(-s // patch_size) for s in self.img_size)
+        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        stages, self.feature_info, cur = [], [], 0
+        for i, (depth, heads, attn) in enumerate(zip(depths, num_heads, stage_attn)):
+            dim = embed_dim * 2 ** i
+            fl_kw = dict(focusing_factor=focusing_factor, kernel_size=kernel_size) if attn == "focused_linear" else {}
+            blocks = [SwinBlock(dim, heads, grid, attn, window_size, j % 2 == 1, la_window, la_shift, mlp_ratio,
+                                qkv_bias, drop_rate, dpr[cur + j], {**fl_kw, **(attn_kwargs or {})}, **dd)
+                      for j in range(depth)]
+            last = i == self.num_stages - 1
+            stages.append(SwinStage(blocks, None if last else PatchMerging(dim, **dd)))
+            self.feature_info.append(dict(num_chs=dim, reduction=patch_size * 2 ** i, module=f"layers.{i}"))
+            grid = tuple(-(-s // 2) for s in grid)
+            cur += depth
+        self.layers = nn.ModuleList(stages)
+        self.norm = nn.LayerNorm(self.num_features, **dd)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(self.num_features, num_classes, **dd) if num_classes > 0 else nn.Identity()
+        if not self.norm.weight.is_meta:
+            self.apply(_init_swin)
+
+    def _forward_stage(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
+        if i == 0:
+            x = self.patch_embed(x)  # (B, H0, W0, C)
+            B, H, W, C = x.shape
+            x, hw = x.reshape(B, H * W, C), (H, W)
+        else:
+            x, hw = self.layers[i - 1].downsample(x, hw)
+        return self._run_blocks(self.layers[i].blocks, x, hw), hw
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+    def _truncate(self, num_stages: int) -> None:
+        self.layers = self.layers[:num_stages]
+        self.layers[-1].downsample = None
+        self.num_stages = num_stages
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Official exclusions: `absolute_pos_embed` (absent) and every `relative_position_bias_table` (the
+        official keyword rule); `scale` and `positional_encoding` decay, as in the official training."""
+        return {n for n, _ in self.named_parameters() if n.endswith("relative_position_bias_table")}
+
+    @torch.jit.ignore
+    def no_weight_decay_keywords(self) -> set[str]:
+        return {"relative_position_bias_table"}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        return dict(stem=r"^patch_embed",
+                    blocks=r"^layers\.(\d+)" if coarse else [(r"^layers\.(\d+)\.downsample", (0,)),
+                                                             (r"^layers\.(\d+)\.blocks\.(\d+)", None),
+                                                             (r"^norm", (99999,))])
+
+
+def _init_swin(m: nn.Module) -> None:
+    """Official init: Linear trunc_normal(0.02), zero bias; LN (1, 0); convs keep PyTorch's default (the
+    mechanisms' own tables: RPB trunc_normal(0.02), focused `scale` / `positional_encoding` zeros)."""
+    if isinstance(m, nn.Linear):
+        trunc_normal_(m.weight, std=0.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
+
+
+def _resize_rpb(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Bicubic resize of `relative_position_bias_table` ((2w'-1)^2, h) to the model's ((2w-1)^2, h), as the
+    official Swin fine-tuning loader does."""
+    own = model.state_dict()
+    out = {}
+    for k, v in sd.items():
+        if k.endswith("relative_position_bias_table") and k in own and own[k].shape != v.shape \
+                and v.shape[1] == own[k].shape[1]:
+            s_old, s_new = round(v.shape[0] ** 0.5), round(own[k].shape[0] ** 0.5)
+            if s_old * s_old != v.shape[0]:
+                raise UserError(f"cannot resize {k} of shape {tuple(v.shape)}: not a square table")
+            t = v.t().reshape(1, -1, s_old, s_old).float()
+            t = F.interpolate(t, size=(s_new, s_new), mode="bicubic", align_corners=False)
+            v = t.reshape(-1, s_new * s_new).t().to(v.dtype)
+        out[k] = v
+    return out
+
+
+def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize: bool = True) -> dict:
+    """Official FLatten-Swin checkpoint -> our state dict (identical names).
+
+    Unwraps `model` / `model_ema` / `state_dict`, drops the recomputed buffers (`relative_position_index`,
+    `attn_mask`) and, with `resize`, bicubic-resizes `positional_encoding` and `relative_position_bias_table` whose
+    size differs from the model's construction size (the official fine-tuning loader's rule).
+
+    Args:
+        state_dict: official checkpoint (wrapped or flat).
+        model: the target FlattenSwin.
+        resize: resize size-bound tables to the model's construction sizes.
+    """
+    sd = {k: v for k, v in unwrap_state_dict(state_dict).items() if not k.endswith(_DROPPED_SUFFIXES)}
+    return _resize_rpb(_resize_tables(sd, model), model) if resize else sd
+
+
+def _cfg(**kwargs) -> dict:
+    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.875,
+            "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
+            "first_conv": "patch_embed.proj", "classifier": "head", "license": "mit",
+            "origin_url": "https://github.com/LeapLabTHU/FLatten-Transformer", "paper_ids": "arXiv:2308.00442",
+            **kwargs}
+
+
+default_cfgs = generate_default_cfgs({
+    "flatten_swin_micro": _cfg(input_size=(3, 64, 64), crop_pct=1.0, notes="tiny test/demo variant"),
+    "flatten_swin_tiny.in1k": _cfg(notes="official README: FLatten-Swin-T weights (82.106 top-1)"),
+    "flatten_swin_small.in1k": _cfg(notes="official README: FLatten-Swin-S weights"),
+    "flatten_swin_base.in1k": _cfg(notes="official README: FLatten-Swin-B weights"),
+    "flatten_swin_base_384.in1k": _cfg(input_size=(3, 384, 384), crop_pct=1.0,
+                                       notes="official README: FLatten-Swin-B-384 weights (TEST.CROP=False)"),
+})
+
+
+def _create(variant: str, pretrained: bool = False, **kwargs) -> FlattenSwin:
+    if pretrained and not kwargs.get("pretrained_cfg_overlay"):
+        raise UserError(f"{variant}: no weights are bundled; pass checkpoint_path=... or "
+                        "pretrained_cfg_overlay=dict(file=...)")
+    return build(FlattenSwin, variant, pretrained, remap=remap_official, **kwargs)
+
+
+_T = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
+_S = dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24))
+_B = dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))
+
+
+@register_model
+def flatten_swin_micro(pretrained: bool = False, **kwargs) -> FlattenSwin:
+    """Tiny variant on 64 x 64 images: stage grids 16/8/4/2, 'S' window 3 (stage 3 is padded, shifted and masked)."""
+    args = dict(img_size=64, embed_dim=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8), mlp_ratio=2.0,
+                window_size=3)
+    return _create("flatten_swin_micro", pretrained, **{**args, **kwargs})
+
+
+@register_model
+def flatten_swin_tiny(pretrained: bool = False, **kwargs) -> FlattenSwin:
+    return _create("flatten_swin_tiny", pretrained, **{**_T, **kwargs})
+
+
+@register_model
+def flatten_swin_small(pretrained: bool = False, **kwargs) -> FlattenSwin:
+    return _create("flatten_swin_small", pretrained, **{**_S, **kwargs})
+
+
+@register_model
+def flatten_swin_base(pretrained: bool = False, **kwargs) -> FlattenSwin:
+    return _create("flatten_swin_base", pretrained, **{**_B, **kwargs})
+
+
+@register_model
+def flatten_swin_base_384(pretrained: bool = False, **kwargs) -> FlattenSwin:
+    return _create("flatten_swin_base_384", pretrained,
+                   **{**_B, "img_size": 384, "window_size": 12, **kwargs})
+
+
+_SRC = "FLatten paper main table (arXiv 2308.00442) and official README"
+_CODE = "LeapLabTHU/FLatten-Transformer"
+_MEAS = "ref_* measured from the official classes at abdb115 (fvcore GMACs)"
+register_card(ModelCard("flatten_swin_micro", "flatten", img_size=64, source="test/demo variant",
+                        status="official-arch", notes="not a paper model"))
+register_card(ModelCard("flatten_swin_tiny", "flatten", 224, 29.0, 4.5, 82.1, _SRC + " (README eval 82.106)",
+                        ref_params=29_192_384, ref_gmacs=4.50, code=_CODE, notes=_MEAS))
+register_card(ModelCard("flatten_swin_small", "flatten", 224, 51.0, 8.7, 83.5, _SRC, ref_params=50_510_288,
+                        ref_gmacs=8.76, code=_CODE, notes=_MEAS))
+register_card(ModelCard("flatten_swin_base", "flatten", 224, 89.0, 15.4, 83.8, _SRC, ref_params=88_972_488,
+                        ref_gmacs=15.46, code=_CODE, notes=_MEAS))
+register_card(ModelCard("flatten_swin_base_384", "flatten", 384, 91.0, 46.5, 85.0, _SRC, ref_params=91_433_928,
+                        ref_gmacs=46.49, code=_CODE, notes=_MEAS))
