@@ -77,8 +77,9 @@ class LongShortAttention(TokenMixer):
         causal: False here (True builds a `ChunkedLongShortAttention`).
         dims: None (1-D when hw is None, 2-D when hw is given), 1 or 2.
         layout: "vision" (keys `qkv`, `proj`, `to_dynamic_projection`, `dual_ln_full`, `dual_ln_dp`,
-            `local_relative_position_bias_table`) or "lra" (`W_q`, `W_k`, `W_v`, `W_o`, `dual_ln_l`, `dual_ln_s`,
-            `dconv_fc`).
+            `local_relative_position_bias_table`), "lra" (`W_q`, `W_k`, `W_v`, `W_o`, `dual_ln_l`, `dual_ln_s`,
+            `dconv_fc`) or "external" (no q/k/v/W^P layers: the host calls `forward_qkv`; keys `proj`,
+            `dual_ln_full`, `dual_ln_dp`).
         global_token_rule: "vision" (global K/V get LN_L; patches see it as an extra key) or "lra" (raw global K/V
             prepended to the projections before LN_G). Default: the layout's rule.
         num_prefix_tokens: 0 or 1 global (class) tokens at the front of x.
@@ -113,9 +114,9 @@ class LongShortAttention(TokenMixer):
             raise ValueError(f"{who}: chunk_size / causal_form apply to causal=True only")
         if dims not in (None, 1, 2):
             raise ValueError(f"{who}: dims must be None, 1 or 2, got {dims!r}")
-        if layout not in ("vision", "lra"):
-            raise ValueError(f"{who}: layout must be 'vision' or 'lra', got {layout!r}")
-        rule = global_token_rule or layout
+        if layout not in ("vision", "lra", "external"):
+            raise ValueError(f"{who}: layout must be 'vision', 'lra' or 'external', got {layout!r}")
+        rule = global_token_rule or ("lra" if layout == "lra" else "vision")
         if rule not in ("vision", "lra"):
             raise ValueError(f"{who}: global_token_rule must be 'vision' or 'lra', got {global_token_rule!r}")
         if num_prefix_tokens not in (0, 1):
@@ -126,7 +127,7 @@ class LongShortAttention(TokenMixer):
         rank = (8 if two_d else 32) if rank is None else rank
         _check_positive(who, window_size=window_size, rank=rank)
         if rpe is None:
-            rpe = two_d and layout == "vision" and window_size >= 2
+            rpe = two_d and layout != "lra" and window_size >= 2
         if rpe and window_size < 2:
             raise ValueError(f"{who}: rpe=True needs window_size >= 2 (the ViL table uses e = w // 2), "
                              f"got window_size={window_size}")
@@ -141,10 +142,12 @@ class LongShortAttention(TokenMixer):
         self.fused, self.group = fused, group
         self.attn_drop = attn_drop
         self.rpe = bool(rpe)
-        if layout == "vision":
-            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+        if layout != "lra":
+            if layout == "vision":
+                self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
             self.proj = nn.Linear(dim, dim, **dd)
-            self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
+            if layout == "vision":
+                self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
             self.dual_ln_dp = nn.LayerNorm(dim, **dd)
             self.dual_ln_full = nn.LayerNorm(dim, **dd)
         else:
@@ -171,16 +174,16 @@ class LongShortAttention(TokenMixer):
         return self.W_q(x), self.W_k(x), self.W_v(x)
 
     def _ln_local(self, t: torch.Tensor) -> torch.Tensor:
-        return self.dual_ln_full(t) if self.layout == "vision" else self.dual_ln_l(t)
+        return self.dual_ln_l(t) if self.layout == "lra" else self.dual_ln_full(t)
 
     def _ln_global(self, t: torch.Tensor) -> torch.Tensor:
-        return self.dual_ln_dp(t) if self.layout == "vision" else self.dual_ln_s(t)
+        return self.dual_ln_s(t) if self.layout == "lra" else self.dual_ln_dp(t)
 
     def _dp_logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.to_dynamic_projection(x) if self.layout == "vision" else self.dconv_fc(x)
 
     def _out(self, t: torch.Tensor) -> torch.Tensor:
-        return self.proj_drop(self.proj(t) if self.layout == "vision" else self.W_o(t))
+        return self.proj_drop(self.W_o(t) if self.layout == "lra" else self.proj(t))
 
     def _grid(self, x: torch.Tensor, hw, mask: torch.Tensor | None) -> tuple[int, int] | None:
         who = f"{type(self).__name__} ({self.name!r})"
@@ -193,15 +196,21 @@ class LongShortAttention(TokenMixer):
             return None
         return check_hw(x, hw, who, self.num_prefix_tokens)
 
-    def _prepare(self, x: torch.Tensor, mask: torch.Tensor | None):
+    def _prepare(self, x: torch.Tensor, mask: torch.Tensor | None, ext=None):
         """q, k, v (B, h, n, d) of the n non-prefix tokens, global keys/values (B, h, G, d), validity, and the
-        global token's (q, k, v) for the post-CLS rule (None without one)."""
-        B, N, C = x.shape
+        global token's (q, k, v) for the post-CLS rule (None without one). `ext` = (q, k, v, dp_logits) replaces
+        the module's own projections (layout "external")."""
         P, h = self.num_prefix_tokens, self.num_heads
-        q, k, v = self._qkv(x)  # (B, N, C) each
+        if ext is None:
+            if self.layout == "external":
+                raise ValueError("long_short attention: layout='external' is called through forward_qkv()")
+            q, k, v = self._qkv(x)  # (B, N, C) each
+            dp = self._dp_logits(x[:, P:])
+        else:
+            q, k, v, dp = ext
         kl, vl = self._ln_local(k), self._ln_local(v)
         valid = None if mask is None else mask[:, P:]
-        proj = dynamic_projection(self._dp_logits(x[:, P:]), h, self.rank, valid)  # (B, h, r, n)
+        proj = dynamic_projection(dp, h, self.rank, valid)  # (B, h, r, n)
         qh, kh, vh = split_heads(q[:, P:], h), split_heads(kl[:, P:], h), split_heads(vl[:, P:], h)
         # (B, r, C) compressed keys/values, LN_G over the full width (all heads jointly)
         kbar, vbar = merge_heads(proj @ kh), merge_heads(proj @ vh.to(proj.dtype))
@@ -236,10 +245,21 @@ class LongShortAttention(TokenMixer):
     def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, N, C), hw (H, W) or None, mask (B, N) bool -> (B, N, C)."""
+        return self._fast(x, hw, mask)
+
+    def forward_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dp_logits: torch.Tensor,
+                    hw: tuple[int, int] | None = None, mask: torch.Tensor | None = None,
+                    ref: bool = False) -> torch.Tensor:
+        """Layout "external": already projected q, k, v (B, N, C) (prefix tokens first) and projection logits
+        dp_logits (B, N - P, h*r) from the host (e.g. CvT convolutional projections) -> (B, N, C) after `proj`."""
+        ext = (q, k, v, dp_logits)
+        return self._dense_out(q, hw, mask, ext) if ref or not self.fused else self._fast(q, hw, mask, ext)
+
+    def _fast(self, x: torch.Tensor, hw, mask: torch.Tensor | None, ext=None) -> torch.Tensor:
         if not self.fused:
-            return self.forward_ref(x, hw, mask)
+            return self._dense_out(x, hw, mask, ext)
         grid = self._grid(x, hw, mask)
-        qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask)
+        qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask, ext)
         p = self.attn_drop if self.training else 0.0
         if grid is None:
             out = long_short_1d_sdpa(qh, kh, vh, kg, vg, self.window_size, valid, self.scale, self.group, p)
@@ -248,9 +268,9 @@ class LongShortAttention(TokenMixer):
             out = long_short_2d_sdpa(qh, kh, vh, kg, vg, grid, self.window_size, valid, bias, self.scale, p)
         return self._finish(out, valid, cls, ref=False)
 
-    def _dense(self, x: torch.Tensor, hw, mask: torch.Tensor | None, return_probs: bool = False):
+    def _dense(self, x: torch.Tensor, hw, mask: torch.Tensor | None, return_probs: bool = False, ext=None):
         grid = self._grid(x, hw, mask)
-        qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask)
+        qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask, ext)
         n = qh.shape[2]
         bias = None
         if grid is None:
@@ -266,7 +286,10 @@ class LongShortAttention(TokenMixer):
     def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                     mask: torch.Tensor | None = None) -> torch.Tensor:
         """Dense reference of `forward`: explicit (N x (G + N)) masked softmax over the union of keys."""
-        out, valid, cls = self._dense(x, hw, mask)
+        return self._dense_out(x, hw, mask)
+
+    def _dense_out(self, x: torch.Tensor, hw, mask: torch.Tensor | None, ext=None) -> torch.Tensor:
+        out, valid, cls = self._dense(x, hw, mask, ext=ext)
         return self._finish(out, valid, cls, ref=True)
 
     @torch.no_grad()
