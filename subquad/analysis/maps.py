@@ -8,6 +8,7 @@ too, so its linearised token-mixing map can be added (the block's local + global
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ from ..errors import UserError
 
 __all__ = ["MixerCall", "find_mixers", "collect_mixer_calls", "mixer_attention", "query_map", "grad_cam",
            "load_image", "plot_query_maps", "plot_grad_cam"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -138,8 +141,13 @@ def local_matrix(call: MixerCall, max_elements: float = 1.5e8) -> torch.Tensor |
     for _, mod, x in call.local:
         if x.shape[-1] * x.shape[-2] ** 2 > max_elements:
             return None
-        with torch.no_grad():
-            mats.append(mod.equivalent_matrix(x[:1], call.hw)[0].float())
+        try:
+            with torch.no_grad():
+                mats.append(mod.equivalent_matrix(x[:1], call.hw)[0].float())
+        except Exception as e:  # noqa: BLE001 - the local map is optional; the layer keeps its other statistics
+            _log.warning("layer %d: %s.equivalent_matrix failed at grid %s (%s: %s); rank_with_local left empty",
+                         call.index, type(mod).__name__, call.hw, type(e).__name__, str(e).splitlines()[0][:120])
+            return None
     return sum(mats) if mats else None
 
 
@@ -171,8 +179,10 @@ def query_map(attn: torch.Tensor, hw: tuple[int, int], query: tuple[float, float
 def grad_cam(model: nn.Module, images: torch.Tensor, target: int | None = None) -> tuple[np.ndarray, int]:
     """Grad-CAM of the predicted (or `target`) class on the last block with attention (L2ViT Fig. 1).
 
-    The activations are the token output of the block that holds the last attention module (the mixer's own output
-    when the block's output is not a token tensor); weights are the gradient averaged over tokens per channel.
+    The activations are the tokens entering the block that holds the last attention module (its residual stream;
+    the mixer's own input when the block's input is not a (B, N, C) token tensor); weights are the gradient averaged
+    over tokens per channel. The block input is used, not its output, because in class-token models the grid
+    tokens leaving the last block no longer reach the logits.
 
     Args:
         model: image classifier in eval mode.
@@ -189,20 +199,20 @@ def grad_cam(model: nn.Module, images: torch.Tensor, target: int | None = None) 
     block = modules.get(path.rpartition(".")[0], mixer)
     seen: dict[str, object] = {}
 
-    def pre(mod, args, kwargs):
-        seen["n"], seen["hw"] = args[0].shape[1], _hw_from(args, kwargs)
-
     def keep(name: str):
-        def hook(mod, args, out):
-            if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.retain_grad()
-                seen[name] = out
+        def hook(mod, args, kwargs):
+            x = args[0] if args else None
+            if name == "mixer":
+                seen["n"], seen["hw"] = x.shape[1], _hw_from(args, kwargs)
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                x.retain_grad()
+                seen[name] = x
 
         return hook
 
-    handles = [mixer.register_forward_pre_hook(pre, with_kwargs=True), mixer.register_forward_hook(keep("mixer"))]
+    handles = [mixer.register_forward_pre_hook(keep("mixer"), with_kwargs=True)]
     if block is not mixer:
-        handles.append(block.register_forward_hook(keep("block")))
+        handles.append(block.register_forward_pre_hook(keep("block"), with_kwargs=True))
     try:
         with torch.enable_grad():
             logits = model(images)

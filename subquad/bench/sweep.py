@@ -272,7 +272,7 @@ def _attn_gmacs(meta: torch.nn.Module, module: torch.nn.Module, x: torch.Tensor,
 
     for m, inp in ((meta, torch.empty(x.shape, device="meta")), (module, x)):
         try:
-            return round(count_module_macs(m, inp, hw=(t, t))["gmacs"], 6)
+            return float(f'{count_module_macs(m, inp, hw=(t, t))["gmacs"]:.6g}')
         except Exception as e:  # noqa: BLE001 - counting is best effort; timing still runs
             _log.debug("GMACs of %s at %s on %s failed: %s", type(m).__name__, t, inp.device, e)
     return ""
@@ -354,7 +354,7 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
                     on_row(row)
                 continue
             try:
-                row["infer_gmacs"] = round(count_macs(name, size, batch_size=batch_size, **kw)["gmacs"], 4)
+                row["infer_gmacs"] = float(f'{count_macs(name, size, batch_size=batch_size, **kw)["gmacs"]:.6g}')
             except Exception as e:  # noqa: BLE001 - counting is best effort
                 _log.debug("GMACs of %s at %s failed: %s", name, size, e)
             in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]

@@ -1,0 +1,176 @@
+"""analyze: rank/entropy/locality/similarity measures, the rank property of mechanisms, figures, bad input."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import subquad
+from subquad.analysis.kernels import structure_kernels
+from subquad.analysis.linear_stats import attention_entropy, attention_locality, token_cosine
+from subquad.analysis.maps import collect_mixer_calls, grad_cam, mixer_attention
+from subquad.analysis.rank import attention_rank, matrix_rank
+from subquad.analysis.report import analyze_model, layer_stats
+from subquad.attention.base import TokenMixer
+from subquad.cli.__main__ import main
+from subquad.cli.analyze import sample_image
+from subquad.errors import UserError
+
+
+def test_matrix_rank_and_sampled_rank():
+    a = torch.randn(3, 40, 5, dtype=torch.float64) @ torch.randn(3, 5, 40, dtype=torch.float64)
+    assert matrix_rank(a).tolist() == [5, 5, 5]
+    assert matrix_rank(torch.eye(7)).item() == 7
+    r = attention_rank(a, max_tokens=20)
+    assert r["sampled"] and r["size"] == 20 and r["ranks"] == [5, 5, 5] and r["rank_ratio"] == 0.25
+    full = attention_rank(torch.rand(2, 30, 30, dtype=torch.float64), max_tokens=256)
+    assert not full["sampled"] and full["rank"] == 30
+
+
+def test_entropy_locality_cosine_on_known_maps():
+    n = 12
+    uniform = torch.full((1, n, n), 1.0 / n)
+    assert attention_entropy(uniform)["entropy_ratio"] == pytest.approx(1.0)
+    assert attention_entropy(torch.eye(n)[None])["entropy"] == pytest.approx(0.0, abs=1e-12)
+    assert attention_locality(torch.eye(n)[None], (3, 4), k=3) == pytest.approx(1.0)
+    # On a 3 x 4 grid the 3 x 3 window of a corner holds 4 tokens, of an edge 6, of the centre 9.
+    counts = [4, 6, 6, 4, 6, 9, 9, 6, 4, 6, 6, 4]
+    assert attention_locality(uniform, (3, 4), k=3) == pytest.approx(sum(counts) / n / n)
+    assert attention_locality(torch.ones(1, 5, 4), (2, 2)) is None
+    assert token_cosine(torch.ones(5, 3)) == pytest.approx(1.0)
+    assert token_cosine(torch.eye(4)) == pytest.approx(0.0)
+    assert token_cosine(torch.cat([torch.zeros(1, 4), torch.ones(3, 4)]), prefix=1) == pytest.approx(1.0)
+
+
+def _layer_rows(model: nn.Module, img: int, mechanism: str) -> list[dict]:
+    """layer_stats rows of the layers using `mechanism` in an untrained model."""
+    calls, _ = collect_mixer_calls(model.eval(), torch.randn(1, 3, img, img))
+    rows = [layer_stats(c, rank_max_tokens=512) for c in calls if c.module.name == mechanism]
+    assert rows, f"no {mechanism!r} layer found"
+    return rows
+
+
+LOW_RANK = "linear"  # plain ReLU kernel linear attention (FLatten Fig. 5: rank <= head dim)
+
+
+def _linear_kwargs() -> dict:
+    cls = subquad.attention.get_attention_cls(LOW_RANK)
+    return {"feature_map": "relu"} if "feature_map" in inspect.signature(cls.__init__).parameters else {}
+
+
+def test_plain_relu_linear_attention_is_low_rank():
+    if LOW_RANK not in subquad.list_attention():
+        pytest.skip(f"mechanism {LOW_RANK!r} is not registered on this tree")
+    model = subquad.create_model("vit_attn_micro", attn=LOW_RANK, attn_kwargs=_linear_kwargs())
+    # 65 tokens, head dim 32: rank <= 32 < N in every layer.
+    for r in _layer_rows(model, 32, LOW_RANK):
+        assert r["tokens"] == 65 and r["rank"] <= 32
+
+
+@pytest.mark.parametrize("name", ["focused_linear", "enhanced_linear"])
+def test_focused_and_enhanced_attention_restore_rank(name):
+    """FLatten's DWC (inside the mechanism) and L2ViT's LCM (beside it in the block) give near-full rank maps,
+    where the kernel product alone is limited by the head dim (the papers' direction)."""
+    if name not in subquad.list_attention():
+        pytest.skip(f"mechanism {name!r} is not registered on this tree")
+    if name == "focused_linear":
+        # 65 tokens, head dim 32: the kernel product alone could reach at most rank 32.
+        for r in _layer_rows(subquad.create_model("vit_attn_micro", attn=name, num_classes=10), 32, name):
+            assert r["tokens"] == 65 and r["rank"] > 0.9 * 65
+    else:
+        # l2vit_micro at 32 px: enhanced-linear layers on 16 x 16 and 8 x 8 grids, head dim 32.
+        rows = [r for r in _layer_rows(subquad.create_model("l2vit_micro", num_classes=10), 32, name)
+                if r["tokens"] >= 64]
+        assert rows
+        for r in rows:
+            assert r["rank"] <= 32 < r["rank_size"]
+            assert r["rank_with_local_ratio"] > 0.9
+
+
+def test_lisa_kernels_are_shown_when_the_mechanism_exists():
+    if "structure_aware" not in subquad.list_attention():
+        pytest.skip("mechanism 'structure_aware' is not registered on this tree")
+    m = subquad.build_attention("structure_aware", 16, 2, input_size=(5, 6))
+    k = structure_kernels(m, heads=(1,))
+    assert k.shape[0] == 1 and k.shape[-2:] == (5, 6)
+    # Offset (0, 0) is moved to the centre of the image.
+    assert torch.equal(k[0, :, 2, 3], m.kernel_b.detach()[1, :, 0, 0])
+    with pytest.raises(ValueError, match="out of range"):
+        structure_kernels(m, heads=(5,))
+    assert structure_kernels(subquad.build_attention("softmax", 16, 2)) is None
+
+
+def test_grad_cam_is_a_normalised_map():
+    model = subquad.create_model("vit_attn_micro", num_classes=5).eval()
+    cam, cls = grad_cam(model, torch.randn(1, 3, 32, 32))
+    assert cam.shape == (8, 8) and 0 <= cls < 5 and cam.min() >= 0 and cam.max() == pytest.approx(1.0)
+    assert (cam > 0).sum() > 4
+
+
+def test_analyze_cli_writes_figures_and_summary(tmp_path, capsys):
+    out = tmp_path / "an"
+    assert main(["analyze", "--model", "vit_attn_micro", "--image", str(sample_image()), "--out", str(out),
+                 "--layers", "0", "-1", "--queries", "0.5,0.5", "0.2,0.8"]) == 0
+    for f in ("attention_maps.png", "gradcam.png", "layer_stats.png", "layer_stats.csv", "summary.json"):
+        assert (out / f).stat().st_size > 0, f
+    s = json.loads((out / "summary.json").read_text())
+    assert s["num_attention_layers"] == 4 and s["layers_shown"] == [0, 3] and len(s["layers"]) == 4
+    for r in s["layers"]:
+        assert 0 < r["rank"] <= r["rank_size"] and 0 <= r["entropy_ratio"] <= 1 + 1e-9
+        assert 0 <= r["locality"] <= 1 and math.isfinite(r["token_cosine"])
+    assert "rank" in capsys.readouterr().out
+
+
+def _one_line_error(capsys, *args: str) -> str:
+    assert main(["analyze", "--model", "vit_attn_micro", *args]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("subquad analyze: error: "), lines
+    return lines[0]
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "notes.png"
+    bad.write_text("not an image")
+    out = str(tmp_path / "o")
+    assert "cannot read image" in _one_line_error(capsys, "--image", str(bad), "--out", out)
+    err = _one_line_error(capsys, "--out", out, "--layers", "7")
+    assert "layer index 7 is out of range" in err and "0..3" in err
+    assert "no such file" in _one_line_error(capsys, "--out", out, "--image", str(tmp_path / "missing.jpg"))
+
+
+class _NoMap(TokenMixer):
+    name = "no_map"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, hw=None, mask=None):
+        return self.proj(x)
+
+
+class _Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, 8, 8, 8)
+        self.attn = _NoMap()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        t = self.embed(x)
+        hw = t.shape[-2:]
+        t = t.flatten(2).transpose(1, 2)
+        return self.head(self.attn(t, hw).mean(1))
+
+
+def test_mechanism_without_attention_matrix_is_a_clear_error(tmp_path):
+    calls, _ = collect_mixer_calls(_Tiny().eval(), torch.randn(1, 3, 32, 32))
+    with pytest.raises(UserError, match="'no_map' does not provide attention_matrix"):
+        mixer_attention(calls[0])
+    with pytest.raises(UserError, match="no attention modules"):
+        analyze_model(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2)), sample_image(), tmp_path)
