@@ -166,7 +166,7 @@ class WindowAttention(TokenMixer):
         # (B*nW, L, 3C) -> (3, B, nW*h, L, d): windows and heads share one batch axis (4-D fused SDPA kernel).
         qkv = self.qkv(xw).view(B, nW, L, 3, h, d).permute(3, 0, 1, 4, 2, 5).reshape(3, B, nW * h, L, d)
         q, k, v = qkv.unbind(0)
-        attn_mask = self._attn_mask(geo, x.dtype, x.device)  # broadcastable to (nW, h, L, L)
+        attn_mask = self._attn_mask(geo, q.dtype, x.device)  # broadcastable to (nW, h, L, L)
         if attn_mask is not None:
             attn_mask = attn_mask.expand(nW, h, L, L).reshape(1, nW * h, L, L)
         drop = self.attn_drop.p if self.training else 0.0

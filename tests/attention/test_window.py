@@ -195,3 +195,13 @@ def test_bad_inputs():
         m(torch.randn(1, 35, 32), (6, 7))
     with pytest.raises(ValueError, match="hw"):
         m(torch.randn(1, 35, 32))
+
+
+def test_bfloat16_autocast_close_to_fp64():
+    m = WindowAttention(32, 4, 4, 2)
+    x = torch.randn(2, 63, 32)
+    ref = WindowAttention(32, 4, 4, 2).double()
+    ref.load_state_dict(m.state_dict())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(x, (7, 9))
+    assert_close(y, ref(x.double(), (7, 9)), torch.bfloat16)
