@@ -160,6 +160,10 @@ class VisionTransformerAttn(nn.Module):
         if x.shape[1] != in_chans:
             raise ValueError(f"{type(self).__name__}: expected {in_chans} input channels, got {x.shape[1]} "
                              f"(input shape {tuple(x.shape)})")
+        if min(x.shape[-2:]) < self.patch_size:
+            name = getattr(self, "pretrained_cfg", {}).get("architecture", type(self).__name__)
+            raise UserError(f"{name}: image {x.shape[-2]}x{x.shape[-1]} is smaller than the model's total stride "
+                            f"{self.patch_size}; use at least {self.patch_size}x{self.patch_size}")
         x = self.patch_embed(x)  # (B, h, w, C)
         B, h, w, C = x.shape
         x = x.reshape(B, h * w, C)

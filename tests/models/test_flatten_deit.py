@@ -73,3 +73,9 @@ def test_micro_any_size(hw):
         maps = m.forward_intermediates(torch.randn(1, 3, *hw), intermediates_only=True)
     assert out.shape == (1, 5) and torch.isfinite(out).all()
     assert all(t.shape[-2:] == (hw[0] // 4, hw[1] // 4) for t in maps)
+
+
+def test_image_smaller_than_patch():
+    m = subquad.create_model("flatten_deit_micro")
+    with pytest.raises(ValueError, match="flatten_deit_micro: image 3x32 is smaller than the model's total stride 4"):
+        m(torch.randn(1, 3, 3, 32))
