@@ -20,6 +20,8 @@ COMMANDS: dict[str, str] = {
     "train": "train",
     "bench": "bench",
     "analyze": "analyze",
+    "lra": "lra",
+    "lm": "lm",
 }
 
 

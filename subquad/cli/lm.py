@@ -1,0 +1,167 @@
+"""`subquad lm`: prepare a byte/character corpus, train the character LM (BPC), generate with cached decoding.
+
+    subquad lm prepare --corpus FILE_OR_DIR --out DIR [--variant bytes|chars] [--glob PATTERN]
+    subquad lm train --data DIR --attention long_short [-c YAML] [--max-steps N] [--max-minutes M] ...
+    subquad lm generate --checkpoint PATH --prompt TEXT --max-new 200 [--temperature T] [--top-k K]
+
+Results on the linux-doc corpus are labelled `linuxdoc-bytes` / `linuxdoc-chars` and are not comparable to enwik8 /
+text8 numbers (spec data.md section 8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "charlm"
+
+_FLAGS: list[tuple[str, type, str]] = [
+    ("dim", int, "model width"),
+    ("depth", int, "layers"),
+    ("num_heads", int, "heads"),
+    ("seq_len", int, "training sample length (tokens)"),
+    ("batch_size", int, "batch size"),
+    ("lr", float, "learning rate after warm-up (fixed)"),
+    ("warmup", int, "linear warm-up steps"),
+    ("weight_decay", float, "AdamW weight decay"),
+    ("clip_grad", float, "gradient-norm clipping (0 = off, as the official runs)"),
+    ("max_steps", int, "training steps"),
+    ("max_minutes", float, "wall-clock budget in minutes (0 = none); stops early and evaluates"),
+    ("eval_every", int, "evaluate valid BPC every N steps"),
+    ("eval_ctx", int, "evaluation context length"),
+    ("eval_score", int, "tokens scored per evaluation window (the last ones; paper 512)"),
+    ("eval_batch", int, "evaluation windows per batch"),
+    ("eval_tokens", int, "valid tokens scored at each periodic evaluation (0 = all)"),
+    ("final_eval_tokens", int, "valid/test tokens scored at the end (0 = the whole splits)"),
+    ("seed", int, "random seed"),
+    ("device", str, "cpu, cuda, ... (default: cuda when available)"),
+    ("output", str, "run directory (default runs/<time>-lm-<attention>)"),
+]
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("lm", help="character-level LM: prepare a corpus, train (BPC), generate",
+                       description="Character-level language modelling with the Transformer-LS CharLM.")
+    lsub = p.add_subparsers(dest="lm_command", metavar="{prepare,train,generate}")
+
+    pr = lsub.add_parser("prepare", help="split a text corpus 90/5/5 into uint8 memmaps")
+    pr.add_argument("--corpus", required=True, help="a text file (enwik8, text8) or a folder of text files")
+    pr.add_argument("--out", required=True, help="output folder (train.bin, valid.bin, test.bin, meta.json)")
+    pr.add_argument("--variant", default="bytes", choices=("bytes", "chars"),
+                    help="bytes (enwik8-style, 256 ids) or chars (text8-style, 27 ids)")
+    pr.add_argument("--glob", default=None, help="file pattern inside a corpus folder (linux-doc: *.rst.txt)")
+    pr.add_argument("--name", default="", help="corpus name for meta.json and result labels")
+    pr.add_argument("--limit-bytes", type=int, default=0, help="keep only the first N bytes")
+    pr.set_defaults(func=run_prepare)
+
+    t = lsub.add_parser("train", help="train the character LM and report BPC on valid/test")
+    t.add_argument("--data", required=True, help="prepared corpus folder (subquad lm prepare)")
+    t.add_argument("--attention", default="long_short", help="long_short (causal) or softmax (causal)")
+    t.add_argument("-c", "--config", default=None,
+                   help="YAML recipe (default subquad/configs/charlm/small.yaml; base.yaml = the paper's model)")
+    t.add_argument("--attn-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="mechanism option (YAML value), e.g. --attn-opt window_size=128")
+    for name, typ, help_text in _FLAGS:
+        t.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=help_text)
+    t.set_defaults(func=run_train)
+
+    g = lsub.add_parser("generate", help="sample from a trained checkpoint (cached incremental decoding)")
+    g.add_argument("--checkpoint", required=True, help="run directory or .safetensors from `subquad lm train`")
+    g.add_argument("--prompt", required=True, help="prompt text")
+    g.add_argument("--max-new", type=int, default=200, help="tokens to generate")
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--top-k", type=int, default=0, help="sample among the k most likely (0 = all)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="cpu")
+    g.set_defaults(func=run_generate)
+    p.set_defaults(func=lambda a: _need(p))
+    return p
+
+
+def _need(p: argparse.ArgumentParser) -> int:
+    from subquad.errors import UserError
+
+    p.print_help()
+    raise UserError("missing subcommand: prepare|train|generate")
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from subquad.data.char import prepare_corpus
+
+    meta = prepare_corpus(args.corpus, args.out, args.variant, args.glob, args.name, args.limit_bytes)
+    sizes = ", ".join(f"{k} {v['symbols']}" for k, v in meta["splits"].items())
+    note = f" [{meta['note']}]" if meta["note"] else ""
+    print(f"{meta['name']}: {meta['files']} file(s), {meta['source_bytes']} bytes -> {sizes} symbols "
+          f"(vocab {meta['vocab_size']}){note}")
+    return 0
+
+
+def resolve_config(args: argparse.Namespace):
+    from subquad.engine.sequence import LMConfig
+    from subquad.errors import UserError
+
+    path = Path(args.config) if args.config else CONFIG_DIR / "small.yaml"
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    values: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    fields = {f.name for f in dataclasses.fields(LMConfig)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise UserError(f"unknown LM config key(s) {unknown}; allowed: {sorted(fields)}")
+    values.update(data=args.data, attention=args.attention)
+    for name, _, _ in _FLAGS:
+        v = getattr(args, name, None)
+        if v is not None:
+            values[name] = v
+    opts = dict(values.get("attn_kw", {}).get(args.attention, {}))
+    for o in args.attn_opt:
+        if "=" not in o:
+            raise UserError(f"--attn-opt expects KEY=VALUE, got {o!r}")
+        k, v = o.split("=", 1)
+        opts[k.strip()] = yaml.safe_load(v)
+    values["attn_kw"] = {**values.get("attn_kw", {}), args.attention: opts}
+    return LMConfig(**values)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import subquad
+    from subquad.attention import ATTENTION_REGISTRY
+    from subquad.engine.sequence import train_lm
+
+    if args.attention not in ATTENTION_REGISTRY:
+        subquad.build_attention(args.attention, 8, 1)  # raises the one-line unknown-attention error
+    cfg = resolve_config(args)
+    r = train_lm(cfg, log=print)
+    unit = r["metric"]
+    label = f"{r['corpus']}" + (" (not comparable to enwik8/text8)" if r["corpus"].startswith("linuxdoc") else "")
+    print(f"{label}: valid {r['valid_bpc']:.3f} {unit}, test {r['test_bpc']:.3f} {unit} "
+          f"(context {r['eval_ctx']}, last {r['eval_score']} scored; {r['steps']} steps, {r['wall_seconds']:.0f}s)")
+    print(f"checkpoint: {r['checkpoint']}")
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from subquad.data.char import decode_ids, encode_text
+    from subquad.engine.sequence import load_lm
+    from subquad.errors import UserError
+
+    if args.max_new < 1:
+        raise UserError(f"--max-new must be >= 1, got {args.max_new}")
+    torch.manual_seed(args.seed)
+    model, side = load_lm(args.checkpoint, torch.device(args.device))
+    variant = side.get("variant") or "bytes"
+    ids = encode_text(args.prompt, variant)
+    if len(ids) == 0:
+        raise UserError("--prompt is empty after encoding")
+    prompt = torch.from_numpy(ids.astype("int64"))[None].to(args.device)
+    with torch.no_grad():
+        out = model.generate(prompt, args.max_new, temperature=args.temperature, top_k=args.top_k or None)
+    new = out[0, prompt.shape[1]:] if out.shape[1] > args.max_new else out[0]
+    print(args.prompt + decode_ids(new.cpu().numpy(), variant))
+    return 0

@@ -1,0 +1,199 @@
+"""Character-level corpora: a text file or folder -> contiguous 90/5/5 uint8 memmaps `train/valid/test.bin`.
+
+Spec data.md section 8 (register DA-2). Build: list the files (a folder: every file matching `glob`, sorted by
+relative POSIX path bytewise), read the raw bytes, make each end with a newline, concatenate, encode, split
+contiguously (first 90 % train, next 5 % valid, last 5 % test, to the byte) and write each split as raw uint8 with
+`meta.json` (sources, sizes, vocabulary, sha256 of every split).
+
+Variants:
+    bytes (enwik8-style): ids are the raw bytes; vocabulary 256; metric bits per byte.
+    chars (text8-style): A-Z lower-cased, every other byte a space, runs of spaces collapsed; ids 0 = space,
+        1-26 = a-z; vocabulary 27; metric bits per character.
+
+Offline corpus for development: the reStructuredText sources of the Debian package `linux-doc-6.12`
+(`/usr/share/doc/linux-doc-6.12/html/_sources`, files `*.rst.txt`). Results on it are named `linuxdoc-bytes` /
+`linuxdoc-chars` and are never comparable to enwik8 / text8 numbers. enwik8 (a single file) and text8 work the same.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import UserError
+
+__all__ = ["VARIANTS", "LINUX_DOC_SOURCES", "prepare_corpus", "load_split", "read_meta", "encode_text",
+           "decode_ids", "find_linux_doc"]
+
+VARIANTS = ("bytes", "chars")
+SPLITS = ("train", "valid", "test")
+LINUX_DOC_SOURCES = "/usr/share/doc/linux-doc-6.12/html/_sources"
+CHARS = " abcdefghijklmnopqrstuvwxyz"
+VERSION = "1"
+
+
+def find_linux_doc() -> Path | None:
+    """The linux-doc reStructuredText source folder when the package is installed, else None."""
+    p = Path(LINUX_DOC_SOURCES)
+    return p if p.is_dir() and any(p.rglob("*.rst.txt")) else None
+
+
+def _list_files(corpus: Path, glob: str | None) -> list[Path]:
+    if corpus.is_file():
+        return [corpus]
+    if not corpus.is_dir():
+        raise UserError(f"corpus {corpus} does not exist (give a text file or a folder of text files)")
+    pattern = glob or "*"
+    files = [p for p in corpus.rglob("*") if p.is_file() and fnmatch.fnmatch(p.relative_to(corpus).as_posix(),
+                                                                             pattern)]
+    if glob is None:
+        files = [p for p in files if not p.name.startswith(".")]
+    # Bytewise order of the relative POSIX path.
+    files.sort(key=lambda p: p.relative_to(corpus).as_posix().encode("utf-8", "surrogateescape"))
+    if not files:
+        raise UserError(f"corpus folder {corpus} has no files matching {pattern!r}")
+    return files
+
+
+def _check_text(path: Path, data: bytes) -> None:
+    if b"\x00" in data:
+        raise UserError(f"corpus file {path} is not text (it contains NUL bytes)")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"corpus file {path} is not UTF-8 text (invalid byte at offset {e.start})") from None
+
+
+def _chars_encode(raw: bytes) -> np.ndarray:
+    a = np.frombuffer(raw, dtype=np.uint8)
+    upper = (a >= 65) & (a <= 90)
+    lower = (a >= 97) & (a <= 122)
+    ids = np.zeros(len(a), dtype=np.uint8)
+    ids[upper] = a[upper] - 64
+    ids[lower] = a[lower] - 96
+    # Collapse runs of spaces (id 0) to one.
+    keep = np.ones(len(ids), dtype=bool)
+    keep[1:] = ~((ids[1:] == 0) & (ids[:-1] == 0))
+    return ids[keep]
+
+
+def encode_text(text: str, variant: str) -> np.ndarray:
+    """Encode a prompt like the corpus: UTF-8 bytes (bytes) or the 27-symbol alphabet (chars)."""
+    raw = text.encode("utf-8")
+    if variant == "bytes":
+        return np.frombuffer(raw, dtype=np.uint8).copy()
+    if variant == "chars":
+        return _chars_encode(raw)
+    raise UserError(f"unknown corpus variant {variant!r}; allowed: {', '.join(VARIANTS)}")
+
+
+def decode_ids(ids: Any, variant: str) -> str:
+    """Inverse of `encode_text` (bytes decoded as UTF-8 with replacement)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if variant == "bytes":
+        return bytes(ids.clip(0, 255).astype(np.uint8).tolist()).decode("utf-8", errors="replace")
+    return "".join(CHARS[i] if 0 <= i < 27 else "?" for i in ids.tolist())
+
+
+def _sha256(data: bytes | np.ndarray) -> str:
+    return hashlib.sha256(bytes(data)).hexdigest()
+
+
+def _package_version(path: Path) -> str:
+    """Debian version of the package owning `path` (empty when unknown)."""
+    try:
+        owner = subprocess.run(["dpkg", "-S", os.fspath(path)], capture_output=True, text=True, timeout=20)
+        pkg = owner.stdout.split(":", 1)[0].strip() if owner.returncode == 0 else ""
+        if not pkg:
+            return ""
+        ver = subprocess.run(["dpkg-query", "-W", "-f=${Version}", pkg], capture_output=True, text=True, timeout=20)
+        return f"{pkg} {ver.stdout.strip()}" if ver.returncode == 0 else pkg
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def prepare_corpus(corpus: str | os.PathLike, out: str | os.PathLike, variant: str = "bytes",
+                   glob: str | None = None, name: str = "", limit_bytes: int = 0) -> dict[str, Any]:
+    """Build `train.bin`, `valid.bin`, `test.bin` and `meta.json` under `out`; returns the meta dict.
+
+    Args:
+        corpus: a text file (enwik8, text8, ...) or a folder of text files.
+        out: output folder.
+        variant: bytes or chars (see the module docstring).
+        glob: file pattern relative to a corpus folder (default every non-hidden file; the linux-doc sources use
+            `*.rst.txt`).
+        name: corpus name recorded in meta.json (default: linuxdoc-<variant> for the linux-doc sources, else the
+            corpus file/folder name).
+        limit_bytes: keep only the first `limit_bytes` bytes of the concatenation (tests, quick runs).
+    """
+    if variant not in VARIANTS:
+        raise UserError(f"unknown corpus variant {variant!r}; allowed: {', '.join(VARIANTS)}")
+    corpus = Path(corpus)
+    if glob is None and corpus.is_dir() and os.path.realpath(corpus) == os.path.realpath(LINUX_DOC_SOURCES):
+        glob = "*.rst.txt"
+    files = _list_files(corpus, glob)
+    parts = []
+    for f in files:
+        data = f.read_bytes()
+        _check_text(f, data)
+        if data and not data.endswith(b"\n"):
+            data += b"\n"
+        parts.append(data)
+    raw = b"".join(parts)
+    if limit_bytes:
+        raw = raw[:limit_bytes]
+    ids = np.frombuffer(raw, dtype=np.uint8) if variant == "bytes" else _chars_encode(raw)
+    n = len(ids)
+    if n < 100:
+        raise UserError(f"corpus {corpus} is empty or too small: {n} symbols after encoding (need at least 100)")
+    n_train, n_valid = n * 90 // 100, n * 5 // 100
+    bounds = {"train": (0, n_train), "valid": (n_train, n_train + n_valid), "test": (n_train + n_valid, n)}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    splits = {}
+    for split, (a, b) in bounds.items():
+        part = np.ascontiguousarray(ids[a:b])
+        tmp = out / f".{split}.bin.tmp"
+        part.tofile(tmp)
+        os.replace(tmp, out / f"{split}.bin")
+        splits[split] = {"symbols": int(b - a), "sha256": _sha256(part)}
+    is_linux_doc = os.path.realpath(corpus).startswith(os.path.realpath(LINUX_DOC_SOURCES))
+    if not name:
+        name = f"linuxdoc-{variant}" if is_linux_doc else corpus.name
+    vocab = list(range(256)) if variant == "bytes" else list(CHARS)
+    meta = {"name": name, "variant": variant, "generator": "subquad.data.char", "version": VERSION,
+            "source": os.fspath(corpus), "glob": glob, "files": len(files), "source_bytes": len(raw),
+            "source_sha256": _sha256(raw), "package": _package_version(files[0]) if is_linux_doc else "",
+            "vocab_size": 256 if variant == "bytes" else 27, "vocab": vocab if variant == "chars" else "bytes 0-255",
+            "splits": splits, "metric": "bpb" if variant == "bytes" else "bpc",
+            "note": "not comparable to enwik8/text8" if is_linux_doc else ""}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def read_meta(root: str | os.PathLike) -> dict[str, Any]:
+    """meta.json of a prepared corpus (clear error when `root` is not one)."""
+    p = Path(root) / "meta.json"
+    if not p.is_file():
+        raise UserError(f"{root} is not a prepared corpus (no meta.json); run `subquad lm prepare --corpus ... "
+                        f"--out {root}` first")
+    return json.loads(p.read_text())
+
+
+def load_split(root: str | os.PathLike, split: str) -> np.ndarray:
+    """Memory-map `<root>/<split>.bin` as uint8 ids (split: train, valid or test)."""
+    if split not in SPLITS:
+        raise UserError(f"unknown corpus split {split!r}; allowed: {', '.join(SPLITS)}")
+    p = Path(root) / f"{split}.bin"
+    if not p.is_file():
+        raise UserError(f"{p} not found; run `subquad lm prepare` first")
+    if p.stat().st_size == 0:
+        raise UserError(f"{p} is empty")
+    return np.memmap(p, dtype=np.uint8, mode="r")

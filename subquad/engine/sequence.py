@@ -1,0 +1,519 @@
+"""Training loops for long sequences: LRA classification (accuracy) and character-level LM (bits per character).
+
+LRA (`train_lra`): the Transformer-LS / Nystromformer recipe (spec long_short.md section 6.3): AdamW (betas 0.9 /
+0.999, eps 1e-6), `OneCycleLR` with max_lr = lr, pct_start = warmup / steps, linear annealing and torch's defaults
+(div_factor 25, final_div_factor 1e4, cycle_momentum=True), a fixed step budget, the dev split evaluated every
+`eval_every` steps on `eval_steps` batches, the best-dev weights kept and the test split scored once with them.
+
+LM (`train_lm`): random contiguous windows of the train memmap, AdamW with a linear warm-up to a fixed lr (the
+official fairseq `fixed` schedule), optional wall-clock budget; BPC (= mean NLL / ln 2) on valid/test with the
+paper's sliding-window protocol (`evaluate_bpc`: every scored token has at least `ctx - score` tokens of context).
+
+Both write the run directory like the image trainer: `args.yaml`, `summary.csv`, `last.safetensors` /
+`best.safetensors` with JSON sidecars, and `results.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import logging
+import math
+import os
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..errors import UserError
+from .checkpoint import atomic_write, read_json, save_weights, write_json
+
+__all__ = ["LRAConfig", "LMConfig", "train_lra", "train_lm", "evaluate_lra", "evaluate_bpc", "build_lra_data",
+           "build_lm", "load_lm", "one_cycle", "peak_memory_mb"]
+
+_logger = logging.getLogger(__name__)
+
+LRA_TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
+
+
+@dataclass
+class LRAConfig:
+    """LRA run options; the shipped YAMLs (subquad/configs/lra/<task>.yaml) override these, flags override both."""
+
+    task: str = "listops"
+    data: str = ""
+    attention: str = "softmax"
+    # Mechanism options, per mechanism name (only the entry of `attention` is used).
+    attn_kw: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Extra options, per mechanism, for the block that sees the class token (long_short: num_prefix_tokens=1).
+    cls_attn_kw: dict[str, dict[str, Any]] = field(default_factory=dict)
+    encoding: str = "lra_released"
+    max_len: int = 2048
+    vocab_size: int = 512
+    num_classes: int = 10
+    dim: int = 64
+    depth: int = 2
+    num_heads: int = 2
+    mlp_dim: int = 128
+    pool: str = "cls_last"
+    drop: float = 0.0
+    attn_drop: float = 0.0
+    batch_size: int = 32
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    adam_eps: float = 1e-6
+    steps: int = 5000
+    warmup: int = 1000
+    max_steps: int = 0
+    eval_every: int = 50
+    eval_steps: int = 62
+    limit_train: int = 0
+    limit_eval: int = 0
+    amp: bool = False
+    seed: int = 1234
+    device: str = ""
+    workers: int = 0
+    output: str = ""
+
+
+@dataclass
+class LMConfig:
+    """Character-LM run options (subquad/configs/charlm/*.yaml override these, flags override both)."""
+
+    data: str = ""
+    attention: str = "long_short"
+    attn_kw: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dim: int = 128
+    depth: int = 2
+    num_heads: int = 4
+    seq_len: int = 256
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.01
+    clip_grad: float = 0.0
+    max_steps: int = 1000
+    max_minutes: float = 0.0
+    eval_every: int = 100
+    eval_ctx: int = 1024
+    eval_score: int = 512
+    eval_batch: int = 8
+    eval_tokens: int = 32768
+    final_eval_tokens: int = 0
+    seed: int = 0
+    device: str = ""
+    output: str = ""
+
+
+def _device(name: str) -> torch.device:
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _rss_mb() -> float:
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def peak_memory_mb(device: torch.device, rss_before: float) -> float:
+    """Peak memory of the run: CUDA max allocated, or on CPU the growth of the process's peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return max(_rss_mb() - rss_before, 0.0)
+
+
+def one_cycle(optimizer: torch.optim.Optimizer, lr: float, total_steps: int,
+              pct_start: float) -> torch.optim.lr_scheduler.OneCycleLR:
+    """The official LRA schedule: OneCycleLR(max_lr=lr, pct_start, anneal_strategy='linear'), torch defaults."""
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(total_steps, 2),
+                                               pct_start=min(max(pct_start, 1e-6), 0.999), anneal_strategy="linear")
+
+
+def _write_run_files(out: Path, cfg: Any, rows: list[dict[str, Any]]) -> None:
+    def _w(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+    if rows:
+        atomic_write(out / "summary.csv", _w)
+
+
+def _write_args(out: Path, cfg: Any) -> None:
+    atomic_write(out / "args.yaml", lambda tmp: Path(tmp).write_text(yaml.safe_dump(asdict(cfg), sort_keys=False)))
+
+
+def _endless(loader: DataLoader) -> Iterator[Any]:
+    while True:
+        yield from loader
+
+
+def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def build_lra_data(cfg: LRAConfig, split: str) -> Dataset:
+    """Dataset of `cfg.task` for split train / val / test from `cfg.data`."""
+    limit = (cfg.limit_train if split == "train" else cfg.limit_eval) or None
+    if cfg.task not in LRA_TASKS:
+        raise UserError(f"unknown LRA task {cfg.task!r}; allowed: {', '.join(LRA_TASKS)}")
+    if not cfg.data:
+        raise UserError(f"--data is required: the folder with the {cfg.task} files")
+    if cfg.task == "listops":
+        from ..data.lra.listops import ListOpsDataset
+
+        return ListOpsDataset(cfg.data, split, cfg.encoding, cfg.max_len, limit=limit)
+    if cfg.task == "text":
+        from ..data.lra.text import TextDataset
+
+        return TextDataset(cfg.data, split, max_len=cfg.max_len, limit=limit)
+    if cfg.task == "retrieval":
+        from ..data.lra.retrieval import RetrievalDataset
+
+        return RetrievalDataset(cfg.data, split, max_len=cfg.max_len, limit=limit)
+    if cfg.task == "pathfinder":
+        from ..data.lra.pathfinder import PathfinderDataset
+
+        return PathfinderDataset(cfg.data, split, limit=limit)
+    from ..data.lra.image import CifarGrayDataset
+
+    return CifarGrayDataset(cfg.data, split, limit=limit)
+
+
+def build_lra_model(cfg: LRAConfig, device: torch.device | None = None) -> nn.Module:
+    from ..sequence import create_sequence_model
+
+    return create_sequence_model("lra_encoder", vocab_size=cfg.vocab_size, num_classes=cfg.num_classes,
+                                 dim=cfg.dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_dim=cfg.mlp_dim,
+                                 max_len=cfg.max_len, attention=cfg.attention,
+                                 attn_kw=dict(cfg.attn_kw.get(cfg.attention, {})),
+                                 cls_attn_kw=dict(cfg.cls_attn_kw.get(cfg.attention, {})), pool=cfg.pool, drop=cfg.drop,
+                                 attn_drop=cfg.attn_drop, dual=cfg.task == "retrieval", device=device)
+
+
+def _lra_forward(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    if "tokens_1" in batch:
+        return model(batch["tokens"], batch["mask"], batch["tokens_1"], batch["mask_1"])
+    return model(batch["tokens"], batch["mask"])
+
+
+@torch.no_grad()
+def evaluate_lra(model: nn.Module, loader: DataLoader, device: torch.device, max_batches: int = 0,
+                 amp: bool = False) -> dict[str, float]:
+    """Accuracy (%) and mean cross-entropy over `loader` (the first `max_batches` batches when > 0)."""
+    model.eval()
+    n, loss_sum, correct = 0, 0.0, 0
+    for i, batch in enumerate(loader):
+        if max_batches and i >= max_batches:
+            break
+        batch = _to(batch, device)
+        with _autocast(device, amp):
+            logits = _lra_forward(model, batch)
+        y = batch["label"]
+        loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").item()
+        correct += (logits.argmax(-1) == y).sum().item()
+        n += len(y)
+    return {"loss": loss_sum / max(n, 1), "acc": 100.0 * correct / max(n, 1), "samples": n}
+
+
+def _autocast(device: torch.device, amp: bool):
+    if amp and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train the LRA classifier of `cfg`; returns the final metrics and paths (also written to results.json)."""
+    log = log or _logger.info
+    torch.manual_seed(cfg.seed)
+    device = _device(cfg.device)
+    steps = cfg.max_steps or cfg.steps
+    if steps < 1 or cfg.batch_size < 1 or cfg.eval_every < 1:
+        raise UserError(f"--max-steps, --batch-size and --eval-every must be >= 1, got {steps}, {cfg.batch_size}, "
+                        f"{cfg.eval_every}")
+    train_set, val_set, test_set = (build_lra_data(cfg, s) for s in ("train", "val", "test"))
+    if len(train_set) < cfg.batch_size:
+        raise UserError(f"the {cfg.task} training split has {len(train_set)} examples, fewer than one batch of "
+                        f"{cfg.batch_size}")
+    model = build_lra_model(cfg).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    g = torch.Generator().manual_seed(cfg.seed)
+    train_loader = DataLoader(train_set, cfg.batch_size, shuffle=True, generator=g, drop_last=True,
+                              num_workers=cfg.workers)
+    val_loader = DataLoader(val_set, cfg.batch_size, shuffle=False, num_workers=cfg.workers)
+    test_loader = DataLoader(test_set, cfg.batch_size, shuffle=False, num_workers=cfg.workers)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay)
+    # The recipe's warm-up fraction is kept when --max-steps scales the budget down.
+    scheduler = one_cycle(optimizer, cfg.lr, steps, cfg.warmup / max(cfg.steps, 1))
+    scaler = torch.amp.GradScaler("cuda") if cfg.amp and device.type == "cuda" else None
+
+    out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lra-{cfg.task}-{cfg.attention}")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_args(out, cfg)
+    meta = {"arch": "lra_encoder", "task": cfg.task, "attention": cfg.attention, "encoding": cfg.encoding,
+            "args": asdict(cfg)}
+    log(f"lra {cfg.task}: attention={cfg.attention} params={n_params} train={len(train_set)} val={len(val_set)} "
+        f"test={len(test_set)} steps={steps} batch={cfg.batch_size} device={device}")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    rss0 = _rss_mb()
+    rows: list[dict[str, Any]] = []
+    best_acc, best_step = -1.0, -1
+    it = _endless(train_loader)
+    train_time, interval_time, loss_sum, acc_sum, k = 0.0, 0.0, 0.0, 0.0, 0
+    model.train()
+    for step in range(1, steps + 1):
+        batch = _to(next(it), device)
+        t0 = time.perf_counter()
+        with _autocast(device, cfg.amp):
+            logits = _lra_forward(model, batch)
+            loss = F.cross_entropy(logits.float(), batch["label"])
+        optimizer.zero_grad(set_to_none=True)
+        lr_used = optimizer.param_groups[0]["lr"]
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        scheduler.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"non-finite training loss at step {step}")
+        train_time += dt
+        interval_time += dt
+        loss_sum += loss.item()
+        acc_sum += (logits.argmax(-1) == batch["label"]).float().mean().item() * 100
+        k += 1
+        if step % cfg.eval_every == 0 or step == steps:
+            ev = evaluate_lra(model, val_loader, device, cfg.eval_steps, cfg.amp)
+            model.train()
+            row = {"step": step, "train_loss": loss_sum / k, "train_acc": acc_sum / k, "eval_loss": ev["loss"],
+                   "eval_acc": ev["acc"], "lr": lr_used, "time": interval_time,
+                   "sec_per_step": interval_time / k}
+            rows.append(row)
+            log(f"step {step}/{steps}  train_loss {row['train_loss']:.4f}  train_acc {row['train_acc']:.2f}  "
+                f"val_loss {ev['loss']:.4f}  val_acc {ev['acc']:.2f}  {row['sec_per_step']:.3f}s/step")
+            sidecar = {**meta, "step": step, "metrics": {"eval_acc": ev["acc"], "eval_loss": ev["loss"]}}
+            save_weights(model, out / "last.safetensors", {"arch": "lra_encoder", "step": str(step)})
+            write_json(sidecar, out / "last.json")
+            if ev["acc"] > best_acc:
+                best_acc, best_step = ev["acc"], step
+                save_weights(model, out / "best.safetensors", {"arch": "lra_encoder", "step": str(step)})
+                write_json(sidecar, out / "best.json")
+            _write_run_files(out, cfg, rows)
+            loss_sum, acc_sum, k, interval_time = 0.0, 0.0, 0, 0.0
+    peak = peak_memory_mb(device, rss0)
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(out / "best.safetensors"))
+    test = evaluate_lra(model, test_loader, device, 0, cfg.amp)
+    results = {"task": cfg.task, "attention": cfg.attention, "encoding": cfg.encoding if cfg.task == "listops"
+               else "", "steps": steps, "batch_size": cfg.batch_size, "params": n_params,
+               "best_val_acc": best_acc, "best_step": best_step, "test_acc": test["acc"], "test_loss": test["loss"],
+               "test_samples": test["samples"], "sec_per_step": train_time / steps, "train_seconds": train_time,
+               "peak_mem_mb": peak, "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda"
+               else "cpu_peak_rss_growth", "device": str(device), "torch": torch.__version__,
+               "output": os.fspath(out), "checkpoint": os.fspath(out / "best.safetensors")}
+    write_json(results, out / "results.json")
+    return results
+
+
+def build_lm(vocab_size: int, cfg: LMConfig) -> nn.Module:
+    """The character LM: `subquad.sequence.CharLM(vocab_size, dim, depth, num_heads, attention, **attn_kw)`."""
+    try:
+        from ..sequence.char_lm import CharLM
+    except ImportError as e:
+        raise UserError(f"subquad.sequence.CharLM is not available in this build ({e})") from None
+    return CharLM(vocab_size, cfg.dim, cfg.depth, cfg.num_heads, attention=cfg.attention,
+                           **dict(cfg.attn_kw.get(cfg.attention, {})))
+
+
+def _lm_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    out = model(x)
+    return out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def evaluate_bpc(model: nn.Module, data: np.ndarray, ctx: int, score: int, batch_size: int = 8,
+                 max_tokens: int = 0, device: torch.device | None = None) -> dict[str, float]:
+    """Bits per character with sliding windows: context `ctx`, each window scores only its last `score` targets.
+
+    The first window scores all of its targets; every later window advances by `score` tokens, so every target
+    (data[1:]) is scored exactly once and, except in the first window, with at least ctx - score tokens of context
+    (the paper's protocol: next 512 given the previous ones).
+
+    Shapes: data (N,) uint8 ids.
+    Returns: {"bpc", "nll" (nats per char), "tokens"}.
+    """
+    if ctx < 1 or not 1 <= score <= ctx:
+        raise UserError(f"need ctx >= 1 and 1 <= score <= ctx, got ctx={ctx} and score={score}")
+    device = device or next(model.parameters()).device
+    model.eval()
+    n = len(data)
+    if n < 2:
+        raise UserError(f"evaluation split has {n} tokens; need at least 2")
+    last = n - 1
+    if max_tokens:
+        last = min(last, max_tokens)
+    # Window k has inputs data[e - L : e] and targets data[e - L + 1 : e + 1]; it scores targets (prev_e, e].
+    L = min(ctx, last)
+    ends, scored, prev = [], [], 0
+    e = L
+    while prev < last:
+        e = min(e, last)
+        ends.append(e)
+        scored.append(e - prev)
+        prev = e
+        e += score
+    nll_sum, count = 0.0, 0
+    for i in range(0, len(ends), batch_size):
+        es, ss = ends[i:i + batch_size], scored[i:i + batch_size]
+        x = torch.from_numpy(np.stack([data[e - L:e] for e in es]).astype(np.int64)).to(device)
+        y = torch.from_numpy(np.stack([data[e - L + 1:e + 1] for e in es]).astype(np.int64)).to(device)
+        logp = F.log_softmax(_lm_logits(model, x).float(), dim=-1)
+        nll = -logp.gather(-1, y[..., None])[..., 0]  # (b, L)
+        keep = torch.arange(L, device=device)[None] >= (L - torch.tensor(ss, device=device))[:, None]
+        nll_sum += nll[keep].sum().item()
+        count += int(keep.sum().item())
+    nats = nll_sum / max(count, 1)
+    return {"bpc": nats / math.log(2), "nll": nats, "tokens": count}
+
+
+def _load_split(root: Path, split: str) -> np.ndarray:
+    from ..data.char import load_split
+
+    return load_split(root, split)
+
+
+def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
+             model_fn: Callable[[int, LMConfig], nn.Module] | None = None) -> dict[str, Any]:
+    """Train the character LM on a prepared corpus (`subquad lm prepare`); returns metrics and paths."""
+    from ..data.char import read_meta
+
+    log = log or _logger.info
+    torch.manual_seed(cfg.seed)
+    device = _device(cfg.device)
+    if cfg.max_steps < 1 or cfg.batch_size < 1 or cfg.seq_len < 2 or cfg.eval_every < 1:
+        raise UserError(f"need --max-steps >= 1, --batch-size >= 1, --seq-len >= 2, --eval-every >= 1; got "
+                        f"{cfg.max_steps}, {cfg.batch_size}, {cfg.seq_len}, {cfg.eval_every}")
+    root = Path(cfg.data)
+    meta = read_meta(root)
+    vocab_size = int(meta["vocab_size"])
+    train = _load_split(root, "train")
+    valid = _load_split(root, "valid")
+    test = _load_split(root, "test")
+    if len(train) <= cfg.seq_len + 1:
+        raise UserError(f"training split has {len(train)} tokens; need more than --seq-len + 1 = {cfg.seq_len + 1}")
+    model = (model_fn or build_lm)(vocab_size, cfg).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warm = max(cfg.warmup, 0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lm-{cfg.attention}")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_args(out, cfg)
+    model_args = {"vocab_size": vocab_size, "dim": cfg.dim, "depth": cfg.depth, "num_heads": cfg.num_heads,
+                  "attention": cfg.attention, "attn_kw": dict(cfg.attn_kw.get(cfg.attention, {}))}
+    side = {"arch": "char_lm", "model_args": model_args, "corpus": meta.get("name", ""),
+            "variant": meta.get("variant", ""), "vocab": meta.get("vocab"), "args": asdict(cfg)}
+    rng = np.random.default_rng(cfg.seed)
+    log(f"lm: attention={cfg.attention} params={n_params} vocab={vocab_size} train_tokens={len(train)} "
+        f"seq_len={cfg.seq_len} batch={cfg.batch_size} device={device} (corpus {meta.get('name', '?')}; "
+        "not comparable to enwik8/text8)")
+    rows: list[dict[str, Any]] = []
+    best_bpc, t_start, train_time, loss_sum, k, step = float("inf"), time.perf_counter(), 0.0, 0.0, 0, 0
+    budget = cfg.max_minutes * 60.0
+    model.train()
+    while step < cfg.max_steps:
+        step += 1
+        starts = rng.integers(0, len(train) - cfg.seq_len - 1, size=cfg.batch_size)
+        chunk = np.stack([train[s:s + cfg.seq_len + 1] for s in starts]).astype(np.int64)
+        xy = torch.from_numpy(chunk).to(device)
+        t0 = time.perf_counter()
+        logits = _lm_logits(model, xy[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+        optimizer.step()
+        scheduler.step()
+        train_time += time.perf_counter() - t0
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"non-finite training loss at step {step}")
+        loss_sum += loss.item()
+        k += 1
+        out_of_time = budget > 0 and time.perf_counter() - t_start > budget
+        if step % cfg.eval_every == 0 or step == cfg.max_steps or out_of_time:
+            ev = evaluate_bpc(model, valid, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, cfg.eval_tokens, device)
+            model.train()
+            row = {"step": step, "train_loss": loss_sum / k, "train_bpc": loss_sum / k / math.log(2),
+                   "valid_bpc": ev["bpc"], "valid_tokens": ev["tokens"], "lr": optimizer.param_groups[0]["lr"],
+                   "elapsed": time.perf_counter() - t_start}
+            rows.append(row)
+            log(f"step {step}  train_bpc {row['train_bpc']:.3f}  valid_bpc {ev['bpc']:.3f}  "
+                f"({row['elapsed']:.0f}s)")
+            save_weights(model, out / "last.safetensors", {"arch": "char_lm", "step": str(step)})
+            write_json({**side, "step": step, "metrics": {"valid_bpc": ev["bpc"]}}, out / "last.json")
+            if ev["bpc"] < best_bpc:
+                best_bpc = ev["bpc"]
+                save_weights(model, out / "best.safetensors", {"arch": "char_lm", "step": str(step)})
+                write_json({**side, "step": step, "metrics": {"valid_bpc": ev["bpc"]}}, out / "best.json")
+            _write_run_files(out, cfg, rows)
+            loss_sum, k = 0.0, 0
+        if out_of_time:
+            log(f"time budget of {cfg.max_minutes} min reached at step {step}")
+            break
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(out / "best.safetensors"))
+    ft = cfg.final_eval_tokens
+    v = evaluate_bpc(model, valid, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
+    t = evaluate_bpc(model, test, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
+    metric = "bpc" if meta.get("variant") == "chars" else "bpb"
+    results = {"corpus": meta.get("name", ""), "variant": meta.get("variant", ""), "metric": metric,
+               "attention": cfg.attention, "params": n_params, "steps": step, "valid_bpc": v["bpc"],
+               "test_bpc": t["bpc"], "valid_tokens": v["tokens"], "test_tokens": t["tokens"],
+               "eval_ctx": cfg.eval_ctx, "eval_score": cfg.eval_score, "train_seconds": train_time,
+               "wall_seconds": time.perf_counter() - t_start, "device": str(device),
+               "output": os.fspath(out), "checkpoint": os.fspath(out / "best.safetensors")}
+    write_json(results, out / "results.json")
+    return results
+
+
+def load_lm(checkpoint: str | os.PathLike, device: torch.device | None = None,
+            model_fn: Callable[[int, LMConfig], nn.Module] | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild a character LM from `<name>.safetensors` + its JSON sidecar; returns (model in eval mode, sidecar)."""
+    from safetensors.torch import load_file
+
+    path = Path(checkpoint)
+    if path.is_dir():
+        path = path / "best.safetensors"
+    side_path = path.with_suffix(".json")
+    if not path.is_file() or not side_path.is_file():
+        raise UserError(f"checkpoint {path} (with its sidecar {side_path.name}) not found; pass a run directory or "
+                        "a .safetensors file written by `subquad lm train`")
+    side = read_json(side_path)
+    if side.get("arch") != "char_lm":
+        raise UserError(f"{path} is not a character-LM checkpoint (arch {side.get('arch')!r})")
+    ma = side["model_args"]
+    cfg = LMConfig(dim=ma["dim"], depth=ma["depth"], num_heads=ma["num_heads"], attention=ma["attention"],
+                   attn_kw={ma["attention"]: ma.get("attn_kw", {})})
+    model = (model_fn or build_lm)(int(ma["vocab_size"]), cfg)
+    model.load_state_dict(load_file(path))
+    model.to(device or torch.device("cpu")).eval()
+    return model, side

@@ -1,0 +1,96 @@
+"""`subquad lra` and `subquad lm`: tiny end-to-end runs through the CLI and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from subquad.cli.__main__ import main
+from subquad.data.lra.listops import write_listops
+
+
+@pytest.fixture(scope="module")
+def listops_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lo")
+    write_listops(out, num_train=24, num_val=8, num_test=8, seed=1, min_len=10, max_len=60)
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "src").mkdir()
+    (root / "src" / "doc.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 60)
+    assert main(["lm", "prepare", "--corpus", str(root / "src"), "--out", str(root / "prep")]) == 0
+    return root / "prep"
+
+
+@pytest.mark.parametrize("attention", ["softmax"])
+def test_lra_train_listops(listops_dir, tmp_path, attention, capsys):
+    out = tmp_path / "run"
+    ls_opts = ["--window-size", "4", "--rank", "3"] if attention == "long_short" else []
+    rc = main(["lra", "train", "--task", "listops", "--data", str(listops_dir), "--attention", attention,
+               "--max-steps", "4", "--eval-every", "2", "--batch-size", "4", "--max-len", "64", *ls_opts,
+               "--output", str(out)])
+    assert rc == 0
+    for name in ("args.yaml", "summary.csv", "best.safetensors", "best.json", "last.safetensors", "results.json"):
+        assert (out / name).is_file(), name
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert [int(r["step"]) for r in rows] == [2, 4]
+    assert {"train_loss", "eval_acc", "lr", "sec_per_step"} <= set(rows[0])
+    res = json.loads((out / "results.json").read_text())
+    assert res["test_samples"] == 8 and 0 <= res["test_acc"] <= 100 and res["encoding"] == "lra_released"
+    assert "test accuracy" in capsys.readouterr().out
+
+
+def test_lra_generate_listops(tmp_path, capsys):
+    rc = main(["lra", "generate", "listops", "--out", str(tmp_path), "--num-train", "5", "--num-val", "2",
+               "--num-test", "2", "--min-len", "10", "--max-len", "40", "--seed", "2"])
+    assert rc == 0 and (tmp_path / "test.tsv").read_text().startswith("Source\tTarget\n")
+    assert json.loads((tmp_path / "meta.json").read_text())["params"]["seed"] == 2
+
+
+def test_lra_bad_input(listops_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["lra", "train", "--task", "cifar", "--data", str(listops_dir)])
+    assert "invalid choice" in capsys.readouterr().err
+    assert main(["lra", "train", "--task", "listops", "--data", str(listops_dir), "--attention", "nope"]) == 2
+    assert "unknown attention 'nope'" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train.tsv").write_text("Source\tTarget\n( ( ( [SM 4 ) 9 ) ] )\t3\n( ( ( [SM 4 ) 9 ) ] )\n")
+    assert main(["lra", "train", "--task", "listops", "--data", str(bad)]) == 2
+    assert "train.tsv:3: malformed line" in capsys.readouterr().err
+    assert main(["lra", "train", "--task", "text", "--data", str(tmp_path / "none")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_lm_train_and_generate(corpus_dir, tmp_path, capsys):
+    out = tmp_path / "lm"
+    rc = main(["lm", "train", "--data", str(corpus_dir), "--attention", "long_short", "--dim", "16", "--depth", "1",
+               "--num-heads", "2", "--seq-len", "32", "--batch-size", "4", "--max-steps", "3", "--eval-every", "2",
+               "--eval-ctx", "32", "--eval-score", "16", "--eval-tokens", "64", "--final-eval-tokens", "64",
+               "--attn-opt", "window_size=8", "--attn-opt", "chunk_size=4", "--output", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["valid_tokens"] == 64 and res["test_bpc"] > 0 and res["metric"] == "bpb"
+    assert [int(r["step"]) for r in csv.DictReader((out / "summary.csv").open())] == [2, 3]
+    capsys.readouterr()
+    assert main(["lm", "generate", "--checkpoint", str(out), "--prompt", "the ", "--max-new", "12"]) == 0
+    text = capsys.readouterr().out.rstrip("\n")
+    assert text.startswith("the ") and len(text.encode()) >= 4
+
+
+def test_lm_bad_input(corpus_dir, tmp_path, capsys):
+    (tmp_path / "blob.bin").write_bytes(b"\x00\xff" * 200)
+    assert main(["lm", "prepare", "--corpus", str(tmp_path / "blob.bin"), "--out", str(tmp_path / "o")]) == 2
+    assert "not text" in capsys.readouterr().err
+    (tmp_path / "empty.txt").write_text("")
+    assert main(["lm", "prepare", "--corpus", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "o")]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert main(["lm", "train", "--data", str(tmp_path)]) == 2
+    assert "meta.json" in capsys.readouterr().err
+    assert main(["lm", "generate", "--checkpoint", str(tmp_path), "--prompt", "x"]) == 2
+    assert "not found" in capsys.readouterr().err

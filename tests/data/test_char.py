@@ -1,0 +1,116 @@
+"""Character-level corpus: 90/5/5 split to the byte, deterministic build, 27-symbol text8 alphabet, BPC protocol."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from subquad.data.char import decode_ids, encode_text, find_linux_doc, load_split, prepare_corpus, read_meta
+from subquad.engine.sequence import evaluate_bpc
+from subquad.errors import UserError
+
+
+def _corpus(root):
+    (root / "b").mkdir(parents=True)
+    (root / "a.txt").write_text("Hello,   World!\nThe Kernel  docs.")
+    (root / "b" / "c.txt").write_text("Zeta line\n" * 30)
+    (root / "B.txt").write_text("upper first in byte order\n")
+    return root
+
+
+def test_bytes_split_and_determinism(tmp_path):
+    src = _corpus(tmp_path / "src")
+    meta = prepare_corpus(src, tmp_path / "out", "bytes")
+    raw = b"".join(p.read_bytes() + (b"" if p.read_bytes().endswith(b"\n") else b"\n")
+                   for p in (src / "B.txt", src / "a.txt", src / "b" / "c.txt"))
+    n = len(raw)
+    sizes = {s: len(load_split(tmp_path / "out", s)) for s in ("train", "valid", "test")}
+    assert sizes == {"train": n * 90 // 100, "valid": n * 5 // 100, "test": n - n * 90 // 100 - n * 5 // 100}
+    joined = b"".join(bytes(load_split(tmp_path / "out", s)) for s in ("train", "valid", "test"))
+    assert joined == raw
+    assert meta["vocab_size"] == 256 and read_meta(tmp_path / "out")["splits"]["test"]["sha256"] == \
+        hashlib.sha256(raw[sizes["train"] + sizes["valid"]:]).hexdigest()
+    again = prepare_corpus(src, tmp_path / "out2", "bytes")
+    assert again["splits"] == meta["splits"]
+
+
+def test_chars_alphabet(tmp_path):
+    src = _corpus(tmp_path / "src")
+    meta = prepare_corpus(src, tmp_path / "out", "chars")
+    assert meta["vocab_size"] == 27 and "".join(meta["vocab"]) == " abcdefghijklmnopqrstuvwxyz"
+    ids = np.concatenate([np.asarray(load_split(tmp_path / "out", s)) for s in ("train", "valid", "test")])
+    assert ids.max() < 27
+    text = decode_ids(ids, "chars")
+    assert text.startswith("upper first in byte order hello world the kernel docs zeta line")
+    assert "  " not in text
+    assert encode_text("Hi, you", "chars").tolist() == [8, 9, 0, 25, 15, 21]
+
+
+def test_bad_corpus(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no files"):
+        prepare_corpus(tmp_path / "empty", tmp_path / "o")
+    (tmp_path / "e.txt").write_text("")
+    with pytest.raises(UserError, match="empty"):
+        prepare_corpus(tmp_path / "e.txt", tmp_path / "o")
+    (tmp_path / "bin.dat").write_bytes(b"\x00\x01\x02" * 100)
+    with pytest.raises(UserError, match="not text"):
+        prepare_corpus(tmp_path / "bin.dat", tmp_path / "o")
+    (tmp_path / "latin.txt").write_bytes(b"caf\xe9 " * 100)
+    with pytest.raises(UserError, match="not UTF-8"):
+        prepare_corpus(tmp_path / "latin.txt", tmp_path / "o")
+    with pytest.raises(UserError, match="does not exist"):
+        prepare_corpus(tmp_path / "missing", tmp_path / "o")
+    with pytest.raises(UserError, match="meta.json"):
+        read_meta(tmp_path)
+
+
+class _Uniform(torch.nn.Module):
+    """Uniform predictions over V symbols (BPC = log2 V) that record which targets were scored."""
+
+    def __init__(self, V: int) -> None:
+        super().__init__()
+        self.V = V
+        self.w = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        return torch.zeros(*x.shape, self.V) + self.w
+
+
+class _Copy(torch.nn.Module):
+    """Predicts the next symbol as the current one + 1 (mod V) with high confidence."""
+
+    def __init__(self, V: int) -> None:
+        super().__init__()
+        self.V = V
+        self.w = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        return torch.nn.functional.one_hot((x + 1) % self.V, self.V).float() * 50 + self.w
+
+
+@pytest.mark.parametrize("ctx,score", [(16, 8), (16, 16), (7, 3), (100, 10)])
+def test_bpc_protocol_scores_every_target_once(ctx, score):
+    data = (np.arange(61) % 5).astype(np.uint8)
+    r = evaluate_bpc(_Uniform(5), data, ctx, score, batch_size=3)
+    assert r["tokens"] == 60 and math.isclose(r["bpc"], math.log2(5), rel_tol=1e-6)
+    assert evaluate_bpc(_Copy(5), data, ctx, score)["bpc"] < 1e-6
+    assert evaluate_bpc(_Uniform(5), data, ctx, score, max_tokens=20)["tokens"] == 20
+    with pytest.raises(UserError):
+        evaluate_bpc(_Uniform(5), data, 4, 5)
+
+
+@pytest.mark.data
+def test_linux_doc_corpus(tmp_path):
+    src = find_linux_doc()
+    if src is None:
+        pytest.skip("Debian package linux-doc-6.12 is not installed (apt-get install linux-doc-6.12)")
+    meta = prepare_corpus(src, tmp_path / "ld", "bytes")
+    assert meta["name"] == "linuxdoc-bytes" and meta["files"] == 3604 and "not comparable" in meta["note"]
+    n = meta["source_bytes"]
+    assert meta["splits"]["train"]["symbols"] == n * 90 // 100 and meta["splits"]["valid"]["symbols"] == n * 5 // 100
+    assert meta["package"].startswith("linux-doc-6.12")
