@@ -131,7 +131,8 @@ def _dwc_fast(v: torch.Tensor, hw, kv_hw, num_heads: int, prefix: int, sr_mode: 
               dwc_bias: torch.Tensor | None, lepe_weight: torch.Tensor | None,
               lepe_bias: torch.Tensor | None) -> torch.Tensor:
     """DWC (+ LePE) term on the grid tokens as (B, H * W, C) via conv2d."""
-    vm = upsample_v(v[:, prefix:], kv_hw, hw, sr_mode)  # (B, C, H, W)
+    # (B, C, H, W) in channels-last memory (the token-major layout): the fastest depthwise conv on CPU.
+    vm = upsample_v(v[:, prefix:], kv_hw, hw, sr_mode).contiguous(memory_format=torch.channels_last)
     # The d-channel kernel shared by all heads is the C-channel depthwise kernel repeated h times (head-major).
     C = vm.shape[1]
     w = dwc_weight.repeat(num_heads, 1, 1, 1)
