@@ -162,11 +162,12 @@ class StructureAwareAttention(TokenMixer):
         B, N, C = x.shape
         qkv = self.qkv(x)
         cdt = torch.float64 if qkv.dtype == torch.float64 else torch.float32
-        q, k, v = qkv.to(cdt).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = qkv.to(cdt).reshape(B, N, 3, self.num_heads, self.head_dim).unbind(2)  # each (B, N, h, d)
+        # Normalise while the head dim is the contiguous last dim, then move heads forward.
         q, k = F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)
         if self.normalize_v:
             v = F.normalize(v, dim=-1, eps=1e-6)
-        return q, k, v
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def kernels(self, grid: Sequence[int], dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """kernel_a, kernel_b resampled for `grid` (token-domain; identity at `input_size` and for local kernels)."""

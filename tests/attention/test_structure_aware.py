@@ -282,3 +282,14 @@ def test_bad_inputs_clear_errors():
         _module(input_size=(2, 5, 7))(torch.randn(1, 35, 8), (5, 7))
     with pytest.raises(ValueError, match="num_prefix_tokens"):
         _module(num_prefix_tokens=1)
+
+
+@pytest.mark.parametrize("grid,fft_grid", [((5, 7), (5, 7)), ((4, 6), (4, 6)), ((3, 4), (6, 8)),
+                                           ((2, 3, 4), (2, 3, 4))])
+def test_rfft_grid_values_and_custom_backward(grid, fft_grid):
+    """rfft_grid equals rfftn (axis moved); its half-spectrum backward equals autograd through torch.fft.rfftn."""
+    x = torch.randn(2, 3, *grid, dtype=torch.float64)
+    nd = len(grid)
+    dims = tuple(range(-nd, 0))
+    compare_fn(lambda t: torch.view_as_real(fsa.rfft_grid(t, fft_grid)),
+               lambda t: torch.view_as_real(torch.fft.rfftn(t, s=fft_grid, dim=dims).movedim(-1, -nd)), [x])

@@ -46,6 +46,8 @@ __all__ = [
     "lisa_fft",
     "lisa_local",
     "kernel_spectrum",
+    "rfft_grid",
+    "irfft_grid",
     "plan_tiles",
     "toeplitz_to_circular",
     "local_to_toeplitz",
@@ -202,11 +204,70 @@ def local_to_toeplitz(kernel: torch.Tensor, grid: Sequence[int]) -> torch.Tensor
     return out
 
 
-def kernel_spectrum(kernel: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
-    """conj(rfftn(kernel)) over the trailing len(fft_grid) dims: (..., *fft_grid) real -> (..., *F) complex,
-    F = fft_grid with the last size halved + 1. The conj makes products cross-correlations (spec section 3.3)."""
+def _rfft_grid_impl(x: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
     nd = len(fft_grid)
-    return torch.fft.rfftn(kernel, s=tuple(fft_grid), dim=tuple(range(-nd, 0))).conj()
+    z = torch.fft.rfft(x, n=fft_grid[-1], dim=-1).movedim(-1, -nd)  # (..., W_f, *lead)
+    if nd == 1:
+        return z
+    return torch.fft.fftn(z, s=tuple(fft_grid[:-1]), dim=tuple(range(-(nd - 1), 0)))
+
+
+class _RfftGrid(torch.autograd.Function):
+    """`rfft_grid` with a half-spectrum backward.
+
+    The adjoint of the unnormalised real FFT is grad_x = N * irfft(G') (cropped to x's size), where G' is G with
+    the interior bins of the halved axis divided by 2 (DC and Nyquist bins are counted once by irfft, the interior
+    ones twice). Torch's generic r2c backward instead zero-fills a full spectrum and runs a full complex transform,
+    about twice the work; this matters for the kernel gradients (C*D transforms per step).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fft_grid: tuple[int, ...]) -> torch.Tensor:
+        ctx.fft_grid = fft_grid
+        ctx.in_shape = tuple(x.shape[-len(fft_grid):])
+        return _rfft_grid_impl(x, fft_grid)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        fft_grid = ctx.fft_grid
+        nd = len(fft_grid)
+        w = fft_grid[-1]
+        half = grad.clone()
+        # Interior bins of the halved axis (axis -nd in the frequency-major layout): 1 ... ceil(w/2) - 1.
+        half.narrow(-nd, 1, (w + 1) // 2 - 1).mul_(0.5)
+        gx = irfft_grid(half, fft_grid) * math.prod(fft_grid)
+        for ax, size in enumerate(ctx.in_shape):
+            gx = gx.narrow(gx.dim() - nd + ax, 0, size)
+        return gx, None
+
+
+def rfft_grid(x: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
+    """rfftn over the trailing len(fft_grid) dims (zero-padded to fft_grid), in frequency-major layout.
+
+    Shapes: x (..., *grid) real -> (..., W_f, *lead) complex, W_f = fft_grid[-1] // 2 + 1 and lead = fft_grid[:-1]:
+    the half-spectrum axis comes first so the remaining complex transforms (forward here, inverse in `irfft_grid`)
+    run over contiguous trailing dims. Values equal rfftn(x, s=fft_grid) with that axis moved.
+    """
+    fft_grid = tuple(int(g) for g in fft_grid)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _RfftGrid.apply(x, fft_grid)
+    return _rfft_grid_impl(x, fft_grid)
+
+
+def irfft_grid(z: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
+    """Inverse of `rfft_grid`: (..., W_f, *lead) complex -> (..., *fft_grid) real (norm 'backward', 1/N)."""
+    nd = len(fft_grid)
+    if nd > 1:
+        z = torch.fft.ifftn(z, dim=tuple(range(-(nd - 1), 0)))
+    return torch.fft.irfft(z.movedim(-nd, -1), n=fft_grid[-1], dim=-1)
+
+
+def kernel_spectrum(kernel: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
+    """conj(rfftn(kernel)) over the trailing len(fft_grid) dims, in the frequency-major layout of `rfft_grid`:
+    (..., *fft_grid) real -> (..., W_f, *lead) complex. The conj makes products cross-correlations (spec 3.3)."""
+    # Materialise the conjugate once (a lazy conj view would be resolved again in every product).
+    return rfft_grid(kernel, fft_grid).conj().resolve_conj()
 
 
 def plan_tiles(batch: int, heads: int, head_dim: int, D: int, n: int, d_chunk: int | None = None,
@@ -282,7 +343,6 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
         raise ValueError(f"grid {tuple(grid)} makes {math.prod(grid)} tokens but q has N={N}")
     C, D = kernel_a.shape[:2]
     fft_grid = tuple(grid) if boundary == "circular" else tuple(2 * g for g in grid)
-    dims = tuple(range(-nd, 0))
     if spectra is None:
         ka = kernel_a if boundary == "circular" else toeplitz_to_circular(kernel_a, grid)
         kb = kernel_b if boundary == "circular" else toeplitz_to_circular(kernel_b, grid)
@@ -290,8 +350,8 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     # (h, dh, D, *F) and (h or 1, 1, D, *F): conj(F(W^a)), conj(F(W^b)).
     waf = spectra[0].reshape(h, dh, D, *spectra[0].shape[-nd:])
     wbf = spectra[1][:, None]
-    kf = torch.fft.rfftn(_to_map(k, grid), s=fft_grid, dim=dims)[:, :, :, None]  # (B, h, dh, 1, *F)
-    vf = torch.fft.rfftn(_to_map(v, grid), s=fft_grid, dim=dims)[:, :, :, None]  # (B, h, dh, 1, *F)
+    kf = rfft_grid(_to_map(k, grid), fft_grid)[:, :, :, None]  # (B, h, dh, 1, *F)
+    vf = rfft_grid(_to_map(v, grid), fft_grid)[:, :, :, None]  # (B, h, dh, 1, *F)
     q_cn = q.transpose(-1, -2)  # (B, h, dh, N)
     bproj = _head_struct_proj(struct_proj, h)  # (h, dh, D)
 
@@ -302,18 +362,24 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
         return t.reshape(*t.shape[:-nd], N)
 
     def chunk(kf, vf, waf_c, wbf_c, q_cn, bproj_c):
-        ga = crop(torch.fft.irfftn(kf * waf_c, s=fft_grid, dim=dims))  # (B, h, dh, Dc, N)
-        gb = crop(torch.fft.irfftn(vf * wbf_c, s=fft_grid, dim=dims))  # (B, h, dh, Dc, N)
+        ga = crop(irfft_grid(kf * waf_c, fft_grid))  # (B, h, dh, Dc, N)
+        gb = crop(irfft_grid(vf * wbf_c, fft_grid))  # (B, h, dh, Dc, N)
         return _contract(q_cn, ga, gb, bproj_c)
 
     h_tile, d_tile = plan_tiles(B, h, dh, D, N, d_chunk, tile_elems)
+    # Tiles through split (its backward is one concatenation), not slicing (whose backward zero-fills a full-size
+    # gradient per tile).
+    shared_b = wbf.shape[0] == 1
+    kf_t, vf_t, q_t = kf.split(h_tile, 1), vf.split(h_tile, 1), q_cn.split(h_tile, 1)
+    waf_t = [w.split(d_tile, 2) for w in waf.split(h_tile, 0)]
+    wbf_t = [w.split(d_tile, 2) for w in (wbf,) * len(kf_t)] if shared_b else \
+        [w.split(d_tile, 2) for w in wbf.split(h_tile, 0)]
+    bproj_t = [b.split(d_tile, 2) for b in bproj.split(h_tile, 0)]
     outs = []
-    for g in range(0, h, h_tile):
-        hs = slice(g, g + h_tile)
+    for g in range(len(kf_t)):
         y = None
-        for sl in _chunks(D, d_tile):
-            args = (kf[:, hs], vf[:, hs], waf[hs, :, sl], wbf[hs if wbf.shape[0] > 1 else slice(None), :, sl],
-                    q_cn[:, hs], bproj[hs, :, sl])
+        for e in range(len(waf_t[g])):
+            args = (kf_t[g], vf_t[g], waf_t[g][e], wbf_t[g][e], q_t[g], bproj_t[g][e])
             if checkpoint_chunks and torch.is_grad_enabled():
                 part = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False)
             else:
