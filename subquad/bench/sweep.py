@@ -101,17 +101,22 @@ def _finite(*tensors: torch.Tensor | None) -> bool:
     return all(t is None or bool(torch.isfinite(t).all()) for t in tensors)
 
 
-def _extrapolate(history: list[tuple[float, float]], size: float, default_slope: float) -> float | None:
-    """Predict a cost at `size` from (size, cost) pairs on a log-log line (slope at least 1)."""
+def _extrapolate(history: list[tuple[float, float]], size: float, max_slope: float) -> float | None:
+    """Predict a cost at `size` from (size, cost) pairs on a log-log line.
+
+    The slope is measured on the last two points and clamped to [1, max_slope] (max_slope: 2 for O(N^2)
+    mechanisms, else 1), so one noisy timing on a shared machine cannot stop a sweep early; with one point the
+    slope is 1 (small sizes are dominated by the linear projections).
+    """
     pts = [(s, c) for s, c in history if c > 0]
     if not pts:
         return None
     s1, c1 = pts[-1]
-    slope = default_slope
+    slope = 1.0
     if len(pts) >= 2:
         s0, c0 = pts[-2]
         if s1 > s0:
-            slope = max(1.0, math.log(c1 / c0) / math.log(s1 / s0))
+            slope = min(max_slope, max(1.0, math.log(c1 / c0) / math.log(s1 / s0)))
     return c1 * (size / s1) ** slope
 
 
@@ -195,7 +200,7 @@ def sweep_attention(names: Sequence[str] | None = None, dim: int = 192, heads: i
     rows: list[dict] = []
     for name in names:
         caps = ATTENTION_REGISTRY.get(name).builder.caps
-        slope = 2.0 if "N^2" in caps.complexity or "N²" in caps.complexity else 1.0
+        slope = 2.0 if "N^2" in caps.complexity or "N²" in caps.complexity else 1.2
         for t in sorted({int(t) for t in tokens}):
             N = t * t
             row: dict[str, Any] = dict.fromkeys(ATTN_COLUMNS, "")
@@ -362,7 +367,7 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
             modes = [("infer", False)] + ([("train", True)] if backward else [])
             for mode, grad in modes:
                 key = (name, mode)
-                why = budget.reason(key, size * size, 1.0)
+                why = budget.reason(key, size * size, 2.0)
                 if why:
                     status.append(f"{mode} {why}")
                     continue
@@ -446,6 +451,19 @@ def _slopes(ax, xs: Sequence[float], ys: Sequence[float]) -> None:
                 label=label, zorder=0)
 
 
+def _token_ticks(ax, ns: Sequence[float]) -> None:
+    """Major ticks at the measured token counts, labelled 'N (t²)' for square grids."""
+    from matplotlib.ticker import NullFormatter, NullLocator
+
+    labels = []
+    for n in ns:
+        t = math.isqrt(int(n))
+        labels.append(f"{int(n)}\n({t}²)" if t * t == int(n) else f"{int(n)}")
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(list(ns), labels, fontsize=8)
+
+
 def plot_attention(rows: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
     """Time and peak memory against tokens N, log-log, one line per mechanism, O(N)/O(N²) guides; PNG at `path`."""
     import matplotlib
@@ -478,6 +496,7 @@ def plot_attention(rows: Sequence[dict], path: str | Path, title: str | None = N
             _slopes(ax, all_x, all_y)
             ax.set_xscale("log")
             ax.set_yscale("log")
+            _token_ticks(ax, sorted(set(all_x)))
         ax.set_xlabel("tokens N = H x W (log scale)")
         ax.set_ylabel(label + " (log scale)")
         ax.grid(True, which="both", alpha=0.25)
@@ -522,6 +541,7 @@ def plot_models(rows: Sequence[dict], path: str | Path, title: str | None = None
             _slopes(ax, all_x, all_y)
             ax.set_xscale("log")
             ax.set_yscale("log")
+            _token_ticks(ax, sorted(set(all_x)))
         ax.set_xlabel("pixels per image = img_size² (log scale)")
         ax.set_ylabel(label + " (log scale)")
         ax.grid(True, which="both", alpha=0.25)
