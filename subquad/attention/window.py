@@ -21,10 +21,9 @@ from .functional.window import (
     window_attention,
     window_attention_probs_ref,
     window_attention_ref,
+    window_gather_index,
     window_geometry,
     window_mask,
-    window_partition,
-    window_reverse,
 )
 
 __all__ = ["WindowAttention"]
@@ -108,6 +107,9 @@ class WindowAttention(TokenMixer):
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
+        # Per-geometry index maps and masks (recomputed buffers, never saved); small and bounded by the number of
+        # distinct map sizes a model sees.
+        self._cache: dict = {}
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, "
@@ -125,21 +127,46 @@ class WindowAttention(TokenMixer):
         C, h, d = self.dim, self.num_heads, self.head_dim
         return b[C:2 * C].view(h, d), b[2 * C:].view(h, d)
 
+    def _cached(self, key: tuple, make):
+        if key not in self._cache:
+            if len(self._cache) > 32:
+                self._cache.clear()
+            self._cache[key] = make()
+        return self._cache[key]
+
     def _attn_mask(self, geo: WindowGeometry, dtype: torch.dtype, device) -> torch.Tensor | None:
-        """Float mask (nW or 1, h or 1, L, L): relative position bias plus the shift / padding mask."""
-        bias = None
-        if self.relative_position_bias_table is not None:
-            if geo.window == self.window_size:
-                L = geo.window ** 2
-                idx = self.relative_position_index
-                bias = self.relative_position_bias_table[idx.view(-1)].view(L, L, -1).permute(2, 0, 1)
-            else:
-                bias = relative_position_bias(self.relative_position_bias_table, geo.window, self.window_size)
-            bias = bias.to(dtype)[None]  # (1, h, L, L)
-        m = window_mask(geo, self.pad_mode == "mask", device, dtype)
+        """Float mask (1, nW * h, L, L) (shift / padding), (1, h, L, L) (bias only) or None: relative position bias
+        plus the shift / padding mask.
+
+        The shift/padding part is cached per geometry; the bias is gathered from the table on every call while
+        gradients are needed, and cached with the table's version counter otherwise (inference).
+        """
+        table = self.relative_position_bias_table
+        nW, h, L = geo.num_windows, self.num_heads, geo.window ** 2
+        m = self._cached(("mask", geo, dtype, device),
+                         lambda: window_mask(geo, self.pad_mode == "mask", device, dtype))
+        if table is None:
+            return None if m is None else m[:, None].expand(nW, h, L, L).reshape(1, nW * h, L, L)
+        if not (torch.is_grad_enabled() and table.requires_grad):
+            key = ("full", geo, dtype, device, table._version, table.data_ptr())
+            if key not in self._cache:
+                self._cache = {k: v for k, v in self._cache.items() if k[0] != "full"}
+                with torch.no_grad():
+                    self._cache[key] = self._full_mask(geo, m, dtype)
+            return self._cache[key]
+        return self._full_mask(geo, m, dtype)
+
+    def _full_mask(self, geo: WindowGeometry, m: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        nW, h, L = geo.num_windows, self.num_heads, geo.window ** 2
+        if geo.window == self.window_size:
+            bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(L, L, -1)
+            bias = bias.permute(2, 0, 1)
+        else:
+            bias = relative_position_bias(self.relative_position_bias_table, geo.window, self.window_size)
+        bias = bias.to(dtype)[None]  # (1, h, L, L)
         if m is None:
             return bias
-        return m[:, None] if bias is None else bias + m[:, None]
+        return (bias + m[:, None]).reshape(1, nW * h, L, L)
 
     def _qkv(self, x: torch.Tensor):
         B, N, C = x.shape
@@ -154,30 +181,26 @@ class WindowAttention(TokenMixer):
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dim
         geo = self.geometry((H, W))
-        (Hp, Wp), w, s = geo.padded, geo.window, geo.shift
-        L, nW = w * w, geo.num_windows
-        # Pad the normalised input with zero tokens (L2ViT pads after LN; for 'mask' the pads are masked keys).
-        xm = x.view(B, H, W, C)
-        if (Hp, Wp) != (H, W):
-            xm = F.pad(xm, (0, 0, 0, Wp - W, 0, Hp - H))
-        if s:
-            xm = torch.roll(xm, shifts=(-s, -s), dims=(1, 2))
-        xw = window_partition(xm, w)  # (B*nW, L, C)
-        # (B*nW, L, 3C) -> (3, B, nW*h, L, d): windows and heads share one batch axis (4-D fused SDPA kernel).
-        qkv = self.qkv(xw).view(B, nW, L, 3, h, d).permute(3, 0, 1, 4, 2, 5).reshape(3, B, nW * h, L, d)
-        q, k, v = qkv.unbind(0)
-        attn_mask = self._attn_mask(geo, q.dtype, x.device)  # broadcastable to (nW, h, L, L)
-        if attn_mask is not None:
-            attn_mask = attn_mask.expand(nW, h, L, L).reshape(1, nW * h, L, L)
+        L, nW = geo.window ** 2, geo.num_windows
+        fwd, inv = self._cached(("index", geo, x.device), lambda: window_gather_index(geo, x.device))
+        # Pad (zero tokens: L2ViT pads after LN; for 'mask' the pads are masked keys) + shift + partition as one
+        # gather: (B, N, C) -> (B*nW, L, C).
+        src = x if geo.padded == (H, W) else torch.cat([x, x.new_zeros(B, 1, C)], dim=1)
+        xw = torch.index_select(src, 1, fwd).view(B * nW, L, C)
+        attn_mask = self._attn_mask(geo, x.dtype, x.device)
+        # (B*nW, L, 3C) -> (3, B, nW*h, L, d) when the mask differs per window (windows and heads share one batch
+        # axis, so a (1, nW*h, L, L) mask broadcasts over B), else (3, B*nW, h, L, d); 4-D for the fused kernel.
+        per_window = attn_mask is not None and attn_mask.shape[1] != h
+        qkv = self.qkv(xw).view(B, nW, L, 3, h, d).permute(3, 0, 1, 4, 2, 5)
+        q, k, v = qkv.reshape(3, B, nW * h, L, d).unbind(0) if per_window else qkv.reshape(3, B * nW, h, L, d).unbind(0)
+        if attn_mask is not None and attn_mask.dtype != q.dtype:
+            attn_mask = attn_mask.to(q.dtype)  # autocast
         drop = self.attn_drop.p if self.training else 0.0
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop, scale=self.scale)
-        # (B, nW*h, L, d) -> (B*nW, L, C); proj is per token, so it runs before the reverse.
-        o = self.proj(o.view(B * nW, h, L, d).transpose(1, 2).reshape(B * nW, L, C))
-        o = window_reverse(o, w, Hp, Wp)  # (B, Hp, Wp, C)
-        if s:
-            o = torch.roll(o, shifts=(s, s), dims=(1, 2))
-        o = o[:, :H, :W].reshape(B, N, C)
-        return self.proj_drop(o)
+        # (B, nW*h, L, d) -> (B, nW*L, C); proj is per token, so it runs before the reverse.
+        o = self.proj(o.view(B, nW, h, L, d).transpose(2, 3).reshape(B, nW * L, C))
+        # Reverse + unshift + crop as one gather: (B, nW*L, C) -> (B, N, C).
+        return self.proj_drop(torch.index_select(o, 1, inv))
 
     def forward_functional(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         """`forward` through the parameter-free `window_attention` (q, k, v on the full map); same function."""

@@ -205,3 +205,15 @@ def test_bfloat16_autocast_close_to_fp64():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = m(x, (7, 9))
     assert_close(y, ref(x.double(), (7, 9)), torch.bfloat16)
+
+
+def test_inference_mask_cache_follows_table_updates():
+    m = WindowAttention(16, 2, 4, 2).double().eval()
+    x = torch.randn(1, 63, 16, dtype=torch.float64)
+    with torch.no_grad():
+        m(x, (7, 9))
+        m.relative_position_bias_table.add_(torch.randn_like(m.relative_position_bias_table))
+        y = m(x, (7, 9))
+        assert_close(y, m.forward_ref(x, (7, 9)), torch.float64)
+        assert_close(m(torch.randn(1, 20, 16, dtype=torch.float64), (4, 5)).new_ones(1), torch.ones(1,
+                     dtype=torch.float64), torch.float64)

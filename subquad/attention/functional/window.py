@@ -40,6 +40,7 @@ __all__ = [
     "relative_position_index",
     "relative_position_bias",
     "window_mask",
+    "window_gather_index",
     "window_attention_ref",
     "window_attention_probs_ref",
     "window_attention",
@@ -166,6 +167,29 @@ def window_mask(geo: WindowGeometry, mask_padding: bool, device=None,
     if need_pad:
         m = m.masked_fill(~pad_w[:, :, None] & pad_w[:, None, :], float("-inf"))
     return m
+
+
+def window_gather_index(geo: WindowGeometry, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index maps that fuse pad + cyclic shift + partition (and their inverse) into one gather each.
+
+    Returns:
+        fwd: (nW * L,) long; window-order position -> source token in [0, N], where N stands for a zero pad token
+            (append one zero token to x before gathering).
+        inv: (N,) long; real token -> its window-order position (reverse + unshift + crop).
+    """
+    (H, W), (Hp, Wp), w, s = geo.hw, geo.padded, geo.window, geo.shift
+    nh, nw = Hp // w, Wp // w
+    # Rolled-map coordinates of every window-order position (B-major windows, row-major inside).
+    a = torch.arange(w, device=device)
+    r = (torch.arange(nh, device=device)[:, None, None, None] * w + a[None, None, :, None]).expand(nh, nw, w, w)
+    c = (torch.arange(nw, device=device)[None, :, None, None] * w + a[None, None, None, :]).expand(nh, nw, w, w)
+    pr, pc = (r + s) % Hp, (c + s) % Wp  # padded-map source coordinates
+    real = (pr < H) & (pc < W)
+    fwd = torch.where(real, pr * W + pc, torch.full_like(pr, H * W)).flatten()
+    inv = torch.empty(H * W, dtype=torch.long, device=device)
+    pos = torch.arange(fwd.numel(), device=device)
+    inv[fwd[real.flatten()]] = pos[real.flatten()]
+    return fwd, inv
 
 
 def _pad_fill(x: torch.Tensor, hw: tuple[int, int], padded: tuple[int, int], fill: torch.Tensor | None) -> torch.Tensor:
