@@ -553,10 +553,12 @@ class ChunkedLongShortAttention(TokenMixer):
         n_pos = ((t0 + M - 1) // l) * r
         r_win, r_chunk = self._rel_tables(n_pos, x)
         u, vb = self.r_w_bias.reshape(h, d), self.r_r_bias.reshape(h, d)
-        if ref:
+        p = self.attn_drop if self.training else 0.0
+        if ref or (M <= w and not p):
+            # a block no longer than one tile (incremental decoding): the dense form costs M (w + chunks) scores,
+            # the tile path would pad M up to w queries
             out = long_short_causal_ref(q, kw, vw, kc, vc, r_win, r_chunk, u, vb, t0, w, l, r, self.scale)
         else:
-            p = self.attn_drop if self.training else 0.0
             out = long_short_causal_sdpa(q, kw, vw, kc, vc, r_win, r_chunk, u, vb, t0, w, l, r, self.scale, p)
         if cache is not None:
             keep = max(w - 1, 0)

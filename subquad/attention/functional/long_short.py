@@ -186,6 +186,23 @@ def long_short_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: torch.
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
           dropout_p: float = 0.0) -> torch.Tensor:
+    """SDPA over tiles: q (B, h, T, q_t, d), k/v (B, h, T, k_t, d), mask (B or 1, h or 1, T, q_t, k_t).
+
+    The tile axis is folded into the batch, (B*T, h, ...), because SDPA's fused CPU kernel takes 4-D inputs only
+    (5-D inputs fall back to the slower math kernel).
+    """
+    B, h, T = q.shape[:3]
+
+    def fold(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(1, 2).reshape(B * T, t.shape[1], *t.shape[3:])
+
+    mask = mask.expand(B, *mask.shape[1:])
+    out = _sdpa4(fold(q), fold(k), fold(v), fold(mask), scale, dropout_p)
+    return out.reshape(B, T, h, *out.shape[2:]).transpose(1, 2)
+
+
+def _sdpa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+           dropout_p: float = 0.0) -> torch.Tensor:
     """SDPA with rows that have no visible key forced to zero (never NaN)."""
     if mask.is_meta:
         # FLOP counting on the meta device: no data-dependent check is possible (or needed)
