@@ -285,7 +285,7 @@ def plot_query_maps(image: np.ndarray, maps: dict, queries: Sequence[tuple[float
 
     S = image.shape[:2]
     nr, nc = len(maps), len(queries)
-    fig, axes = plt.subplots(nr, nc, figsize=(2.6 * nc + 0.4, 2.6 * nr + 0.6), squeeze=False)
+    fig, axes = plt.subplots(nr, nc, figsize=(2.3 * nc + 0.4, 2.3 * nr + 0.6), squeeze=False)
     for i, (label, per_query) in enumerate(maps.items()):
         for j, m in enumerate(per_query):
             ax = axes[i][j]
@@ -302,7 +302,7 @@ def plot_query_maps(image: np.ndarray, maps: dict, queries: Sequence[tuple[float
     fig.suptitle(title or "attention of query points (mean over heads, |A|)", fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
 
