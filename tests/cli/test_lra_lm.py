@@ -94,3 +94,29 @@ def test_lm_bad_input(corpus_dir, tmp_path, capsys):
     assert "meta.json" in capsys.readouterr().err
     assert main(["lm", "generate", "--checkpoint", str(tmp_path), "--prompt", "x"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task", ["listops", "text", "retrieval", "image", "pathfinder"])
+def test_shipped_lra_recipes_load(task):
+    import argparse
+
+    from subquad.cli.lra import resolve_config
+
+    ns = argparse.Namespace(task=task, data="d", attention="long_short", config=None, attn_opt=[], window_size=None,
+                            rank=None, amp=False)
+    cfg = resolve_config(ns)
+    assert cfg.task == task and cfg.dim == 64 and cfg.depth == 2 and cfg.num_heads == 2 and cfg.mlp_dim == 128
+    assert cfg.attn_kw["long_short"]["layout"] == "lra" and cfg.cls_attn_kw["long_short"] == {"num_prefix_tokens": 1}
+    if task == "listops":
+        assert (cfg.steps, cfg.warmup, cfg.batch_size, cfg.lr, cfg.max_len) == (5000, 1000, 32, 1e-4, 2048)
+
+
+@pytest.mark.parametrize("name", ["small", "base"])
+def test_shipped_lm_recipes_load(name):
+    import argparse
+
+    from subquad.cli.lm import CONFIG_DIR, resolve_config
+
+    ns = argparse.Namespace(data="d", attention="long_short", config=str(CONFIG_DIR / f"{name}.yaml"), attn_opt=[])
+    cfg = resolve_config(ns)
+    assert cfg.attn_kw["long_short"]["chunk_size"] == 16
