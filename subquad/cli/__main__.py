@@ -18,6 +18,8 @@ COMMANDS: dict[str, str] = {
     "models": "models",
     "flops": "flops",
     "train": "train",
+    "eval": "eval",
+    "predict": "predict",
     "bench": "bench",
     "analyze": "analyze",
     "lra": "lra",

@@ -1,51 +1,37 @@
-"""`subquad train`: train a registered model on an image data set."""
+"""`subquad train`: train a registered model on an image data set from a recipe (timm flag names)."""
 
 from __future__ import annotations
 
 import argparse
 
+from subquad.cli.config import add_config_arguments, resolve_config
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from subquad.engine.classify import TrainConfig
-
-    d = TrainConfig()
     p = sub.add_parser("train", help="train a model on images",
-                       description="Train a registered model; writes args.yaml, summary.csv and safetensors "
-                       "checkpoints (last/best, with JSON sidecars) to --output.")
-    p.add_argument("--model", default=d.model, help=f"registered model name (default {d.model})")
-    p.add_argument("--data", default=d.data, help="data source: digits (default, offline)")
-    p.add_argument("--img-size", type=int, default=d.img_size, help="input resolution")
-    p.add_argument("-b", "--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--warmup-epochs", type=int, default=d.warmup_epochs)
-    p.add_argument("--sched", default=d.sched)
-    p.add_argument("--opt", default=d.opt)
-    p.add_argument("--smoothing", type=float, default=d.smoothing)
-    p.add_argument("--drop-path", type=float, default=d.drop_path)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--workers", type=int, default=d.workers)
-    p.add_argument("--output", default="", help="run directory (default runs/<time>-<model>)")
-    p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
+                       description="Train a registered model (DDP with `torchrun --nproc_per_node N -m subquad "
+                       "train ...`). Writes args.yaml, summary.csv, last/best safetensors with JSON sidecars and "
+                       "last_state.pth to --output. Precedence: defaults < --config YAML < resumed args.yaml < flags.")
+    add_config_arguments(p)
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    import yaml
 
-    import subquad
-    from subquad.engine.classify import config_from_args, train
+    from subquad.engine.classify import train
 
-    cfg = config_from_args(args)
-    if cfg.model not in subquad.list_models():
-        subquad.create_model(cfg.model, device="meta")  # raises the one-line unknown-model error
-    if cfg.epochs < 1 or cfg.batch_size < 1:
-        raise subquad.UserError(f"--epochs and --batch-size must be >= 1, got {cfg.epochs} and {cfg.batch_size}")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    cfg = resolve_config(args)
     r = train(cfg)
-    print(f"test accuracy: {r['eval_top1']:.2f} % (best {r['best_top1']:.2f} %)")
-    print(f"throughput: {r['images_per_sec']:.0f} images/s (training)")
-    print(f"checkpoint: {r['checkpoint']}")
+    if r.get("dry_run"):
+        print(yaml.safe_dump(r["config"], sort_keys=False).rstrip())
+        print(f"dry run: {cfg.model} ({r['params'] / 1e6:.3f}M params) on {cfg.data}: {r['num_classes']} classes, "
+              f"{r['in_chans']}x{r['img_size']}x{r['img_size']} input, {r['train_images']} training images, "
+              f"{r['updates_per_epoch']} updates/epoch, {r['optimizer']} + {r['scheduler']}; nothing written")
+        return 0
+    if r.get("rank", 0) == 0:
+        print(f"test accuracy: {r['eval_top1']:.2f} % (best {r['best_top1']:.2f} % at epoch {r['best_epoch'] + 1})")
+        print(f"throughput: {r['images_per_sec']:.0f} images/s (training)")
+        print(f"checkpoint: {r['checkpoint']}")
     return 0

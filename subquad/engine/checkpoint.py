@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["atomic_write", "save_weights", "write_json", "read_json", "sidecar_path"]
+__all__ = ["atomic_write", "save_weights", "write_json", "read_json", "sidecar_path", "save_state", "load_state"]
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
@@ -65,3 +65,34 @@ def sidecar_path(weights: str | os.PathLike) -> Path:
     """`best.safetensors` -> `best.json`."""
     p = Path(weights)
     return p.with_suffix(".json")
+
+
+def save_state(state: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write training state (tensors and plain containers only) with torch.save, atomically."""
+    return atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_state(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a training-state file with `torch.load(weights_only=True)`: nothing but tensors and plain containers.
+
+    Raises:
+        UserError: the file is missing, or holds anything else (a pickle that would run code is refused unrun).
+    """
+    import pickle
+
+    from ..errors import UserError
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"training state not found: {path}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "unsupported content"
+        raise UserError(f"refusing to load {path}: it holds objects other than tensors and plain containers "
+                        f"({first})") from None
+    except (RuntimeError, EOFError, ValueError) as e:
+        raise UserError(f"cannot read training state {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"training state {path} is not a dict")
+    return obj

@@ -1,0 +1,94 @@
+"""Command-line parsers generated from the config dataclasses, and YAML recipe loading.
+
+Every `TrainConfig` field becomes a `--flag` (underscores to dashes, timm's names) with its `help` metadata; booleans
+become on/off switches (`--amp` / `--no-amp`). Flags are parsed with `argparse.SUPPRESS` defaults so that only the
+flags a user typed override the YAML (`-c/--config FILE.yaml`) and, with `--resume DIR`, the run's own args.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from subquad.engine.config import TrainConfig, config_fields, merge_config
+from subquad.errors import UserError
+
+__all__ = ["add_config_arguments", "load_yaml", "resolve_config", "shipped_configs", "CONFIG_ROOT"]
+
+CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _type_of(t: str):
+    if t.startswith("int"):
+        return int
+    if t.startswith(("float", "list")):
+        return float
+    return str
+
+
+def add_config_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """Add one flag per TrainConfig field to `p` (defaults suppressed; the dataclass default shows in --help)."""
+    defaults = TrainConfig()
+    p.add_argument("-c", "--config", default=argparse.SUPPRESS, metavar="FILE.yaml",
+                   help="YAML recipe of TrainConfig keys (see subquad/configs/)")
+    for f in config_fields():
+        if f.name in exclude:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        names = [f.metadata["short"], flag] if f.metadata.get("short") else [flag]
+        t = str(f.type)
+        default = getattr(defaults, f.name)
+        help_text = f"{f.metadata['help']} (default: {default!r})"
+        if t.startswith("bool"):
+            p.add_argument(*names, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+        elif t.startswith("list"):
+            p.add_argument(*names, type=float, nargs="+", default=argparse.SUPPRESS, help=help_text)
+        else:
+            p.add_argument(*names, type=_type_of(t), default=argparse.SUPPRESS, choices=f.metadata.get("choices"),
+                           help=help_text)
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a recipe YAML (a mapping of TrainConfig keys)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"cannot parse {path}: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must hold a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def resolve_config(args: argparse.Namespace) -> TrainConfig:
+    """defaults < --config YAML < (--resume DIR)/args.yaml < explicit flags."""
+    fields = {f.name for f in config_fields()}
+    explicit = {k: v for k, v in vars(args).items() if k in fields}
+    cfg = TrainConfig()
+    if getattr(args, "config", None):
+        cfg = merge_config(cfg, load_yaml(args.config), origin=str(args.config))
+    resume = explicit.get("resume") or cfg.resume
+    if resume:
+        run_args = Path(resume) / "args.yaml"
+        if not Path(resume).is_dir():
+            raise UserError(f"--resume: run directory not found: {resume}")
+        if not run_args.is_file():
+            raise UserError(f"--resume: {resume} holds no args.yaml (not a subquad run directory)")
+        saved = load_yaml(run_args)
+        saved.pop("resume", None)
+        saved.pop("dry_run", None)
+        cfg = merge_config(cfg, saved, origin=str(run_args))
+    return merge_config(cfg, explicit, origin="command line")
+
+
+def shipped_configs() -> list[Path]:
+    """Every recipe YAML shipped in subquad/configs/{imagenet,fmnist}."""
+    return sorted(p for sub in ("imagenet", "fmnist") for p in (CONFIG_ROOT / sub).glob("*.yaml"))

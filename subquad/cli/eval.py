@@ -1,0 +1,77 @@
+"""`subquad eval`: top-1 / top-5 / loss of a checkpoint on a data split; prints them and writes a JSON file."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("eval", help="evaluate a checkpoint",
+                       description="Evaluate a checkpoint (safetensors from `subquad train`, or an official .pth read "
+                       "with weights_only=True) on a data split. The sidecar JSON next to the checkpoint supplies "
+                       "class names and the eval transform.")
+    p.add_argument("--model", required=True, help="registered model name")
+    p.add_argument("--checkpoint", required=True, help="weights file (.safetensors or .pth)")
+    p.add_argument("--data", default=None, help="data spec (default: the one the checkpoint was trained on)")
+    p.add_argument("--split", default=None, help="split (default: the data's test split)")
+    p.add_argument("--img-size", type=int, default=None, help="input side (default: the training size)")
+    p.add_argument("--use-ema", action="store_true", help="evaluate <name>_ema.safetensors beside the checkpoint")
+    p.add_argument("-b", "--batch-size", type=int, default=256)
+    p.add_argument("-j", "--workers", type=int, default=0)
+    p.add_argument("--limit", type=int, default=0, help="evaluate a seeded subset of this many images (0: all)")
+    p.add_argument("--results-file", default=None, help="JSON output (default: <checkpoint>.eval-<split>.json)")
+    p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from subquad.cli.predict import load_checkpointed_model
+    from subquad.data.registry import open_source
+    from subquad.engine.checkpoint import write_json
+    from subquad.engine.classify import eval_loader, evaluate
+    from subquad.engine.distributed import DistInfo, init_distributed
+    from subquad.errors import UserError
+
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    info = init_distributed(args.device)
+    info = DistInfo(device=info.device)
+    ckpt = Path(args.checkpoint)
+    if args.use_ema:
+        ckpt = ckpt.with_name(ckpt.stem + "_ema" + ckpt.suffix)
+    model, sidecar, dcfg = load_checkpointed_model(args.model, ckpt, args.img_size, info.device)
+    spec = args.data or (sidecar.get("args") or {}).get("data")
+    if not spec:
+        raise UserError("--data is required (the checkpoint has no sidecar naming its data)")
+    source = open_source(spec)
+    if sidecar.get("classes") and sidecar["classes"] != source.classes:
+        raise UserError(f"the checkpoint's classes ({len(sidecar['classes'])}) differ from those of {spec!r} "
+                        f"({len(source.classes)})")
+    if model.num_classes != len(source.classes):
+        raise UserError(f"the checkpoint has {model.num_classes} outputs but {spec!r} has {len(source.classes)} "
+                        "classes")
+    split = args.split or source.test_split
+    loader = eval_loader(source, split, dcfg, args.batch_size, args.workers, args.limit)
+    t0 = time.perf_counter()
+    m = evaluate(model, loader, info.device, info)
+    dt = time.perf_counter() - t0
+    n = len(loader.dataset)
+    n_params = sum(p.numel() for p in model.parameters())
+    row = {"model": args.model, "checkpoint": os.fspath(ckpt), "data": spec, "split": split, "images": n,
+           "top1": round(m["eval_top1"], 4), "top1_err": round(100 - m["eval_top1"], 4),
+           "top5": round(m["eval_top5"], 4), "top5_err": round(100 - m["eval_top5"], 4),
+           "loss": round(m["eval_loss"], 6), "param_count": round(n_params / 1e6, 4), "img_size": dcfg["img_size"],
+           "crop_pct": dcfg.get("crop_pct"), "interpolation": dcfg.get("interpolation") or "default",
+           "images_per_sec": round(n / dt, 1)}
+    out = Path(args.results_file) if args.results_file else ckpt.with_name(f"{ckpt.stem}.eval-{split}.json")
+    write_json(row, out)
+    print(f"{args.model} on {spec} [{split}, {n} images]: top-1 {m['eval_top1']:.2f} %  top-5 {m['eval_top5']:.2f} %  "
+          f"loss {m['eval_loss']:.4f}  ({n / dt:.0f} images/s)")
+    print(f"results: {out}")
+    return 0
+
+

@@ -1,0 +1,226 @@
+"""Image data sources for `subquad train/eval/predict`, selected by a spec string.
+
+Specs:
+    `digits`                scikit-learn's handwritten digits (offline default; splits train/test)
+    `fashion-mnist[:DIR]`   IDX files from the Debian package `dataset-fashion-mnist` or DIR (train/val/test)
+    `imagefolder:PATH`      PATH/train/<class>/<image> and PATH/val/<class>/<image> (train/val)
+    `cifar10:PATH`, `cifar100:PATH`   the python-pickle release (train/test), read with a restricted unpickler
+
+Every dataset yields (PIL image, int label); `TransformDataset` converts the mode to the model's channels (gray to
+3 channels) and applies a transform. `build_transform` makes the train/eval transforms with timm's `create_transform`
+(aug="timm") or the light preset for small gray sets (aug="light": resize, random crop with padding S/8, horizontal
+flip; RandAugment and random erasing still apply when asked), or resize only (aug="none").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset, Subset
+
+from ..errors import UserError
+
+__all__ = ["ImageSource", "ArrayDataset", "TransformDataset", "parse_data_spec", "open_source", "build_transform",
+           "DATA_SPECS"]
+
+DATA_SPECS = ("digits", "fashion-mnist", "fashion-mnist:DIR", "imagefolder:PATH", "cifar10:PATH", "cifar100:PATH")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class ArrayDataset(Dataset):
+    """In-memory uint8 images (N, H, W) or (N, H, W, 3) with int labels; yields (PIL image, label)."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray) -> None:
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images, self.targets = images, [int(t) for t in labels]
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        return Image.fromarray(self.images[index]), self.targets[index]
+
+
+class TransformDataset(Dataset):
+    """Wrap a (PIL image, label) dataset: convert to `mode` ("L" or "RGB") and apply `transform`."""
+
+    def __init__(self, base: Dataset, transform: Callable, mode: str = "RGB") -> None:
+        self.base, self.transform, self.mode = base, transform, mode
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        img, label = self.base[index]
+        if img.mode != self.mode:
+            img = img.convert(self.mode)
+        return self.transform(img), label
+
+
+@dataclass
+class ImageSource:
+    """A resolved data spec: class names, split builders, normalisation and the default augmentation preset.
+
+    Attributes:
+        name: the spec.
+        classes: class names (index = label).
+        splits: split name -> zero-argument builder of a (PIL image, label) dataset.
+        train_split / val_split / test_split: which split trains, which one is evaluated during training, and which
+            one `subquad eval` uses by default.
+        mean, std: per-channel normalisation for 3 channels.
+        aug: default training augmentation preset ("none", "light" or "timm").
+        native_size: the images' own side (None when they vary).
+    """
+
+    name: str
+    classes: list[str]
+    splits: dict[str, Callable[[], Dataset]]
+    train_split: str = "train"
+    val_split: str = "val"
+    test_split: str = "test"
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    aug: str = "timm"
+    native_size: int | None = None
+    _cache: dict[str, Dataset] = field(default_factory=dict, repr=False)
+
+    def dataset(self, split: str, limit: int = 0, seed: int = 0) -> Dataset:
+        """The (PIL image, label) dataset of `split`; `limit` > 0 keeps a seeded random subset of that size."""
+        if split not in self.splits:
+            raise UserError(f"data {self.name!r} has no split {split!r}; allowed: {', '.join(self.splits)}")
+        if split not in self._cache:
+            self._cache[split] = self.splits[split]()
+        ds = self._cache[split]
+        if len(ds) == 0:
+            raise UserError(f"data {self.name!r} split {split!r} is empty")
+        if 0 < limit < len(ds):
+            keep = np.sort(np.random.RandomState(seed).permutation(len(ds))[:limit])
+            ds = Subset(ds, keep.tolist())
+        return ds
+
+
+def parse_data_spec(spec: str) -> tuple[str, str | None]:
+    """'cifar10:/data/c10' -> ('cifar10', '/data/c10'); names are case-insensitive; unknown kinds are a UserError."""
+    kind, _, path = spec.partition(":")
+    kind = kind.strip().lower().replace("_", "-")
+    if kind in ("fmnist", "fashionmnist"):
+        kind = "fashion-mnist"
+    allowed = {"digits": False, "fashion-mnist": None, "imagefolder": True, "cifar10": True, "cifar100": True}
+    if kind not in allowed:
+        raise UserError(f"unknown data {spec!r}; allowed: {', '.join(DATA_SPECS)}")
+    need = allowed[kind]
+    if need is True and not path:
+        raise UserError(f"data {kind!r} needs a path: --data {kind}:PATH")
+    if need is False and path:
+        raise UserError(f"data {kind!r} takes no path (got {spec!r})")
+    return kind, (path or None)
+
+
+def _arrays_source(name: str, arrays: Callable[[], dict], classes: list[str], **kw) -> ImageSource:
+    cache: dict[str, dict] = {}
+
+    def get(split: str) -> Dataset:
+        if "a" not in cache:
+            cache["a"] = arrays()
+        return ArrayDataset(*cache["a"][split])
+
+    splits = {s: (lambda s=s: get(s)) for s in kw.pop("split_names")}
+    return ImageSource(name, classes, splits, **kw)
+
+
+def open_source(spec: str, download: bool = False) -> ImageSource:
+    """Resolve a data spec to an ImageSource (opens files lazily except to check that the paths exist)."""
+    kind, path = parse_data_spec(spec)
+    if kind == "digits":
+        from .small import DIGITS_CLASSES, digits_arrays
+
+        return _arrays_source(spec, digits_arrays, DIGITS_CLASSES, split_names=("train", "test"), val_split="test",
+                              mean=(0.5,) * 3, std=(0.5,) * 3, aug="none", native_size=8)
+    if kind == "fashion-mnist":
+        from . import fashion_mnist as fm
+
+        try:
+            root = fm.find_fashion_mnist(path)
+        except UserError:
+            if not download:
+                raise
+            root = fm.download_fashion_mnist(path)
+        return _arrays_source(spec, lambda: fm.fashion_mnist_arrays(root), fm.FASHION_MNIST_CLASSES,
+                              split_names=("train", "val", "test", "train_full"), mean=(fm.MEAN,) * 3,
+                              std=(fm.STD,) * 3, aug="light", native_size=28)
+    if kind in ("cifar10", "cifar100"):
+        from .cifar import CIFAR_MEAN, CIFAR_STD, cifar_arrays
+
+        n = 10 if kind == "cifar10" else 100
+        if not Path(path).exists():
+            raise UserError(f"CIFAR directory not found: {path}")
+        arrays, classes = cifar_arrays(path, n)
+        return ImageSource(spec, classes, {s: (lambda s=s: ArrayDataset(*arrays[s])) for s in arrays},
+                           val_split="test", mean=CIFAR_MEAN, std=CIFAR_STD, aug="light", native_size=32)
+    from .imagefolder import ImageFolderDataset, find_classes
+
+    root = Path(path)
+    if not root.is_dir():
+        raise UserError(f"image folder not found: {root}")
+    classes = find_classes(root / "train")
+    splits = {s: (lambda s=s: ImageFolderDataset(root / s, classes)) for s in ("train", "val")
+              if (root / s).is_dir()}
+    if "val" not in splits:
+        raise UserError(f"image folder {root} has no val/ split (expected {root}/val/<class>/<image>)")
+    return ImageSource(spec, classes, splits, val_split="val", test_split="val", aug="timm")
+
+
+def build_transform(source: ImageSource, img_size: int, is_training: bool, aug: str = "auto",
+                    interpolation: str = "", crop_pct: float | None = None,
+                    mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
+                    scale: tuple[float, float] | None = None, ratio: tuple[float, float] | None = None,
+                    hflip: float = 0.5, color_jitter: float = 0.4, aa: str | None = None, reprob: float = 0.0,
+                    remode: str = "pixel", recount: int = 1, train_interpolation: str = "random",
+                    in_chans: int = 3) -> Callable:
+    """Train or eval transform (PIL image -> normalised tensor (in_chans, S, S)) for `source` at side `img_size`."""
+    from timm.data import create_transform
+    from torchvision import transforms as T
+
+    aug = source.aug if aug == "auto" else aug
+    if aug not in ("none", "light", "timm"):
+        raise UserError(f"unknown augmentation preset {aug!r}; allowed: auto, none, light, timm")
+    mean = tuple(mean or source.mean)[:in_chans] if in_chans != 3 else tuple(mean or source.mean)
+    std = tuple(std or source.std)[:in_chans] if in_chans != 3 else tuple(std or source.std)
+    interp = interpolation or ("bilinear" if source.native_size else "bicubic")
+    if aug == "timm":
+        return create_transform(img_size, is_training=is_training, scale=scale, ratio=ratio, hflip=hflip,
+                                color_jitter=color_jitter, auto_augment=aa,
+                                interpolation=train_interpolation if is_training else interp, mean=mean, std=std,
+                                re_prob=reprob, re_mode=remode, re_count=recount,
+                                crop_pct=crop_pct if crop_pct is not None else (None if not source.native_size
+                                                                                else 1.0))
+    from timm.data.auto_augment import rand_augment_transform
+    from timm.data.random_erasing import RandomErasing
+    from timm.data.transforms import str_to_interp_mode
+
+    steps: list = [T.Resize((img_size, img_size), interpolation=str_to_interp_mode(interp))]
+    if is_training and aug == "light":
+        steps += [T.RandomCrop(img_size, padding=max(1, img_size // 8)), T.RandomHorizontalFlip(hflip)]
+    if is_training and aa:
+        if not aa.startswith("rand"):
+            raise UserError(f"--aa {aa!r}: with the light/none presets only RandAugment ('rand-m9-mstd0.5') is "
+                            "supported; use --aug timm for other policies")
+        fill = tuple(int(round(255 * m)) for m in mean)
+        steps.append(rand_augment_transform(aa, dict(translate_const=int(img_size * 0.45), img_mean=fill)))
+    steps += [T.ToTensor(), T.Normalize(mean, std)]
+    if is_training and reprob > 0:
+        steps.append(RandomErasing(reprob, mode=remode, max_count=recount, device="cpu"))
+    return T.Compose(steps)
+
+
+def data_home() -> Path:
+    """$SUBQUAD_DATA or ~/.cache/subquad/data."""
+    return Path(os.environ.get("SUBQUAD_DATA", Path.home() / ".cache" / "subquad" / "data"))

@@ -1,0 +1,48 @@
+"""Optimizer and learning-rate schedule for image training: thin wrappers over timm.
+
+`build_optimizer` calls `timm.optim.create_optimizer_v2`, whose parameter groups put 1-D parameters, biases and the
+names in `model.no_weight_decay()` in a group without weight decay (the rule every official recipe here follows,
+see spec/l2vit.md section 10 and spec/flatten.md section 7). `build_scheduler` calls `create_scheduler_v2` with
+per-update stepping by default (`step_update` every optimizer step; `step` once per epoch).
+"""
+
+from __future__ import annotations
+
+import torch
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.scheduler.scheduler import Scheduler
+
+from ..errors import UserError
+from .config import TrainConfig
+
+__all__ = ["build_optimizer", "build_scheduler"]
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW (or any timm optimizer) with weight-decay groups from `no_weight_decay()` and the bias/1-D rule."""
+    kw = {}
+    if cfg.opt_eps is not None:
+        kw["eps"] = cfg.opt_eps
+    if cfg.opt_betas is not None:
+        kw["betas"] = tuple(cfg.opt_betas)
+    try:
+        return create_optimizer_v2(model, opt=cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                   momentum=cfg.momentum, **kw)
+    except (AssertionError, ValueError) as e:
+        raise UserError(f"--opt {cfg.opt!r}: {str(e).splitlines()[0] if str(e) else 'invalid optimizer'}") from None
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, updates_per_epoch: int) -> Scheduler:
+    """timm schedule over `cfg.epochs` (warm-up from `warmup_lr`, decay to `min_lr`)."""
+    try:
+        sched, _ = create_scheduler_v2(optimizer, sched=cfg.sched, num_epochs=cfg.epochs,
+                                       warmup_epochs=cfg.warmup_epochs, warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr,
+                                       cooldown_epochs=cfg.cooldown_epochs, step_on_epochs=not cfg.sched_on_updates,
+                                       updates_per_epoch=updates_per_epoch)
+    except (AssertionError, ValueError) as e:
+        raise UserError(f"--sched {cfg.sched!r}: {str(e).splitlines()[0] if str(e) else 'invalid schedule'}") \
+            from None
+    if sched is None:
+        raise UserError(f"unknown --sched {cfg.sched!r}; allowed: cosine, tanh, step, multistep, plateau, poly")
+    return sched
