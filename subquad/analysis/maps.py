@@ -117,6 +117,9 @@ def collect_mixer_calls(model: nn.Module, images: torch.Tensor) -> tuple[list[Mi
     finally:
         for h in handles:
             h.remove()
+    if not calls:
+        raise UserError(f"{type(model).__name__}: none of its {len(mixers)} attention modules was called through "
+                        "forward(x, hw) (hosts that call another method, e.g. forward_qkv, cannot be analysed)")
     return calls, logits
 
 
@@ -177,10 +180,10 @@ def query_map(attn: torch.Tensor, hw: tuple[int, int], query: tuple[float, float
 
 
 def grad_cam(model: nn.Module, images: torch.Tensor, target: int | None = None) -> tuple[np.ndarray, int]:
-    """Grad-CAM of the predicted (or `target`) class on the last block with attention (L2ViT Fig. 1).
+    """Grad-CAM of the predicted (or `target`) class on the last attention call with a token grid (L2ViT Fig. 1).
 
-    The activations are the tokens entering the block that holds the last attention module (its residual stream;
-    the mixer's own input when the block's input is not a (B, N, C) token tensor); weights are the gradient averaged
+    The activations are the tokens entering the block that holds that attention module (its residual stream; the
+    mixer's own input when the block's input is not a (B, N, C) token tensor); weights are the gradient averaged
     over tokens per channel. The block input is used, not its output, because in class-token models the grid
     tokens leaving the last block no longer reach the logits.
 
@@ -189,30 +192,41 @@ def grad_cam(model: nn.Module, images: torch.Tensor, target: int | None = None) 
         images: (1, 3, H, W).
         target: class index (None: the arg-max).
     Returns:
-        (cam (h, w) in [0, 1] on the last attention grid, class index).
+        (cam (h, w) in [0, 1] on that attention grid, class index).
     """
     mixers = find_mixers(model)
     if not mixers:
         raise UserError(f"{type(model).__name__} has no attention modules for Grad-CAM")
-    path, mixer = mixers[-1]
     modules = dict(model.named_modules())
-    block = modules.get(path.rpartition(".")[0], mixer)
-    seen: dict[str, object] = {}
+    records: list[dict] = []
+    pending: dict[str, torch.Tensor] = {}
 
-    def keep(name: str):
+    def keep_block(path: str):
         def hook(mod, args, kwargs):
             x = args[0] if args else None
-            if name == "mixer":
-                seen["n"], seen["hw"] = x.shape[1], _hw_from(args, kwargs)
-            if isinstance(x, torch.Tensor) and x.requires_grad:
+            if isinstance(x, torch.Tensor) and x.requires_grad and x.dim() == 3:
                 x.retain_grad()
-                seen[name] = x
+                pending[path] = x
 
         return hook
 
-    handles = [mixer.register_forward_pre_hook(keep("mixer"), with_kwargs=True)]
-    if block is not mixer:
-        handles.append(block.register_forward_pre_hook(keep("block"), with_kwargs=True))
+    def keep_mixer(path: str):
+        def hook(mod, args, kwargs):
+            x, hw = args[0], _hw_from(args, kwargs)
+            if hw is None or not x.requires_grad or x.shape[1] < hw[0] * hw[1]:
+                return
+            x.retain_grad()
+            block = pending.pop(path.rpartition(".")[0], None)
+            records.append({"hw": hw, "n": x.shape[1], "mixer": x, "block": block})
+
+        return hook
+
+    handles = []
+    for path, mixer in mixers:
+        handles.append(mixer.register_forward_pre_hook(keep_mixer(path), with_kwargs=True))
+        parent = path.rpartition(".")[0]
+        if parent and parent in modules:
+            handles.append(modules[parent].register_forward_pre_hook(keep_block(parent), with_kwargs=True))
     try:
         with torch.enable_grad():
             logits = model(images)
@@ -222,12 +236,15 @@ def grad_cam(model: nn.Module, images: torch.Tensor, target: int | None = None) 
     finally:
         for h in handles:
             h.remove()
-    hw, n = seen.get("hw"), seen.get("n")
-    if hw is None:
-        raise UserError("Grad-CAM needs a spatial attention layer (hw); the last attention call had none")
-    act = seen.get("block")
-    if not (isinstance(act, torch.Tensor) and act.dim() == 3 and act.shape[1] == n and act.grad is not None):
-        act = seen["mixer"]
+    if not records:
+        raise UserError("Grad-CAM needs an attention layer on a token grid (hw); no attention call had one")
+    rec = records[-1]
+    hw, n = rec["hw"], rec["n"]
+    act = rec["block"]
+    if not (isinstance(act, torch.Tensor) and act.shape[1] == n and act.grad is not None):
+        act = rec["mixer"]
+    if act.grad is None:
+        raise UserError("Grad-CAM: the logits do not depend on the last attention layer's tokens")
     prefix = n - hw[0] * hw[1]
     a, g = act[0, prefix:].detach(), act.grad[0, prefix:]  # (H*W, C)
     cam = torch.relu((a * g.mean(0, keepdim=True)).sum(-1)).reshape(hw)

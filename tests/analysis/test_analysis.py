@@ -174,3 +174,34 @@ def test_mechanism_without_attention_matrix_is_a_clear_error(tmp_path):
         mixer_attention(calls[0])
     with pytest.raises(UserError, match="no attention modules"):
         analyze_model(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2)), sample_image(), tmp_path)
+
+
+class _Host(nn.Module):
+    """Patch embedding -> one registered mechanism on the token grid -> mean-pool head."""
+
+    def __init__(self, name: str, dim: int = 16, grid: tuple[int, int] = (6, 5)) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, dim, 4, 4)
+        self.attn = subquad.build_attention(name, dim, 2, input_size=grid)
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, x):
+        t = self.embed(x)
+        hw = tuple(t.shape[-2:])
+        t = t.flatten(2).transpose(1, 2)
+        return self.head((t + self.attn(t, hw)).mean(1))
+
+
+@pytest.mark.parametrize("name", [n for n in subquad.list_attention()
+                                  if subquad.attention.get_attention_cls(n).caps.bidirectional])
+def test_every_mechanism_is_analysable(name):
+    model = _Host(name).eval()
+    images = torch.randn(1, 3, 24, 20)
+    calls, _ = collect_mixer_calls(model, images)
+    assert len(calls) == 1 and calls[0].hw == (6, 5)
+    r = layer_stats(calls[0])
+    assert r["tokens"] == 30 and 0 < r["rank"] <= r["rank_size"] and 0 <= r["entropy_ratio"] <= 1 + 1e-9
+    if r["keys"] == 30:
+        assert 0 <= r["locality"] <= 1 + 1e-9
+    cam, _ = grad_cam(model, images)
+    assert cam.shape == (6, 5) and math.isfinite(float(cam.sum()))
