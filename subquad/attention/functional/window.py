@@ -186,10 +186,10 @@ def window_gather_index(geo: WindowGeometry, device=None) -> tuple[torch.Tensor,
     pr, pc = (r + s) % Hp, (c + s) % Wp  # padded-map source coordinates
     real = (pr < H) & (pc < W)
     fwd = torch.where(real, pr * W + pc, torch.full_like(pr, H * W)).flatten()
-    inv = torch.empty(H * W, dtype=torch.long, device=device)
-    pos = torch.arange(fwd.numel(), device=device)
-    inv[fwd[real.flatten()]] = pos[real.flatten()]
-    return fwd, inv
+    # Scatter window positions to their tokens; every pad position lands in the extra slot N, which is dropped.
+    inv = torch.zeros(H * W + 1, dtype=torch.long, device=device)
+    inv.scatter_(0, fwd, torch.arange(fwd.numel(), device=device))
+    return fwd, inv[: H * W]
 
 
 def _pad_fill(x: torch.Tensor, hw: tuple[int, int], padded: tuple[int, int], fill: torch.Tensor | None) -> torch.Tensor:
