@@ -40,7 +40,7 @@ from ..layers.pos_embed import ConvPosEnc
 from ._builder import build
 from ._card import ModelCard, register_card
 
-__all__ = ["LiSANet", "LiSANetIsotropic", "LiSABlock", "inflate_image_weights"]
+__all__ = ["LiSANet", "LiSANetIsotropic", "LiSABlock", "inflate_image_weights", "remap_checkpoint"]
 
 _STAGE_TYPES = ("lisa", "conv")
 
@@ -464,6 +464,25 @@ def inflate_image_weights(image_state: dict[str, torch.Tensor], video_model: nn.
     return out
 
 
+def remap_checkpoint(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Fit a LiSANet checkpoint to `model` (timm `pretrained_filter_fn`; also used by `checkpoint_path=`).
+
+    LiSA kernels (`*.attn.kernel_a`, `*.attn.kernel_b`) saved for another token grid are resampled to the model's
+    grid with `resize_kernel(..., 'pad')`, the rule the module applies at run time (spec section 7): a model built at
+    a new `img_size` from such a checkpoint computes what the original model computes at that size. Everything else
+    passes unchanged (LiSA has no official checkpoints, so there is nothing else to rename).
+    """
+    own = model.state_dict()
+    out = {}
+    for key, w in state_dict.items():
+        ref = own.get(key)
+        if (ref is not None and key.endswith(("attn.kernel_a", "attn.kernel_b")) and w.dim() == ref.dim()
+                and w.shape[:2] == ref.shape[:2] and w.shape != ref.shape):
+            w = resize_kernel(w, ref.shape[2:], "pad")
+        out[key] = w
+    return out
+
+
 def _cfg(**kwargs) -> dict:
     return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7), "crop_pct": 0.875,
             "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
@@ -501,7 +520,7 @@ def _create(cls: type[nn.Module], variant: str, pretrained: bool, args: dict, kw
         out_indices = tuple(sorted({max(0, depth * (i + 1) // 4 - 1) for i in range(4)}))
     else:
         out_indices = (0, 1, 2, 3)
-    return build(cls, variant, pretrained, out_indices=out_indices, **merged)
+    return build(cls, variant, pretrained, remap=remap_checkpoint, out_indices=out_indices, **merged)
 
 
 _HIER_S = dict(embed_dims=(64, 128, 320, 512), depths=(3, 4, 8, 3), D=8)

@@ -293,3 +293,23 @@ def test_rfft_grid_values_and_custom_backward(grid, fft_grid):
     dims = tuple(range(-nd, 0))
     compare_fn(lambda t: torch.view_as_real(fsa.rfft_grid(t, fft_grid)),
                lambda t: torch.view_as_real(torch.fft.rfftn(t, s=fft_grid, dim=dims).movedim(-1, -nd)), [x])
+
+
+@pytest.mark.slow
+def test_peak_memory_bounded_by_tiling():
+    """Allocator probe (CPU): forward+backward at 112^2 tokens (C=192, 6 heads, D=8) stays under 1 GiB, and a
+    smaller D chunk lowers the forward peak."""
+    from subquad.bench.memory import peak_memory
+
+    m = subquad.build_attention("structure_aware", 192, 6, D=8, input_size=(112, 112))
+    x = torch.randn(1, 112 * 112, 192, requires_grad=True)
+    assert peak_memory(lambda: m(x, (112, 112)).sum().backward()) < 2 ** 30
+    m56 = subquad.build_attention("structure_aware", 192, 6, D=8, input_size=(56, 56)).eval()
+    xs = torch.randn(1, 56 * 56, 192)
+    peaks = {}
+    with torch.no_grad():
+        m56(xs, (56, 56))  # fills the eval cache of kernel spectra, so only the tiles differ below
+        for c in (8, 1):
+            m56.d_chunk = c
+            peaks[c] = peak_memory(lambda: m56(xs, (56, 56)))
+    assert peaks[1] < peaks[8], peaks

@@ -111,3 +111,17 @@ def test_cards_are_unofficial_and_sized():
     # Spec section 8.2 table (exact counts of this definition).
     assert CARDS["hylisanet_s"].ref_params == 26_458_344 and CARDS["lisanet_i"].ref_params == 36_956_008
     assert CARDS["hylisanet_b"].top1 == 85.0
+
+
+def test_checkpoint_at_another_size_resizes_kernels(tmp_path):
+    """A checkpoint made at 64 px loads strictly into the model built at 96 px (kernels 'pad'-resized at load), and
+    that model equals the 64-px model run at 96 px (which resizes its kernels at run time by the same rule)."""
+    from subquad.engine.checkpoint import save_weights
+
+    m64 = subquad.create_model("lisanet_micro", num_classes=4).eval()
+    path = save_weights(m64, tmp_path / "m64.safetensors")
+    m96 = subquad.create_model("lisanet_micro", num_classes=4, img_size=96, checkpoint_path=str(path)).eval()
+    assert tuple(m96.stages[0].blocks[0].attn.kernel_a.shape[-2:]) == (24, 24)
+    x = torch.randn(1, 3, 96, 96)
+    with torch.no_grad():
+        assert_close(m96(x), m64(x), torch.float32, "96-px model vs 64-px model at 96 px")
