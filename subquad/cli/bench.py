@@ -105,10 +105,16 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _printer(cols: list[str]):
+def _printer(cols: list[str], out: Path, columns: list[str]):
+    """Print each finished row and rewrite the CSV so far (an interrupted sweep keeps its rows)."""
+    from subquad.bench.sweep import write_csv
+
     print("  ".join(f"{c:>14}" if i else f"{c:<18}" for i, c in enumerate(cols)))
+    done: list[dict] = []
 
     def show(row: dict) -> None:
+        done.append(row)
+        write_csv(done, out, columns)
         cells = [_fmt(row.get(c)) for c in cols]
         line = "  ".join(f"{c:>14}" if i else f"{c:<18}" for i, c in enumerate(cells))
         status = row.get("status", "ok")
@@ -135,7 +141,7 @@ def run_attention(args: argparse.Namespace) -> int:
         raise UserError(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     out, plot = _outputs(args, "attn")
     show = _printer(["name", "grid", "infer_step_time", "peak_mem_mb", "infer_time_vs_softmax", "train_step_time",
-                     "train_peak_mem_mb", "infer_gmacs"])
+                     "train_peak_mem_mb", "infer_gmacs"], out, ATTN_COLUMNS)
     rows = sweep_attention(_name_list(args.names), args.dim, args.heads, args.tokens, args.backward,
                            args.batch_size, args.device, args.max_mem, args.max_time, args.warmup, args.repeats,
                            args.force, on_row=show)
@@ -161,7 +167,7 @@ def run_model(args: argparse.Namespace) -> int:
     _check(args)
     out, plot = _outputs(args, "model")
     show = _printer(["model", "infer_img_size", "infer_step_time", "infer_samples_per_sec", "peak_mem_mb",
-                     "train_step_time", "infer_gmacs", "param_count"])
+                     "train_step_time", "infer_gmacs", "param_count"], out, MODEL_COLUMNS)
     rows = bench_models(_name_list(args.model), args.img_size, args.batch_size, args.backward, args.device,
                         args.max_mem, args.max_time, args.warmup, args.repeats, args.force, on_row=show)
     write_csv(rows, out, MODEL_COLUMNS)
