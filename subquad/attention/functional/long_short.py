@@ -185,26 +185,28 @@ def long_short_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: torch.
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-          dropout_p: float = 0.0) -> torch.Tensor:
-    """SDPA over tiles: q (B, h, T, q_t, d), k/v (B, h, T, k_t, d), mask (B or 1, h or 1, T, q_t, k_t).
+          dropout_p: float = 0.0, check: bool = True) -> torch.Tensor:
+    """SDPA over tiles in tile-major layout: q (B, T, h, q_t, d), k/v (B, T, h, k_t, d), mask (B or 1, T, h or 1,
+    q_t, k_t) -> (B, T, h, q_t, d).
 
     The tile axis is folded into the batch, (B*T, h, ...), because SDPA's fused CPU kernel takes 4-D inputs only
-    (5-D inputs fall back to the slower math kernel).
+    (5-D inputs fall back to the slower math kernel). `check=False` skips the empty-row guard (callers whose
+    rows always keep a key: the global keys are never masked).
     """
-    B, h, T = q.shape[:3]
+    B, T = q.shape[:2]
 
     def fold(t: torch.Tensor) -> torch.Tensor:
-        return t.transpose(1, 2).reshape(B * T, t.shape[1], *t.shape[3:])
+        return t.reshape(B * T, *t.shape[2:])
 
     mask = mask.expand(B, *mask.shape[1:])
-    out = _sdpa4(fold(q), fold(k), fold(v), fold(mask), scale, dropout_p)
-    return out.reshape(B, T, h, *out.shape[2:]).transpose(1, 2)
+    out = _sdpa4(fold(q), fold(k), fold(v), fold(mask), scale, dropout_p, check)
+    return out.reshape(B, T, *out.shape[1:])
 
 
 def _sdpa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-           dropout_p: float = 0.0) -> torch.Tensor:
+           dropout_p: float = 0.0, check: bool = True) -> torch.Tensor:
     """SDPA with rows that have no visible key forced to zero (never NaN)."""
-    if mask.is_meta:
+    if mask.is_meta or not check:
         # FLOP counting on the meta device: no data-dependent check is possible (or needed)
         pass
     elif mask.dtype == torch.bool:
@@ -264,11 +266,12 @@ def long_short_1d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: to
     geo = (b[None, :] >= seg[:, None]) & (b[None, :] < (seg + w + 2 * ext)[:, None])  # (qt, kt)
     local = geo[None, None] & valid_t[:, :, None, :]  # (B, T, qt, kt)
     glob = torch.ones(B, T, qt, G, dtype=torch.bool, device=q.device)
-    mask = torch.cat([glob, local], dim=-1)[:, None]  # (B, 1, T, qt, G + kt)
-    keys = torch.cat([kg[:, :, None].expand(B, h, T, G, d), k_t], dim=3)
-    vals = torch.cat([vg[:, :, None].expand(B, h, T, G, d), v_t], dim=3)
-    out = _sdpa(q_t, keys, vals, mask, scale, dropout_p)  # (B, h, T, qt, d)
-    return out.reshape(B, h, npad, d)[:, :, :n]
+    mask = torch.cat([glob, local], dim=-1)[:, :, None]  # (B, T, 1, qt, G + kt)
+    # tile-major key sets (B, T, h, G + kt, d), built with one copy
+    keys = torch.cat([kg[:, None].expand(B, T, h, G, d), k_t.transpose(1, 2)], dim=3)
+    vals = torch.cat([vg[:, None].expand(B, T, h, G, d), v_t.transpose(1, 2)], dim=3)
+    out = _sdpa(q_t.transpose(1, 2), keys, vals, mask, scale, dropout_p, check=G == 0)  # (B, T, h, qt, d)
+    return out.transpose(1, 2).reshape(B, h, npad, d)[:, :, :n]
 
 
 def long_short_2d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
@@ -302,29 +305,33 @@ def long_short_2d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: to
     q_m = F.pad(q.reshape(B, h, H, W, d), (0, 0, 0, Wp - W, 0, Hp - H))
     q_t = q_m.reshape(B, h, ny, w, nx, w, d).permute(0, 1, 2, 4, 3, 5, 6).reshape(B, h, T, w * w, d)
 
-    def tiles(t: torch.Tensor) -> torch.Tensor:
-        # (B, h, H, W, d) -> (B, h, T, kw*kw, d): overlapping neighbourhoods, zero outside the map
-        t = F.pad(t, (0, 0, ext, Wp - W + ext, ext, Hp - H + ext))
-        t = t.unfold(2, kw, w).unfold(3, kw, w)  # (B, h, ny, nx, d, kw, kw)
-        return t.permute(0, 1, 2, 3, 5, 6, 4).reshape(B, h, T, kw * kw, d)
+    K = G + kw * kw
 
-    k_t = tiles(k.reshape(B, h, H, W, d))
-    v_t = tiles(v.reshape(B, h, H, W, d))
+    def keyset(t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        # (B, h, H, W, d) -> tile-major (B, T, h, G + kw*kw, d): [global ; neighbourhood], zero outside the map,
+        # written into one buffer (the unfolded tiles are never materialised separately)
+        out = t.new_empty(B, ny, nx, h, K, d)
+        out[..., :G, :] = g[:, None, None]
+        t = F.pad(t, (0, 0, ext, Wp - W + ext, ext, Hp - H + ext))
+        u = t.unfold(2, kw, w).unfold(3, kw, w)  # (B, h, ny, nx, d, kw, kw)
+        out[..., G:, :].view(B, ny, nx, h, kw, kw, d).copy_(u.permute(0, 2, 3, 1, 5, 6, 4))
+        return out.view(B, T, h, K, d)
+
+    keys = keyset(k.reshape(B, h, H, W, d), kg)
+    vals = keyset(v.reshape(B, h, H, W, d), vg)
     valid_m = F.pad(valid.reshape(B, H, W), (ext, Wp - W + ext, ext, Hp - H + ext), value=False)
     valid_t = valid_m.unfold(1, kw, w).unfold(2, kw, w).reshape(B, T, kw * kw)  # (B, T, kw*kw)
-    keys = torch.cat([kg[:, :, None].expand(B, h, T, G, d), k_t], dim=3)
-    vals = torch.cat([vg[:, :, None].expand(B, h, T, G, d), v_t], dim=3)
     if tile_bias is None:
         glob = torch.ones(B, T, w * w, G, dtype=torch.bool, device=q.device)
         local = valid_t[:, :, None, :].expand(B, T, w * w, kw * kw)
-        mask = torch.cat([glob, local], dim=-1)[:, None]  # (B, 1, T, w*w, G + kw*kw)
+        mask = torch.cat([glob, local], dim=-1)[:, :, None]  # (B, T, 1, w*w, G + kw*kw)
     else:
-        bias = tile_bias.to(q.dtype)[None, :, None]  # (1, h, 1, w*w, kw*kw)
-        bias = bias.masked_fill(~valid_t[:, None, :, None, :], _NEG_INF)  # (B, h, T, w*w, kw*kw)
-        glob = bias.new_zeros(B, h, T, w * w, G)
-        mask = torch.cat([glob, bias], dim=-1)
-    out = _sdpa(q_t, keys, vals, mask, scale, dropout_p)  # (B, h, T, w*w, d)
-    out = out.reshape(B, h, ny, nx, w, w, d).permute(0, 1, 2, 4, 3, 5, 6).reshape(B, h, Hp, Wp, d)
+        # (B, T, h, w*w, G + kw*kw): 0 on the global keys, RPE bias on the window, -inf outside the map
+        mask = q.new_zeros(B, T, h, w * w, K)
+        mask[..., G:] = tile_bias.to(q.dtype)
+        mask[..., G:].masked_fill_(~valid_t[:, :, None, None, :], _NEG_INF)
+    out = _sdpa(q_t.transpose(1, 2), keys, vals, mask, scale, dropout_p, check=G == 0)  # (B, T, h, w*w, d)
+    out = out.transpose(1, 2).reshape(B, h, ny, nx, w, w, d).permute(0, 1, 2, 4, 3, 5, 6).reshape(B, h, Hp, Wp, d)
     return out[:, :, :H, :W].reshape(B, h, N, d)
 
 
@@ -477,9 +484,9 @@ def long_short_causal_sdpa(q: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, 
     else:
         bias_c = q.new_zeros(B, h, Mp, 0)
     bias_c = bias_c.masked_fill(~allow_c, _NEG_INF).reshape(B, h, T, w, Nc)
-    mask = torch.cat([bias_c, bias_w], dim=-1)  # (B, h, T, w, Nc + 2w)
-    keys = torch.cat([kc[:, :, None].expand(B, h, T, Nc, d), k_t], dim=3)
-    vals = torch.cat([vc[:, :, None].expand(B, h, T, Nc, d), v_t], dim=3)
-    q_t = F.pad(q, (0, 0, 0, back)).reshape(B, h, T, w, d)
-    out = _sdpa(q_t, keys, vals, mask, scale, dropout_p)
-    return out.reshape(B, h, Mp, d)[:, :, :M]
+    mask = torch.cat([bias_c.transpose(1, 2), bias_w.transpose(1, 2)], dim=-1)  # (B, T, h, w, Nc + 2w)
+    keys = torch.cat([kc[:, None].expand(B, T, h, Nc, d), k_t.transpose(1, 2)], dim=3)
+    vals = torch.cat([vc[:, None].expand(B, T, h, Nc, d), v_t.transpose(1, 2)], dim=3)
+    q_t = F.pad(q, (0, 0, 0, back)).reshape(B, h, T, w, d).transpose(1, 2)
+    out = _sdpa(q_t, keys, vals, mask, scale, dropout_p)  # (B, T, h, w, d)
+    return out.transpose(1, 2).reshape(B, h, Mp, d)[:, :, :M]
