@@ -10,7 +10,13 @@ from torch import nn
 from .._shapes import as_hw, check_heads, merge_heads, split_heads
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
-from .functional.cswin import cswin_attention, cswin_attention_probs_ref, cswin_attention_ref, stripe_shape
+from .functional.cswin import (
+    cswin_attention,
+    cswin_attention_packed,
+    cswin_attention_probs_ref,
+    cswin_attention_ref,
+    stripe_shape,
+)
 
 __all__ = ["LePEAttention", "CSWinAttention", "cswin_branches"]
 
@@ -59,6 +65,15 @@ class LePEAttention(nn.Module):
             o = cswin_attention_ref(q, k, v, hw, stripe, self.get_v.weight, self.get_v.bias, self.scale)
         return merge_heads(o)
 
+    def forward_packed(self, qkv: torch.Tensor) -> torch.Tensor:
+        """Fast path on the channels-last map qkv (B, H, W, 3, C_b) -> (B, H, W, C_b) (no stacking copies)."""
+        B, H, W, _, C = qkv.shape
+        stripe = stripe_shape((H, W), self.idx, self.split_size)
+        drop = self.attn_drop if self.training else 0.0
+        o = cswin_attention_packed(qkv.view(B, H, W, 3, self.num_heads, self.head_dim), stripe, self.get_v.weight,
+                                   self.get_v.bias, self.scale, drop)
+        return o.reshape(B, H, W, C)
+
     def forward_ref(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         """Dense reference of `forward`."""
         q, k, v = (split_heads(t, self.num_heads) for t in (q, k, v))
@@ -72,20 +87,20 @@ class LePEAttention(nn.Module):
         return cswin_attention_probs_ref(q, k, hw, stripe_shape(hw, self.idx, self.split_size), self.scale)
 
 
-def cswin_branches(attns: Sequence[nn.Module], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   hw: tuple[int, int], ref: bool = False) -> torch.Tensor:
-    """Run CSwin branches on projected q, k, v (B, N, C): one branch takes all channels, two branches take the first
-    and the last C / 2 channels (official `CSWinBlock.forward`). Returns the concatenation (B, N, C)."""
-    if len(attns) == 1:
-        a = attns[0]
-        return a.forward_ref(q, k, v, hw) if ref else a(q, k, v, hw)
-    half = q.shape[-1] // 2
-    outs = []
-    for i, a in enumerate(attns):
-        sl = slice(0, half) if i == 0 else slice(half, None)
-        args = (q[..., sl], k[..., sl], v[..., sl], hw)
-        outs.append(a.forward_ref(*args) if ref else a(*args))
-    return torch.cat(outs, dim=-1)
+def cswin_branches(attns: Sequence[nn.Module], qkv: torch.Tensor, hw: tuple[int, int],
+                   ref: bool = False) -> torch.Tensor:
+    """Run CSwin branches on the projected qkv (B, N, 3, C): one branch takes all channels, two branches take the
+    first and the last C / 2 channels (official `CSWinBlock.forward`). Returns the concatenation (B, N, C)."""
+    B, N, _, C = qkv.shape
+    H, W = hw
+    parts = [slice(0, C)] if len(attns) == 1 else [slice(0, C // 2), slice(C // 2, C)]
+    if ref or not all(a.fused for a in attns):
+        outs = [a.forward_ref(qkv[:, :, 0, sl], qkv[:, :, 1, sl], qkv[:, :, 2, sl], hw) if ref
+                else a(qkv[:, :, 0, sl], qkv[:, :, 1, sl], qkv[:, :, 2, sl], hw) for a, sl in zip(attns, parts)]
+        return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
+    qmap = qkv.view(B, H, W, 3, C)
+    outs = [a.forward_packed(qmap[..., sl]) for a, sl in zip(attns, parts)]  # each (B, H, W, C_b)
+    return (torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]).reshape(B, N, C)
 
 
 @register_attention("cswin")
@@ -144,21 +159,19 @@ class CSWinAttention(TokenMixer):
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def _qkv(self, x: torch.Tensor):
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
         B, N, C = x.shape
-        return self.qkv(x).reshape(B, N, 3, C).unbind(2)  # each (B, N, C)
+        return self.qkv(x).view(B, N, 3, C)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         H, W = self._check_input(x, hw, mask)
-        q, k, v = self._qkv(x)
-        return self.proj_drop(self.proj(cswin_branches(self.attns, q, k, v, (H, W))))
+        return self.proj_drop(self.proj(cswin_branches(self.attns, self._qkv(x), (H, W))))
 
     def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                     mask: torch.Tensor | None = None) -> torch.Tensor:
         """Dense reference of `forward`."""
-        q, k, v = self._qkv(x)
-        return self.proj_drop(self.proj(cswin_branches(self.attns, q, k, v, tuple(hw), ref=True)))
+        return self.proj_drop(self.proj(cswin_branches(self.attns, self._qkv(x), tuple(hw), ref=True)))
 
     @torch.no_grad()
     def attention_matrix(self, x: torch.Tensor, hw: tuple[int, int] | None = None) -> torch.Tensor:
@@ -168,7 +181,7 @@ class CSWinAttention(TokenMixer):
         and is not included.
         """
         H, W = self._check_input(x, hw)
-        q, k, _ = self._qkv(x)
+        q, k, _ = self._qkv(x).unbind(2)
         if len(self.attns) == 1:
             return self.attns[0].probs(q, k, (H, W))
         half = self.dim // 2

@@ -88,11 +88,11 @@ class CSWinBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         B, N, C = x.shape
-        q, k, v = self.qkv(self.norm1(x)).reshape(B, N, 3, C).unbind(2)  # each (B, N, C)
+        qkv = self.qkv(self.norm1(x)).view(B, N, 3, C)
         if self.attn_name == "focused_linear":
-            y = self.attns[0].forward_qkv(q, k, v, hw)
+            y = self.attns[0].forward_qkv(*qkv.unbind(2), hw)
         else:
-            y = cswin_branches(self.attns, q, k, v, hw)
+            y = cswin_branches(self.attns, qkv, hw)
         x = x + self.drop_path(self.proj_drop(self.proj(y)))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from .softmax import softmax_attention_probs
-from .window import stripe_partition, stripe_reverse
+from .window import stripe_partition
 
 __all__ = ["stripe_shape", "stripe_ids", "cswin_attention_probs_ref", "lepe_ref", "cswin_attention_ref",
-           "cswin_attention"]
+           "cswin_attention", "cswin_attention_packed"]
 
 
 def stripe_shape(hw: tuple[int, int], idx: int, split_size: int) -> tuple[int, int]:
@@ -99,24 +99,42 @@ def cswin_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple
                     stripe: tuple[int, int], lepe_weight: torch.Tensor | None = None,
                     lepe_bias: torch.Tensor | None = None, scale: float | None = None,
                     dropout_p: float = 0.0) -> torch.Tensor:
-    """Fast path: pad, partition into stripes, one SDPA call (padded keys masked), LePE as a depthwise conv on the
-    stripes, reverse, crop. Same arguments and result as `cswin_attention_ref`."""
+    """Fast path on (B, h, N, d) tensors (packs them and calls `cswin_attention_packed`). Same arguments and result
+    as `cswin_attention_ref`."""
     B, h, N, d = q.shape
     H, W = hw
+    qkv = torch.stack([q, k, v], dim=2).view(B, h, 3, H, W, d).permute(0, 3, 4, 2, 1, 5)  # (B, H, W, 3, h, d)
+    o = cswin_attention_packed(qkv, stripe, lepe_weight, lepe_bias, scale, dropout_p)  # (B, H, W, h, d)
+    return o.reshape(B, N, h, d).transpose(1, 2)
+
+
+def cswin_attention_packed(qkv: torch.Tensor, stripe: tuple[int, int], lepe_weight: torch.Tensor | None = None,
+                           lepe_bias: torch.Tensor | None = None, scale: float | None = None,
+                           dropout_p: float = 0.0) -> torch.Tensor:
+    """Fast path on the channels-last qkv map: pad, partition into stripes (one copy), one SDPA call (padded keys
+    masked), LePE as a depthwise conv on the stripes, reverse (one copy), crop.
+
+    Args:
+        qkv: (B, H, W, 3, h, d), any strides (e.g. a channel slice of a qkv projection viewed as a map).
+        stripe, lepe_weight, lepe_bias, scale: as `cswin_attention_ref`.
+        dropout_p: dropout on the probabilities (training).
+
+    Returns:
+        (B, H, W, h, d).
+    """
+    B, H, W, _, h, d = qkv.shape
     sh, sw = stripe
     Hp, Wp = -(-H // sh) * sh, -(-W // sw) * sw
-    C, L = h * d, sh * sw
-    # (3, B, h, N, d) -> (B, H, W, 3, h, d) channels-last map of q, k, v.
-    qkv = torch.stack([q, k, v]).permute(1, 3, 0, 2, 4).reshape(B, H, W, 3 * C)
+    nh, nw, L, C = Hp // sh, Wp // sw, sh * sw, h * d
     if (Hp, Wp) != (H, W):
-        qkv = F.pad(qkv, (0, 0, 0, Wp - W, 0, Hp - H))
-    s = stripe_partition(qkv, sh, sw)  # (B*nS, L, 3C)
-    nS = s.shape[0] // B
-    qs, ks, vs = s.view(B * nS, L, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)  # each (B*nS, h, L, d)
+        qkv = F.pad(qkv, (0, 0, 0, 0, 0, 0, 0, Wp - W, 0, Hp - H))
+    # (B, nh, sh, nw, sw, 3, h, d) -> (3, B, nh, nw, h, sh, sw, d) -> (3, B*nS, h, L, d)
+    qs, ks, vs = qkv.reshape(B, nh, sh, nw, sw, 3, h, d).permute(5, 0, 1, 3, 6, 2, 4, 7).reshape(
+        3, B * nh * nw, h, L, d).unbind(0)
     mask = None
     if (Hp, Wp) != (H, W):
-        r = torch.arange(Hp, device=q.device)[:, None] < H
-        c = torch.arange(Wp, device=q.device)[None, :] < W
+        r = torch.arange(Hp, device=qkv.device)[:, None] < H
+        c = torch.arange(Wp, device=qkv.device)[None, :] < W
         real = stripe_partition((r & c)[None, :, :, None], sh, sw)[..., 0]  # (nS, L)
         # Real queries never read padded keys; padded query rows stay unmasked (cropped later).
         mask = ~(real[:, :, None] & ~real[:, None, :])  # (nS, L, L)
@@ -124,8 +142,9 @@ def cswin_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple
     o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     if lepe_weight is not None:
         # (B*nS, h, L, d) -> (B*nS, C, sh, sw): channel head * d + j, as the official get_lepe.
-        vmap = vs.permute(0, 1, 3, 2).reshape(B * nS, C, sh, sw)
-        lepe = F.conv2d(vmap, lepe_weight, lepe_bias, padding=1, groups=C)
-        o = o + lepe.reshape(B * nS, h, d, L).transpose(-2, -1)
-    o = stripe_reverse(o.transpose(1, 2).reshape(B * nS, L, C), sh, sw, Hp, Wp)  # (B, Hp, Wp, C)
-    return o[:, :H, :W].reshape(B, N, h, d).transpose(1, 2)
+        lepe = F.conv2d(vs.transpose(-2, -1).reshape(B * nh * nw, C, sh, sw), lepe_weight, lepe_bias, padding=1,
+                        groups=C)
+        o = o + lepe.view(B * nh * nw, h, d, L).transpose(-2, -1)
+    # (B, nh, nw, h, sh, sw, d) -> (B, nh, sh, nw, sw, h, d) -> (B, Hp, Wp, h, d), cropped.
+    o = o.view(B, nh, nw, h, sh, sw, d).permute(0, 1, 4, 2, 5, 3, 6).reshape(B, Hp, Wp, h, d)
+    return o[:, :H, :W]
