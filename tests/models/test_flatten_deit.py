@@ -38,14 +38,15 @@ def test_timm_deit_layout_except_mechanism_params(name):
 
 
 def test_cls_token_takes_part():
-    """The class token is a query/key of the focused attention and the head reads it."""
+    """The class token is a key of the focused attention (patch outputs depend on it) and the head reads it."""
     m = subquad.create_model("flatten_deit_micro", num_classes=3).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        a = m(x)
-        m.cls_token.add_(1.0)
-        b = m(x)
+        a, maps_a = m(x), m.forward_intermediates(x, intermediates_only=True)
+        m.cls_token.add_(torch.randn_like(m.cls_token))
+        b, maps_b = m(x), m.forward_intermediates(x, intermediates_only=True)
     assert not torch.allclose(a, b)
+    assert not torch.allclose(maps_a[0], maps_b[0])
 
 
 def test_timm_deit_weights_initialise_all_but_focused_params():
