@@ -3,6 +3,7 @@
 Part 1, attention: d = 256, 4 heads, B = 1, lengths 1k / 4k / 16k / 64k; median forward time and peak memory of
 "long_short" (bidirectional, w = 8, r = 32, the LRA setting) vs "softmax" (SDPA) and the linear-attention mechanism
 ("linear" when registered, else "enhanced_linear"). Softmax beyond --softmax-max-len is skipped (time budget).
+speedup_vs_softmax = softmax time / mechanism time at the same length (> 1 is faster).
 Part 2, causal LM: CharLM tokens/s of a training step (forward + backward) and of cached generation at context 4k,
 long_short (causal, w, l = 16, r = 1) vs softmax (causal SDPA; no incremental cache, so generation recomputes the
 context).
@@ -28,7 +29,7 @@ from subquad.bench.memory import peak_memory
 from subquad.bench.timing import time_fn
 from subquad.sequence import CharLM
 
-FIELDS = ["part", "name", "seq_len", "median_ms", "peak_mem_mb", "tokens_per_s", "ratio_vs_softmax", "device",
+FIELDS = ["part", "name", "seq_len", "median_ms", "peak_mem_mb", "tokens_per_s", "speedup_vs_softmax", "device",
           "torch", "notes"]
 
 
@@ -66,7 +67,7 @@ def bench_attention(args: argparse.Namespace, device: torch.device) -> list[dict
             print(f"attention {name:16s} n={n:6d}  {ms:10.2f} ms  peak {mem:9.1f} MiB", flush=True)
         for r in rows:
             if r["seq_len"] == n and base and r.get("median_ms"):
-                r["ratio_vs_softmax"] = f"{base / float(r['median_ms']):.2f}"
+                r["speedup_vs_softmax"] = f"{base / float(r['median_ms']):.2f}"
     return rows
 
 
