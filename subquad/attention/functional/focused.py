@@ -54,6 +54,11 @@ def focused_feature_map(x: torch.Tensor, scale: torch.Tensor, p: float) -> torch
     s = F.softplus(scale)
     # (ReLU(x) + eps) / s in one fused op: eps / s + ReLU(x) / s.
     t = torch.addcdiv(FEATURE_EPS / s, F.relu(x), s)
+    return _focus(t, p)
+
+
+def _focus(t: torch.Tensor, p: float) -> torch.Tensor:
+    """f_p(t) = t^p / ||t^p|| * ||t|| over the last axis (t > 0)."""
     if p == 1:
         return t
     r = torch.linalg.vector_norm(t, dim=-1, keepdim=True)
@@ -172,7 +177,10 @@ def focused_linear_attention_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """
     kv_hw = tuple(hw) if kv_hw is None else tuple(kv_hw)
     _check(q, k, v, hw, kv_hw, num_heads, prefix, normaliser, sr_mode)
-    qf, kf = focused_feature_map(q, scale, p), focused_feature_map(k, scale, p)
+    # The feature map of q and k with softplus(scale) computed once.
+    s = F.softplus(scale)
+    e = FEATURE_EPS / s
+    qf, kf = _focus(torch.addcdiv(e, F.relu(q), s), p), _focus(torch.addcdiv(e, F.relu(k), s), p)
     h = num_heads
     out = _merge(linear_attention(_split(qf, h), _split(kf, h), _split(v, h), normaliser, NORM_EPS, order="kv"))
     conv = _dwc_fast(v, hw, kv_hw, h, prefix, sr_mode, dwc_weight, dwc_bias, lepe_weight, lepe_bias)

@@ -124,23 +124,23 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalis
     if order == "qk":
         return linear_attention_ref(q, k, v, normaliser, eps, clamp_min, kv_scale)
     kv = k.transpose(-2, -1) @ v  # (B, h, d', d_v)
-    scale = 1.0 / n if normaliser == "mean" else 1.0
-    if kv_scale is not None:
-        kv = kv * (kv_scale * scale if scale != 1.0 else kv_scale)
-    elif scale != 1.0:
-        kv = kv * scale
-    out = q @ kv  # (B, h, N, d_v)
     if normaliser == "none":
-        return out
-    ksum = k.sum(dim=-2, keepdim=True)  # (B, h, 1, d')
-    if scale != 1.0:
-        ksum = ksum * scale
-    den = q @ ksum.transpose(-2, -1)  # (B, h, N, 1)
+        return q @ (kv if kv_scale is None else kv * kv_scale)  # (B, h, N, d_v)
+    if kv_scale is not None:
+        kv = kv * kv_scale
+    if normaliser == "mean":
+        # num / (den + eps) with num, den both divided by n equals the 'sum' quotient with eps * n (and clamp * n).
+        eps = eps * n
+        clamp_min = None if clamp_min is None else clamp_min * n
+    ksum = k.sum(dim=-2).unsqueeze(-1)  # (B, h, d', 1)
+    # Numerator and denominator in one pass over q: q [kv | ksum] -> (B, h, N, d_v + 1).
+    nd = q @ torch.cat([kv, ksum], dim=-1)
+    num, den = nd[..., :dv], nd[..., dv:]
     if eps:
         den = den + eps
     if clamp_min is not None:
         den = den.clamp(min=clamp_min)
-    return out / den
+    return num / den
 
 
 def causal_linear_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
