@@ -75,6 +75,9 @@ class StructureAwareAttention(TokenMixer):
         normalize_v: also L2-normalise v (off; LI-5).
         checkpoint_kernels: recompute Ga/Gb per chunk in backward instead of storing them.
         proj_drop: dropout after `proj`.
+        num_prefix_tokens: must be 0 (accepted for the host interface; LiSA has no class token).
+        fft_dims: '2d' (default: FFTs over the token grid, H x W or T x H x W) or '1d' (ablation, spec 3.3: one
+            rfft over the raster-order token sequence, kernels (C, D, N0); a different circulant structure).
     """
 
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False,
@@ -85,7 +88,7 @@ class StructureAwareAttention(TokenMixer):
                  qkv_bias: bool = True, shared_kernel_b: bool = False, local_kernel: int | None = None,
                  boundary: str = "circular", d_chunk: int | None = None, kernel_resize: str = "pad",
                  normalize_v: bool = False, checkpoint_kernels: bool = False, proj_drop: float = 0.0,
-                 num_prefix_tokens: int = 0, device=None, dtype=None) -> None:
+                 num_prefix_tokens: int = 0, fft_dims: str = "2d", device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.dim = dim
@@ -99,6 +102,10 @@ class StructureAwareAttention(TokenMixer):
             raise ValueError(f"structure_aware: kernel_resize must be 'pad' or 'interp', got {kernel_resize!r}")
         if local_kernel is not None and (local_kernel < 1 or local_kernel % 2 == 0):
             raise ValueError(f"structure_aware: local_kernel must be an odd int >= 1 or None, got {local_kernel!r}")
+        if fft_dims not in ("2d", "1d"):
+            raise ValueError(f"structure_aware: fft_dims must be '2d' (the token grid) or '1d', got {fft_dims!r}")
+        if fft_dims == "1d" and local_kernel is not None:
+            raise ValueError("structure_aware: local_kernel needs the token grid (fft_dims='2d'), got fft_dims='1d'")
         if d_chunk is not None and d_chunk < 1:
             raise ValueError(f"structure_aware: d_chunk must be >= 1 or None, got {d_chunk!r}")
         if num_prefix_tokens:
@@ -114,12 +121,15 @@ class StructureAwareAttention(TokenMixer):
         self.kernel_resize = kernel_resize
         self.normalize_v = normalize_v
         self.checkpoint_kernels = checkpoint_kernels
+        self.fft_dims = fft_dims
+        # Grid the kernels live on: the token grid, or its raster-order flattening for fft_dims='1d'.
+        self.kernel_grid = self.input_size if fft_dims == "2d" else (math.prod(self.input_size),)
         if local_kernel is not None:
             ksize = (local_kernel,) * self.ndim_grid
         elif boundary == "circular":
-            ksize = self.input_size
+            ksize = self.kernel_grid
         else:
-            ksize = tuple(2 * g - 1 for g in self.input_size)
+            ksize = tuple(2 * g - 1 for g in self.kernel_grid)
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, **dd)
         self.kernel_a = nn.Parameter(torch.empty(dim, D, *ksize, **dd))
         self.kernel_b = nn.Parameter(torch.empty(1 if shared_kernel_b else num_heads, D, *ksize, **dd))
@@ -155,7 +165,7 @@ class StructureAwareAttention(TokenMixer):
         if math.prod(grid) != x.shape[1]:
             raise ValueError(f"{who}: grid hw={'x'.join(map(str, grid))} makes {math.prod(grid)} tokens but x has "
                              f"N={x.shape[1]} (shape {tuple(x.shape)})")
-        return grid
+        return grid if self.fft_dims == "2d" else (math.prod(grid),)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, N, C) -> q-bar, k-bar, v (B, h, N, d) in the compute dtype (float32, or float64)."""
@@ -174,7 +184,7 @@ class StructureAwareAttention(TokenMixer):
         ka, kb = self.kernel_a, self.kernel_b
         if dtype is not None:
             ka, kb = ka.to(dtype), kb.to(dtype)
-        if self.local_kernel is None and tuple(grid) != self.input_size:
+        if self.local_kernel is None and tuple(grid) != self.kernel_grid:
             target = tuple(grid) if self.boundary == "circular" else tuple(2 * g - 1 for g in grid)
             ka = resize_kernel(ka, target, self.kernel_resize)
             kb = resize_kernel(kb, target, self.kernel_resize)

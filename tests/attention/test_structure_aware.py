@@ -313,3 +313,14 @@ def test_peak_memory_bounded_by_tiling():
             m56.d_chunk = c
             peaks[c] = peak_memory(lambda: m56(xs, (56, 56)))
     assert peaks[1] < peaks[8], peaks
+
+
+def test_module_fft_dims_1d_equals_ref():
+    """fft_dims='1d' (ablation): one circulant over the raster-order sequence, kernels (C, D, N0)."""
+    m = _module(fft_dims="1d", input_size=(5, 7))
+    assert tuple(m.kernel_a.shape) == (8, 3, 35)
+    for hw in [(5, 7), (6, 4)]:
+        compare_module(m, lambda m, x, hw=hw: m(x, hw), lambda m, x, hw=hw: m.forward_ref(x, hw),
+                       [torch.randn(2, math.prod(hw), 8)], torch.float64)
+    with pytest.raises(ValueError, match="fft_dims"):
+        _module(fft_dims="3d")
