@@ -158,3 +158,15 @@ def test_fixture_matches_official(official_root, family, name):
     with contextlib.redirect_stdout(io.StringIO()):
         off = builders[name]()
     assert {k: list(v.shape) for k, v in off.state_dict().items()} == fixture(family)[name]
+
+
+def test_pretrained_cfg_overlay_route(tmp_path):
+    """timm's own loading path (`pretrained_cfg_overlay=dict(file=...)`) applies remap_official as its filter."""
+    sd = random_state_dict(fixture("flatten_pvt")["flatten_pvt_tiny"])
+    path = tmp_path / "flatten_pvt_t.pth"
+    torch.save({"model": sd}, path)
+    m = subquad.create_model("flatten_pvt_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+    own = m.state_dict()
+    assert "norm.weight" not in own
+    for k in ("patch_embed1.proj.weight", "block3.1.attn.positional_encoding", "head.bias"):
+        assert torch.equal(own[k], sd[k]), k
