@@ -20,8 +20,14 @@ test: $(STAMP)
 test-all: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not gpu and not parity" --durations=25
 
+DEMO_MODEL ?= l2vit_micro
+DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
+
 demo: $(STAMP)
-	$(BIN)/subquad train --model vit_attn_micro --data digits --epochs 30 --output runs/demo
+	$(BIN)/subquad train --model $(DEMO_MODEL) --data digits --img-size 16 --epochs 10 --log-interval 0 --output $(DEMO_OUT)
+	$(BIN)/subquad eval --model $(DEMO_MODEL) --checkpoint $(DEMO_OUT)/best.safetensors
+	@$(BIN)/python -c "from subquad.data.small import save_digits_image as s; print('true label of digit.png:', s('$(DEMO_OUT)/digit.png'))"
+	$(BIN)/subquad predict --model $(DEMO_MODEL) --checkpoint $(DEMO_OUT)/best.safetensors $(DEMO_OUT)/digit.png
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

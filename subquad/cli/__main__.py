@@ -27,9 +27,16 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors (unknown flag, bad value) are one line and exit 2; subparsers inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="subquad", description="Sub-quadratic attention: models, training, "
-                                     "benchmarks and analysis.")
+    parser = _OneLineParser(prog="subquad", description="Sub-quadratic attention: models, training, "
+                            "benchmarks and analysis.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS.values():
