@@ -159,3 +159,46 @@ def test_bad_input():
 def test_meta_device():
     m = _model(device="meta")
     assert next(m.parameters()).device.type == "meta"
+
+
+@pytest.mark.parity
+def test_parity_official_lra_model(official_root):
+    """The whole official LRA model (lra/model.py + model_wrapper.SCHead, `lsta`, --cls_last_layer) loads strictly
+    into LRAClassifier(attention="long_short") and gives the same logits."""
+    import importlib
+    import sys
+    import types
+    from pathlib import Path
+
+    root = Path(official_root)
+    lra = (root / "transformer-ls" if (root / "transformer-ls").is_dir() else root) / "lra"
+    if not (lra / "model_wrapper.py").is_file():
+        pytest.skip(f"official LRA code not found under {lra}")
+    names = ("model_wrapper", "model", "attention", "attention_transformer_ls")
+    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    sys.path.insert(0, str(lra))
+    try:
+        wrapper = importlib.import_module("model_wrapper")
+        for w, r in [(8, 4), (4, 2)]:
+            cfg = types.SimpleNamespace(
+                mixed_precision=False, pooling_mode="MEAN", cls_last_layer=True, cls_token=False, vocab_size=20,
+                embedding_dim=16, transformer_dim=16, transformer_hidden_dim=24, max_seq_len=32, debug=False,
+                dropout_prob=0.0, attn_type="lsta", num_layers=2, tied_weights=False, num_classes=10, num_head=2,
+                head_dim=8, num_landmarks=r, window_size=w, attention_dropout=0.0, fp32_attn=False,
+                conv_kernel_size=-1, attention_grad_checkpointing=False)
+            off = wrapper.ModelForSC(cfg).eval()
+            with torch.no_grad():
+                off.model.cls_embed.normal_()
+            ours = LRAClassifier(vocab_size=20, num_classes=10, dim=16, depth=2, num_heads=2, mlp_dim=24, max_len=32,
+                                 attention="long_short", attn_kw={"layout": "lra", "window_size": w, "rank": r},
+                                 cls_attn_kw={"num_prefix_tokens": 1}).eval()
+            ours.load_state_dict(off.state_dict(), strict=True)
+            tokens, mask = _batch(3, 32, (32, 20, 9))
+            with torch.no_grad():
+                ref = off.seq_classifer(off.model(tokens, mask.float()))
+                assert_close(ours(tokens, mask), ref.double(), torch.float32, f"official LRA model w={w} r={r}")
+    finally:
+        sys.path.remove(str(lra))
+        for n in names:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
