@@ -20,6 +20,7 @@ from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
 from ..attention import build_attention
+from ..attention.enhanced_linear import LocalConcentrationModule
 from ..errors import UserError
 from ..layers.patch_embed import L2ViTStem, PreNormDownsample
 from ..layers.pos_embed import ConvPosEnc
@@ -81,8 +82,6 @@ class LGABlock(nn.Module):
                  attn: str = "enhanced_linear", lcm_kernel_size: int = 7,
                  input_size: tuple[int, int] | None = None, device=None, dtype=None) -> None:
         super().__init__()
-        from ..attention.enhanced_linear import LocalConcentrationModule
-
         dd = {"device": device, "dtype": dtype}
         self.cpe = nn.ModuleList([ConvPosEnc(dim, 3, **dd)])
         self.norm1 = nn.LayerNorm(dim, **dd)
