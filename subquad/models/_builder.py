@@ -47,7 +47,9 @@ def unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> dict[str, torch.Ten
         sd = obj
     else:
         sd = None
-        keys = _WRAPPER_KEYS if prefer_ema else tuple(k for k in _WRAPPER_KEYS if "ema" not in k) + ("model_ema",)
+        non_ema = tuple(k for k in _WRAPPER_KEYS if "ema" not in k)
+        ema = tuple(k for k in _WRAPPER_KEYS if "ema" in k)
+        keys = ema + non_ema if prefer_ema else non_ema + ema
         for k in keys:
             if isinstance(obj, dict) and isinstance(obj.get(k), dict):
                 sd = unwrap_state_dict(obj[k])
