@@ -140,11 +140,11 @@ def _dwc_fast(v: torch.Tensor, hw, kv_hw, num_heads: int, prefix: int, sr_mode: 
     vm = upsample_v(v[:, prefix:], kv_hw, hw, sr_mode).contiguous(memory_format=torch.channels_last)
     # The d-channel kernel shared by all heads is the C-channel depthwise kernel repeated h times (head-major).
     C = vm.shape[1]
-    w = dwc_weight.repeat(num_heads, 1, 1, 1)
-    b = None if dwc_bias is None else dwc_bias.repeat(num_heads)
+    w = torch.cat([dwc_weight] * num_heads)
+    b = None if dwc_bias is None else torch.cat([dwc_bias] * num_heads)
     y = F.conv2d(vm, w, b, padding=(w.shape[-2] // 2, w.shape[-1] // 2), groups=C)
     if lepe_weight is not None:
-        # LePE acts on the key-grid map of v (CSwin 'L' blocks have n == N).
+        # LePE on the same v map as the DWC (CSwin 'L' blocks have n == N, so no resize happens there).
         y = y + F.conv2d(vm, lepe_weight, lepe_bias, padding=(lepe_weight.shape[-2] // 2, lepe_weight.shape[-1] // 2),
                          groups=C)
     return y.flatten(2).transpose(1, 2)  # (B, H*W, C)

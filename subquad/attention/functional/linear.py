@@ -287,13 +287,16 @@ def depthwise_conv_matrix(weight: torch.Tensor, hw: tuple[int, int]) -> torch.Te
     C, _, kh, kw = weight.shape
     H, W = hw
     ph, pw = kh // 2, kw // 2
-    m = weight.new_zeros(C, H, W, H, W)
-    for a in range(kh):
-        for b in range(kw):
-            dy, dx = a - ph, b - pw
-            ys = torch.arange(max(0, -dy), min(H, H - dy), device=weight.device)
-            xs = torch.arange(max(0, -dx), min(W, W - dx), device=weight.device)
-            if len(ys) == 0 or len(xs) == 0:
-                continue
-            m[:, ys[:, None], xs[None, :], (ys + dy)[:, None], (xs + dx)[None, :]] += weight[:, 0, a, b][:, None, None]
+    # Shift matrices: sh[a, y, y'] = 1 where input row y' = y + a - ph feeds output row y (zero padding outside).
+    sh = torch.stack([torch.eye(H, dtype=weight.dtype, device=weight.device).roll(a - ph, 1)
+                      * _band(H, a - ph, weight) for a in range(kh)])  # (kh, H, H)
+    sw = torch.stack([torch.eye(W, dtype=weight.dtype, device=weight.device).roll(b - pw, 1)
+                      * _band(W, b - pw, weight) for b in range(kw)])  # (kw, W, W)
+    m = torch.einsum("cab,ayz,bxw->cyxzw", weight[:, 0], sh, sw)  # (C, H, W, H, W)
     return m.reshape(C, H * W, H * W)
+
+
+def _band(size: int, shift: int, like: torch.Tensor) -> torch.Tensor:
+    """(size, size) mask of the rows y whose shifted input y + shift lies inside [0, size)."""
+    y = torch.arange(size, device=like.device)
+    return ((y + shift >= 0) & (y + shift < size)).to(like.dtype)[:, None]
