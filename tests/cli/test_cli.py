@@ -41,7 +41,7 @@ def test_models_table(capsys):
 def test_train_tiny_run_writes_outputs(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--model", "vit_attn_micro", "--data", "digits", "--epochs", "1", "--img-size", "16",
-                 "--output", str(out)]) == 0
+                 "--train-limit", "128", "--eval-limit", "64", "--output", str(out)]) == 0
     for f in ("args.yaml", "summary.csv", "last.safetensors", "best.safetensors", "best.json"):
         assert (out / f).is_file(), f
     assert "test accuracy" in capsys.readouterr().out

@@ -20,7 +20,7 @@ def _cfg(out, **kw):
     # Light augmentation, drop path, mixup/cutmix and EMA: every source of randomness the resume must reproduce.
     return TrainConfig(model="vit_attn_micro", data="digits", img_size=16, batch_size=32, epochs=3, lr=2e-3,
                        warmup_epochs=1, aug="light", drop_path=0.1, mixup=0.4, cutmix=0.4, model_ema=True,
-                       model_ema_decay=0.9, train_limit=192, eval_limit=64, log_interval=0, output=str(out),
+                       model_ema_decay=0.9, train_limit=128, eval_limit=32, log_interval=0, output=str(out),
                        device="cpu", **kw)
 
 
@@ -54,6 +54,6 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path):
     for k in ("eval_top1", "eval_top5", "eval_loss", "best_top1"):
         assert r_full[k] == r_res[k], k
     sa, sb = load_state(full / "last_state.pth"), load_state(part / "last_state.pth")
-    assert sa["num_updates"] == sb["num_updates"] == 3 * 6
+    assert sa["num_updates"] == sb["num_updates"] == 3 * 4
     for k, v in sa["optimizer"]["state"].items():
         assert torch.equal(v["exp_avg"], sb["optimizer"]["state"][k]["exp_avg"])
