@@ -33,13 +33,12 @@ def run(args: argparse.Namespace) -> int:
     from subquad.data.registry import open_source
     from subquad.engine.checkpoint import write_json
     from subquad.engine.classify import eval_loader, evaluate
-    from subquad.engine.distributed import DistInfo, init_distributed
+    from subquad.engine.distributed import DistInfo, resolve_device
     from subquad.errors import UserError
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    info = init_distributed(args.device)
-    info = DistInfo(device=info.device)
+    info = DistInfo(device=resolve_device(args.device))
     ckpt = Path(args.checkpoint)
     if args.use_ema:
         ckpt = ckpt.with_name(ckpt.stem + "_ema" + ckpt.suffix)

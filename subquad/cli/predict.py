@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     from subquad.engine.checkpoint import write_json
     from subquad.engine.classify import eval_transform
-    from subquad.engine.distributed import init_distributed
+    from subquad.engine.distributed import resolve_device
     from subquad.errors import UserError
 
     if args.topk < 1:
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     for path in args.images:
         if not Path(path).is_file():
             raise UserError(f"image not found: {path}")
-    device = init_distributed(args.device).device
+    device = resolve_device(args.device)
     model, side, dcfg = load_checkpointed_model(args.model, args.checkpoint, args.img_size, device)
     classes = side.get("classes") or [str(i) for i in range(model.num_classes)]
     tf = eval_transform(dcfg)

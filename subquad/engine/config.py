@@ -16,7 +16,7 @@ from ..errors import UserError
 __all__ = ["TrainConfig", "config_fields", "merge_config"]
 
 
-def _f(default: Any, help: str, short: str | None = None, choices: tuple | None = None, **kw: Any) -> Any:  # noqa: A002
+def _f(default: Any, help: str, short: str | None = None, choices: tuple | None = None) -> Any:  # noqa: A002
     meta = {"help": help, "short": short, "choices": choices}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-__all__ = ["DistInfo", "init_distributed", "GlobalBatchSampler", "all_reduce_sum", "barrier", "cleanup"]
+__all__ = ["DistInfo", "init_distributed", "resolve_device", "GlobalBatchSampler", "all_reduce_sum", "barrier",
+           "cleanup"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,11 @@ class DistInfo:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+def resolve_device(device: str = "") -> torch.device:
+    """`device`, or CUDA when available, else CPU (no process group)."""
+    return torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def init_distributed(device: str = "") -> DistInfo:
