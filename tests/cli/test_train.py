@@ -146,3 +146,19 @@ def test_ddp_two_processes_equal_single_process(tmp_path):
         fa, fb = ra.split(","), rb.split(",")
         assert fa[0] == fb[0] and abs(float(fa[3]) - float(fb[3])) < 1e-6 and abs(float(fa[4]) - float(fb[4])) < 1e-6
         assert abs(float(fa[1]) - float(fb[1])) < 1e-4
+
+
+@pytest.mark.data
+def test_fashion_mnist_one_epoch(tmp_path, capsys):
+    from subquad.data.fashion_mnist import DEBIAN_DIR
+
+    if not (DEBIAN_DIR / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip("Debian package dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist)")
+    out = tmp_path / "fm"
+    assert main(["train", "--model", "vit_attn_micro", "--data", "fashion-mnist", "--img-size", "16", "--train-limit",
+                 "128", "--eval-limit", "64", "-b", "32", "--epochs", "1", "--log-interval", "0", "--device", "cpu",
+                 "--output", str(out)]) == 0
+    import json
+
+    side = json.loads((out / "best.json").read_text())
+    assert side["classes"][0] == "T-shirt/top" and side["data_config"]["mean"][0] == pytest.approx(0.2860)
