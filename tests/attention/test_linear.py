@@ -99,7 +99,21 @@ def test_gradcheck_tiny(name):
     assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
-@pytest.mark.parametrize("name", [n for n in MAPS if n != "cosformer"])
+@pytest.mark.parametrize("name", ["l1", "cosformer"])
+def test_mask_equals_truncation_for_token_normalised_maps(name):
+    """SimA and cosFormer normalise over the token axis: padded tokens are left out, so real rows equal the
+    unpadded run (queries and keys of padding never enter a norm or the length M)."""
+    m = subquad.build_attention(f"linear_{name}", 16, 2).double().eval()
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[0, 8:] = False
+    with torch.no_grad():
+        out = m(x, None, mask)
+        torch.testing.assert_close(out[:1, :8], m(x[:1, :8]))
+        torch.testing.assert_close(out[1:], m(x[1:]))
+
+
+@pytest.mark.parametrize("name", [n for n in MAPS if n not in ("cosformer", "l1")])
 def test_mask_equals_dropping_keys(name):
     m = subquad.build_attention(f"linear_{name}", 16, 2).double().eval()
     x = torch.randn(1, 12, 16, dtype=torch.float64)
@@ -111,7 +125,7 @@ def test_mask_equals_dropping_keys(name):
             ref = linear_attention(q, k[:, :, :8], v[:, :, :8], "none")
         else:
             qf, kf = feature_map(name, q, k[:, :, :8])
-            normaliser = "none" if name in ("l1", "softmax") else "sum"
+            normaliser = "none" if name == "softmax" else "sum"
             ref = linear_attention(qf, kf, v[:, :, :8], normaliser, m.eps)
         want = m.proj(ref.transpose(1, 2).reshape(1, 12, -1))
         torch.testing.assert_close(m(x, None, mask), want)

@@ -63,11 +63,8 @@ def test_every_sequence_mechanism_trains(attention):
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
 
 
-# Mechanisms whose outputs at real tokens depend on the padded length even with a mask (reported, not ours to fix).
-PAD_DEPENDENT = {
-    "linear_cosformer": "cosFormer re-weighting uses the padded length M = max(N, n)",
-    "linear_l1": "SimA L1-normalises the queries over all N tokens, padded ones included",
-}
+# Mechanisms whose feature maps normalise over the token axis: padded tokens must be left out of those norms.
+TOKEN_NORMALISED = ("linear_cosformer", "linear_l1")
 
 
 def _pad_cases():
@@ -75,12 +72,9 @@ def _pad_cases():
     for name in MASK_MECHS:
         # Every pooling for the two LRA baselines; the default (cls_last) for the others, to keep the suite short.
         pools = ("cls_last", "cls", "masked_mean") if name in ("softmax", "long_short") else ("cls_last",)
-        if name in PAD_DEPENDENT:
+        if name in TOKEN_NORMALISED:
             pools = ("cls_last", "masked_mean")
-        for pool in pools:
-            dependent = name in PAD_DEPENDENT and pool == "masked_mean"
-            marks = [pytest.mark.xfail(reason=PAD_DEPENDENT[name], strict=False)] if dependent else []
-            cases.append(pytest.param(name, pool, marks=marks, id=f"{name}-{pool}"))
+        cases += [pytest.param(name, pool, id=f"{name}-{pool}") for pool in pools]
     return cases
 
 

@@ -213,10 +213,10 @@ def _leaky_relu(x: torch.Tensor, is_key: bool, mask: torch.Tensor | None) -> tor
 
 
 def _l1(x: torch.Tensor, is_key: bool, mask: torch.Tensor | None) -> torch.Tensor:
-    # SimA: each channel divided by its L1 norm over the tokens (masked keys excluded).
-    if is_key:
-        x = _mask_keys(x, mask)
-    return x / x.abs().sum(dim=-2, keepdim=True).clamp_min(1e-6)
+    # SimA: each channel divided by its L1 norm over the tokens; padded tokens (mask False) are left out of the norm
+    # (queries too, in self-attention), so padding never changes the real rows.
+    xm = _mask_keys(x, mask)
+    return (xm if is_key else x) / xm.abs().sum(dim=-2, keepdim=True).clamp_min(1e-6)
 
 
 def _softmax(x: torch.Tensor, is_key: bool, mask: torch.Tensor | None) -> torch.Tensor:
@@ -234,14 +234,17 @@ def _hydra(x: torch.Tensor, is_key: bool, mask: torch.Tensor | None) -> torch.Te
     return _mask_keys(y, mask) if is_key else y
 
 
-def _cosformer(x: torch.Tensor, is_key: bool, mask: torch.Tensor | None, length: int | None = None) -> torch.Tensor:
+def _cosformer(x: torch.Tensor, is_key: bool, mask: torch.Tensor | None,
+               length: int | torch.Tensor | None = None) -> torch.Tensor:
     # cosFormer: relu(x) re-weighted by cos/sin(pi/2 * i / M), i = 1..L, concatenated to 2d channels, so that
-    # phi(q_i).phi(k_j) = relu(q_i).relu(k_j) cos(pi/2 (i - j) / M).
+    # phi(q_i).phi(k_j) = relu(q_i).relu(k_j) cos(pi/2 (i - j) / M). M is an int or a per-sample (B, 1, 1, 1)
+    # tensor (the real, unpadded length when a mask is given).
     L = x.shape[-2]
-    M = length or L
-    idx = torch.arange(1, L + 1, device=x.device, dtype=x.dtype) * (math.pi / (2 * M))  # (L,)
+    M = L if length is None else length
+    pos = torch.arange(1, L + 1, device=x.device, dtype=x.dtype)[:, None]  # (L, 1)
+    ang = pos * (math.pi / 2) / M  # (L, 1) or (B, 1, L, 1)
     r = F.relu(x)
-    y = torch.cat([r * idx.cos()[:, None], r * idx.sin()[:, None]], dim=-1)  # (B, h, L, 2d)
+    y = torch.cat([r * ang.cos(), r * ang.sin()], dim=-1)  # (B, h, L, 2d)
     return _mask_keys(y, mask) if is_key else y
 
 
@@ -268,9 +271,18 @@ def feature_map(name: str, q: torch.Tensor, k: torch.Tensor,
     if name not in FEATURE_MAPS:
         raise ValueError(f"feature_map={name!r} is not one of {sorted(FEATURE_MAPS)}")
     fn = FEATURE_MAPS[name]
+    # In self-attention (N == n) the key-padding mask also marks padded queries.
+    qmask = mask if mask is not None and q.shape[-2] == mask.shape[-1] else None
     if name == "cosformer":
-        m = max(q.shape[-2], k.shape[-2])
+        if mask is None:
+            m: int | torch.Tensor = max(q.shape[-2], k.shape[-2])
+        else:
+            # M = max(N, n) over the real (unpadded) tokens, per sample: (B, 1, 1, 1).
+            real = mask.sum(dim=-1).to(q.dtype)
+            m = (real if qmask is not None else real.clamp_min(q.shape[-2])).clamp_min(1)[:, None, None, None]
         return fn(q, False, None, m), fn(k, True, mask, m)
+    if name == "l1":
+        return fn(q, False, qmask), fn(k, True, mask)
     return fn(q, False, None), fn(k, True, mask)
 
 
