@@ -86,15 +86,20 @@ def check_mask(mask: torch.Tensor | None, x: torch.Tensor, who: str = "attention
 
 
 def tokens_to_map(x: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
-    """(B, N, C) -> (B, C, H, W)."""
+    """(B, N, C) -> (B, C, H, W), a channels-last view of contiguous tokens (no copy).
+
+    Convolutions run on it in channels-last layout and `map_to_tokens` turns their output back into tokens without a
+    copy either; at high resolution this saves two full-size transposes per convolution.
+    """
     H, W = hw
     B, N, C = x.shape
-    return x.transpose(1, 2).reshape(B, C, H, W)
+    return x.reshape(B, H, W, C).permute(0, 3, 1, 2)
 
 
 def map_to_tokens(x: torch.Tensor) -> torch.Tensor:
-    """(B, C, H, W) -> (B, H*W, C)."""
-    return x.flatten(2).transpose(1, 2)
+    """(B, C, H, W) -> (B, H*W, C) (a view when x is channels-last, else one copy)."""
+    B, C, H, W = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, H * W, C)
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.parity
 @contextlib.contextmanager
 def _quiet_imports():
     fake = {}
-    if importlib.util.find_spec("einops") is None:
+    # Another test module may already have put a stub in sys.modules (find_spec then raises on its missing __spec__).
+    if "einops" not in sys.modules and importlib.util.find_spec("einops") is None:
         layers = types.ModuleType("einops.layers")
         torch_layers = types.ModuleType("einops.layers.torch")
         torch_layers.Rearrange = None
