@@ -27,7 +27,7 @@ DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 # ran 5x slower than one.
 demo: export OMP_NUM_THREADS = 1
 demo: $(STAMP)
-	$(BIN)/subquad train --model $(DEMO_MODEL) --data digits --img-size 16 --epochs 10 --log-interval 0 --output $(DEMO_OUT)
+	$(BIN)/subquad train --model $(DEMO_MODEL) --data digits --img-size 32 --epochs 10 --log-interval 0 --output $(DEMO_OUT)
 	$(BIN)/subquad eval --model $(DEMO_MODEL) --checkpoint $(DEMO_OUT)/best.safetensors
 	@$(BIN)/python -c "from subquad.data.small import save_digits_image as s; print('true label of digit.png:', s('$(DEMO_OUT)/digit.png'))"
 	$(BIN)/subquad predict --model $(DEMO_MODEL) --checkpoint $(DEMO_OUT)/best.safetensors $(DEMO_OUT)/digit.png
