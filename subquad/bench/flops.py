@@ -96,7 +96,7 @@ def count_macs(model: str | nn.Module, img_size: int | Sequence[int] = 224, in_c
 
     Args:
         model: a registered name (built with device='meta') or a module (counted on its own device).
-        img_size: H or (H, W) of the input.
+        img_size: H or (H, W) of the input (video models, `model.video`, get clips of `model.num_frames` frames).
         in_chans: input channels (default: the model's `pretrained_cfg` or 3).
         batch_size: GMACs are reported per batch of this size (1 as in the papers).
         breakdown: also return GMACs per module.
@@ -113,6 +113,10 @@ def count_macs(model: str | nn.Module, img_size: int | Sequence[int] = 224, in_c
     params = sum(p.numel() for p in model.parameters())
     device = next(model.parameters()).device
     model.eval()
-    x = torch.empty(batch_size, in_chans, H, W, device=device)
+    if getattr(model, "video", False):
+        # Video backbones take clips (B, C, T, H, W) of the length their kernels are sized for.
+        x = torch.empty(batch_size, in_chans, int(getattr(model, "num_frames", 16)), H, W, device=device)
+    else:
+        x = torch.empty(batch_size, in_chans, H, W, device=device)
     result = count_module_macs(model, x, breakdown=breakdown)
     return {"params": params, "img_size": (H, W), **result}

@@ -32,3 +32,10 @@ def test_cpu_sdpa_counted_on_real_tensors():
     meta = count_module_macs(m.to("meta"), torch.empty(1, 100, 64, device="meta"))["gmacs"]
     assert real == pytest.approx(meta)
     assert real * 1e9 == pytest.approx(100 * 64 * 64 * 4 + 2 * 100 * 100 * 64)
+
+
+def test_video_models_counted_on_clips():
+    """A video model is counted on a clip (B, C, T, H, W): more work than its image twin on one frame."""
+    image = subquad.count_macs("hylisanet_s", 64)["gmacs"]
+    video = subquad.count_macs("hylisanet_s_video", 64)["gmacs"]
+    assert video > 4 * image
