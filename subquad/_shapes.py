@@ -35,9 +35,14 @@ def as_hw(size: int | Sequence[int] | None, name: str = "size") -> tuple[int, in
     """Normalise an int or (H, W) pair to a tuple of two positive ints (None passes through)."""
     if size is None:
         return None
+    if isinstance(size, bool):
+        raise ValueError(f"{name} must hold whole numbers, got {size!r}")
     if isinstance(size, int):
         size = (size, size)
-    size = tuple(int(s) for s in size)
+    vals = tuple(size)
+    if any(isinstance(s, bool) or int(s) != s for s in vals):
+        raise ValueError(f"{name} must hold whole numbers, got {vals!r}")
+    size = tuple(int(s) for s in vals)
     if len(size) != 2 or min(size) < 1:
         raise ValueError(f"{name} must be a positive int or an (H, W) pair of positive ints, got {size!r}")
     return size  # type: ignore[return-value]

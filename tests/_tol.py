@@ -57,6 +57,8 @@ def compare_fn(fast, ref, inputs: list, dtype: torch.dtype = torch.float64, fact
         if isinstance(b, torch.Tensor) and b.grad is not None:
             assert a.grad is not None, f"grad of input {i} missing in the fast path"
             assert_close(a.grad, b.grad, dtype, f"grad of input {i}", factor)
+        elif isinstance(a, torch.Tensor):
+            assert a.grad is None or not a.grad.any(), f"grad of input {i} in the fast path but not in the reference"
 
 
 def compare_module(module: torch.nn.Module, fast, ref, inputs: list, dtype: torch.dtype = torch.float64,

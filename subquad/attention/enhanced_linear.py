@@ -54,8 +54,9 @@ class EnhancedLinearAttention(TokenMixer):
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads, "enhanced_linear attention")
-        if clamp_min < 0:
-            raise ValueError(f"enhanced_linear: clamp_min={clamp_min} must be >= 0")
+        if not clamp_min > 0:
+            # No epsilon in the official denominator: a clamp of 0 divides all-zero ReLU rows by 0.
+            raise ValueError(f"enhanced_linear: clamp_min={clamp_min} must be > 0 (official: 100)")
         self.clamp_min = float(clamp_min)
         self.fused = fused
         self.temperature = nn.Parameter(torch.empty(num_heads, 1, 1, **dd))

@@ -3,6 +3,8 @@ PVT / PVTv2 spatial-reduction forms (keys and values from a reduced map)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -78,6 +80,9 @@ class MultiHeadAttention(TokenMixer):
             raise ValueError("softmax attention: causal=True cannot be combined with spatial reduction "
                              f"(sr_ratio={sr_ratio}, linear_sr={linear_sr})")
         if self.reduces:
+            # Spatial reduction needs the grid and has neither masks nor a causal mode.
+            self.caps = dataclasses.replace(type(self).caps, supports_mask=False, causal=False, needs_hw=True,
+                                            sequence=False)
             self.q = nn.Linear(dim, dim, bias=qkv_bias, **dd)
             self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias, **dd)
             if self.linear_sr:

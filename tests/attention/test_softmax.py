@@ -67,3 +67,41 @@ def test_causal_fast_vs_ref_and_no_leak(dtype):
     x2[:, 6] += 1.0
     y2 = m(x2)
     assert torch.equal(y[:, :6], y2[:, :6]) and not torch.allclose(y[:, 6:], y2[:, 6:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_bias_path_vs_reference(dtype, with_mask):
+    """Float bias (learnable, e.g. relative position bias) merged with a bool mask, including an empty row."""
+    q, k, v = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 6, 4), torch.randn(2, 2, 6, 4)
+    bias = torch.randn(2, 5, 6)
+    mask = None
+    if with_mask:
+        mask = torch.ones(2, 1, 5, 6, dtype=torch.bool)
+        mask[0, :, :, 4:] = False
+        mask[1, :, 2] = False  # query row 2 of sample 1 sees no key
+
+    def fast(q, k, v, b):
+        return softmax_attention(q, k, v, mask=mask, bias=b)
+
+    def ref(q, k, v, b):
+        return softmax_attention_ref(q, k, v, mask=mask, bias=b)
+
+    compare_fn(fast, ref, [q, k, v, bias], dtype)
+
+
+def test_spatial_reduction_caps_refuse_masks():
+    from subquad.attention import Request, check
+
+    m = MultiHeadAttention(32, 2, sr_ratio=2)
+    assert check(m.caps, Request(mask=True)) and check(m.caps, Request(causal=True))
+    assert m.caps.needs_hw and not MultiHeadAttention.caps.needs_hw
+
+
+def test_fractional_hw_refused():
+    from subquad._shapes import as_hw
+
+    with pytest.raises(ValueError, match="whole numbers"):
+        as_hw((5.5, 7))
+    with pytest.raises(ValueError, match="whole numbers"):
+        as_hw(True)

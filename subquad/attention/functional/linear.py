@@ -58,7 +58,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normaliser: str, o
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"linear attention expects (B, h, N, d) tensors, got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or q.shape[:2] != k.shape[:2] != v.shape[:2]:
+    if (q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or q.shape[:2] != k.shape[:2]
+            or k.shape[:2] != v.shape[:2]):
         raise ValueError(f"linear attention: incompatible q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
 
 
@@ -223,9 +224,12 @@ def _softmax(x: torch.Tensor, is_key: bool, mask: torch.Tensor | None) -> torch.
     # Efficient Attention: queries softmax over channels, keys softmax over tokens.
     if not is_key:
         return x.softmax(dim=-1)
-    if mask is not None:
-        x = x.masked_fill(~mask[:, None, :, None], float("-inf"))
-    return x.softmax(dim=-2)
+    if mask is None:
+        return x.softmax(dim=-2)
+    # Masked keys get the lowest finite logit and are zeroed after the softmax, so a sample whose keys are all
+    # padding gives zeros (never 0/0 = NaN).
+    m = mask[:, None, :, None]
+    return x.masked_fill(~m, torch.finfo(x.dtype).min).softmax(dim=-2) * m.to(x.dtype)
 
 
 def _hydra(x: torch.Tensor, is_key: bool, mask: torch.Tensor | None) -> torch.Tensor:
