@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = args.func(args)
-    except (UserError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError) as e:
+    except (UserError, ValueError, OSError) as e:
         if os.environ.get("SUBQUAD_DEBUG"):
             raise
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)) and e.filename:
+        if isinstance(e, OSError) and e.filename:
             msg = f"{e.strerror or type(e).__name__}: {e.filename}"
         print(f"subquad {args.command}: error: {msg}", file=sys.stderr)
         return 2

@@ -125,9 +125,20 @@ def _printer(cols: list[str], out: Path, columns: list[str]):
 
 def _outputs(args: argparse.Namespace, kind: str) -> tuple[Path, Path | None]:
     from subquad.bench.sweep import default_result_path
+    from subquad.engine.checkpoint import check_output_file
 
     out = Path(args.out) if args.out else default_result_path(kind, args.device)
     plot = None if args.no_plot else (Path(args.plot) if args.plot else out.with_suffix(".png"))
+
+    def _earlier_csv(p: Path) -> bool:
+        # Only an earlier bench result (its header names the timm-style columns) may be replaced.
+        with open(p, errors="replace") as f:
+            return f.readline().startswith("name,")
+
+    check_output_file(out, (".csv",), (), "--out", overwrite_if=_earlier_csv)
+    if plot is not None:
+        check_output_file(plot, (".png",), (out,), "--plot",
+                          overwrite_if=lambda p: p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n")
     return out, plot
 
 

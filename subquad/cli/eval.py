@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
            "crop_pct": dcfg.get("crop_pct"), "interpolation": dcfg.get("interpolation") or "default",
            "images_per_sec": round(n / dt, 1)}
     out = Path(args.results_file) if args.results_file else ckpt.with_name(f"{ckpt.stem}.eval-{split}.json")
+    from subquad.engine.checkpoint import check_output_file, sidecar_path
+
+    check_output_file(out, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file")
     write_json(row, out)
     print(f"{args.model} on {spec} [{split}, {n} images]: top-1 {m['eval_top1']:.2f} %  top-5 {m['eval_top5']:.2f} %  "
           f"loss {m['eval_loss']:.4f}  ({n / dt:.0f} images/s)")

@@ -118,5 +118,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{path}: " + ", ".join(f"{t['class']} ({100 * t['prob']:.1f} %)" for t in top))
     print(f"{len(xs)} image(s) in {dt * 1000:.1f} ms ({len(xs) / max(dt, 1e-9):.0f} images/s)")
     if args.json:
+        from subquad.engine.checkpoint import check_output_file
+
+        check_output_file(args.json, (".json",), (args.checkpoint, *args.images), "--json")
         write_json(results, args.json)
     return 0

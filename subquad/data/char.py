@@ -138,7 +138,12 @@ def prepare_corpus(corpus: str | os.PathLike, out: str | os.PathLike, variant: s
     corpus = Path(corpus)
     if glob is None and corpus.is_dir() and os.path.realpath(corpus) == os.path.realpath(LINUX_DOC_SOURCES):
         glob = "*.rst.txt"
+    if limit_bytes < 0:
+        raise UserError(f"--limit-bytes must be >= 0 (0 = everything), got {limit_bytes}")
     files = _list_files(corpus, glob)
+    # Never read back what an earlier `prepare` wrote into the same folder.
+    ours = {os.path.realpath(os.path.join(out, n)) for n in ("train.bin", "valid.bin", "test.bin", "meta.json")}
+    files = [f for f in files if os.path.realpath(f) not in ours]
     parts = []
     for f in files:
         data = f.read_bytes()

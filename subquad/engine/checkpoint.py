@@ -29,11 +29,33 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        # mkstemp creates 0600 files: give the result the usual permissions (0666 minus the umask).
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def check_output_file(path: str | os.PathLike, suffixes: tuple[str, ...], protect: tuple = (),
+                      what: str = "output", overwrite_if=None) -> Path:
+    """Refuse an output path that would destroy something: a wrong suffix, one of the `protect`ed inputs, or an
+    existing file that `overwrite_if(path)` does not recognise as an earlier output of the same kind."""
+    from ..errors import UserError
+
+    p = Path(path)
+    if p.suffix.lower() not in suffixes:
+        raise UserError(f"{what} {p} must end in {' or '.join(suffixes)}")
+    resolved = p.resolve()
+    for q in protect:
+        if q is not None and Path(q).resolve() == resolved:
+            raise UserError(f"{what} {p} is one of the inputs; choose another path (nothing was written)")
+    if p.exists() and (p.is_dir() or (overwrite_if is not None and not overwrite_if(p))):
+        raise UserError(f"{what} {p} exists and is not an earlier {what}; choose another path (nothing was written)")
+    return p
 
 
 def save_weights(model: nn.Module | dict[str, torch.Tensor], path: str | os.PathLike,

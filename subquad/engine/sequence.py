@@ -114,6 +114,14 @@ class LMConfig:
     output: str = ""
 
 
+
+def _refuse_existing_run(out: Path) -> None:
+    """Never overwrite a previous run's checkpoints."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output {out} exists and is not a directory")
+    if any((out / f).exists() for f in ("last.safetensors", "best.safetensors")):
+        raise UserError(f"--output {out} already holds a run; choose another --output (nothing was overwritten)")
+
 def _device(name: str) -> torch.device:
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
@@ -258,6 +266,7 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None) -> dict[
     scaler = torch.amp.GradScaler("cuda") if cfg.amp and device.type == "cuda" else None
 
     out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lra-{cfg.task}-{cfg.attention}")
+    _refuse_existing_run(out)
     out.mkdir(parents=True, exist_ok=True)
     _write_args(out, cfg)
     meta = {"arch": "lra_encoder", "task": cfg.task, "attention": cfg.attention, "encoding": cfg.encoding,
@@ -424,6 +433,7 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
     warm = max(cfg.warmup, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
     out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lm-{cfg.attention}")
+    _refuse_existing_run(out)
     out.mkdir(parents=True, exist_ok=True)
     _write_args(out, cfg)
     model_args = {"vocab_size": vocab_size, "dim": cfg.dim, "depth": cfg.depth, "num_heads": cfg.num_heads,

@@ -29,15 +29,29 @@ _WRAPPER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
 
 
 def build(model_cls: type[nn.Module], variant: str, pretrained: bool = False,
-          remap: Callable[[dict, nn.Module], dict] | None = None, out_indices: Sequence[int] = (0, 1, 2, 3),
+          remap: Callable[[dict, nn.Module], dict] | None = None, default_out_indices: Sequence[int] = (0, 1, 2, 3),
           **kwargs: Any) -> nn.Module:
     """Build a registered variant through timm (features via `forward_intermediates`)."""
     checkpoint_path = kwargs.pop("subquad_checkpoint", None)
+    # A caller's out_indices (features_only=True) overrides the family default.
+    out_indices = kwargs.pop("out_indices", default_out_indices)
+    features = bool(kwargs.get("features_only", False))
     model = build_model_with_cfg(
         model_cls, variant, pretrained, pretrained_filter_fn=remap,
-        feature_cfg=dict(feature_cls="getter", out_indices=tuple(out_indices)), **kwargs)
+        feature_cfg=dict(feature_cls="getter",
+                         out_indices=out_indices if isinstance(out_indices, int) else tuple(out_indices)), **kwargs)
     if checkpoint_path:
-        load_checkpoint(model, checkpoint_path, remap=remap)
+        if features:
+            # A feature extractor wraps the backbone (`.model`) and has pruned its head: load the keys it kept
+            # (every one must be in the checkpoint, with its shape).
+            backbone = model.model
+            sd = read_state_dict(checkpoint_path)
+            sd = remap(sd, backbone) if remap is not None else sd
+            own = backbone.state_dict()
+            load_into(backbone, {k: v for k, v in sd.items() if k in own}, strict=True,
+                      what=f"checkpoint {os.fspath(checkpoint_path)!r}")
+        else:
+            load_checkpoint(model, checkpoint_path, remap=remap)
     return model
 
 

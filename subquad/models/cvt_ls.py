@@ -348,7 +348,7 @@ default_cfgs = generate_default_cfgs({
 def _create(variant: str, pretrained: bool = False, **kwargs) -> CvTLS:
     if pretrained and not kwargs.get("pretrained_cfg_overlay"):
         raise UserError(f"{variant}: no weights exist; pass checkpoint_path=... of your own training")
-    return build(CvTLS, variant, pretrained, out_indices=(0, 1, 2), **kwargs)
+    return build(CvTLS, variant, pretrained, default_out_indices=(0, 1, 2), **kwargs)
 
 
 _13 = dict(embed_dims=(64, 192, 384), depths=(1, 2, 10), num_heads=(1, 3, 6))

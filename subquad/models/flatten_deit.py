@@ -82,7 +82,7 @@ def _create(variant: str, pretrained: bool = False, **kwargs) -> VisionTransform
                         "pretrained_cfg_overlay=dict(file=...)")
     depth = kwargs.get("depth", 12)
     return build(VisionTransformerAttn, variant, pretrained, remap=remap_official,
-                 out_indices=_check_out_indices(depth), **kwargs)
+                 default_out_indices=_check_out_indices(depth), **kwargs)
 
 
 def _alternate(depth: int) -> tuple[str, ...]:

@@ -520,7 +520,7 @@ def _create(cls: type[nn.Module], variant: str, pretrained: bool, args: dict, kw
         out_indices = tuple(sorted({max(0, depth * (i + 1) // 4 - 1) for i in range(4)}))
     else:
         out_indices = (0, 1, 2, 3)
-    return build(cls, variant, pretrained, remap=remap_checkpoint, out_indices=out_indices, **merged)
+    return build(cls, variant, pretrained, remap=remap_checkpoint, default_out_indices=out_indices, **merged)
 
 
 _HIER_S = dict(embed_dims=(64, 128, 320, 512), depths=(3, 4, 8, 3), D=8)

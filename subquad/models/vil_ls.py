@@ -432,7 +432,7 @@ def _create(variant: str, pretrained: bool = False, **kwargs) -> ViLLS:
     if pretrained and not kwargs.get("pretrained_cfg_overlay"):
         raise UserError(f"{variant}: no weights are bundled; pass checkpoint_path=... or "
                         "pretrained_cfg_overlay=dict(file=...)")
-    return build(ViLLS, variant, pretrained, remap=remap_official, out_indices=(0, 1, 2, 3), **kwargs)
+    return build(ViLLS, variant, pretrained, remap=remap_official, default_out_indices=(0, 1, 2, 3), **kwargs)
 
 
 _MEDIUM = dict(embed_dims=(96, 192, 384, 768), depths=(1, 4, 16, 1), num_heads=(3, 3, 6, 12),

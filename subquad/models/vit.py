@@ -249,7 +249,7 @@ def _create(variant: str, pretrained: bool = False, **kwargs) -> VisionTransform
     if pretrained and not kwargs.get("pretrained_cfg_overlay"):
         raise UserError(f"{variant}: no weights are bundled; pass checkpoint_path=... or "
                         "pretrained_cfg_overlay=dict(file=...)")
-    return build(VisionTransformerAttn, variant, pretrained, out_indices=_check_out_indices(depth), **kwargs)
+    return build(VisionTransformerAttn, variant, pretrained, default_out_indices=_check_out_indices(depth), **kwargs)
 
 
 @register_model

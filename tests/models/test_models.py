@@ -129,3 +129,17 @@ def test_malicious_pickle_refused(tmp_path):
     with pytest.raises(ValueError, match="refusing"):
         subquad.create_model("vit_attn_micro", checkpoint_path=str(p))
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("name", MICRO)
+def test_features_only_out_indices_and_checkpoint(name, tmp_path):
+    from subquad.engine.checkpoint import save_weights
+
+    m = subquad.create_model(name).eval()
+    p = save_weights(m, tmp_path / "w.safetensors")
+    f = subquad.create_model(name, features_only=True, out_indices=(1,), checkpoint_path=str(p)).eval()
+    x = _input(name, 1)
+    out = f(x)
+    assert len(out) == 1
+    ref = m.forward_intermediates(x, indices=[1], intermediates_only=True)[0]
+    torch.testing.assert_close(out[0], ref)

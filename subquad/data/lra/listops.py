@@ -150,6 +150,10 @@ def _sha256(path: Path) -> str:
 def write_listops(out: str | os.PathLike, num_train: int = 96_000, num_val: int = 2_000, num_test: int = 2_000,
                   seed: int = 0, min_len: int = 500, max_len: int = 2000) -> dict[str, Any]:
     """Generate and write `train.tsv`, `val.tsv`, `test.tsv` and `meta.json` under `out`; returns the meta dict."""
+    sizes = {"--num-train": num_train, "--num-val": num_val, "--num-test": num_test}
+    bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or v < 0}
+    if bad:
+        raise UserError(f"split sizes must be whole numbers >= 0, got {bad}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
