@@ -465,6 +465,30 @@ def _token_ticks(ax, ns: Sequence[float]) -> None:
     ax.set_xticks(list(ns), labels, fontsize=8)
 
 
+def _finish_axis(ax, all_x: list, all_y: list, xlabel: str, label: str) -> None:
+    """Log-log axes with the O(N)/O(N^2) guides, measured-size ticks, labels, grid and legend."""
+    if all_x:
+        _slopes(ax, all_x, all_y)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _token_ticks(ax, sorted(set(all_x)))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(label + " (log scale)")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, ncol=2)
+
+
+def _save(fig, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_attention(rows: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
     """Time and peak memory against tokens N, log-log, one line per mechanism, O(N)/O(N²) guides; PNG at `path`."""
     import matplotlib
@@ -493,24 +517,11 @@ def plot_attention(rows: Sequence[dict], path: str | Path, title: str | None = N
             all_y += ys
             ax.plot(xs, ys, marker="o", ms=4, lw=2 if name == "softmax" else 1.4, color=cmap(i % cmap.N),
                     label=name)
-        if all_x:
-            _slopes(ax, all_x, all_y)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            _token_ticks(ax, sorted(set(all_x)))
-        ax.set_xlabel("tokens N = H x W (log scale)")
-        ax.set_ylabel(label + " (log scale)")
-        ax.grid(True, which="both", alpha=0.25)
-        ax.legend(fontsize=7, ncol=2)
+        _finish_axis(ax, all_x, all_y, "tokens N = H x W (log scale)", label)
     r0 = rows[0] if rows else {}
     fig.suptitle(title or f"attention cost: C={r0.get('dim')}, heads={r0.get('heads')}, "
                  f"B={r0.get('infer_batch_size')}, fp32, {r0.get('device')}, torch {r0.get('torch')}", fontsize=11)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_models(rows: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
@@ -538,21 +549,8 @@ def plot_models(rows: Sequence[dict], path: str | Path, title: str | None = None
             all_x += xs
             all_y += ys
             ax.plot(xs, ys, marker="o", ms=4, color=cmap(i % cmap.N), label=name)
-        if all_x:
-            _slopes(ax, all_x, all_y)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            _token_ticks(ax, sorted(set(all_x)))
-        ax.set_xlabel("pixels per image = img_size² (log scale)")
-        ax.set_ylabel(label + " (log scale)")
-        ax.grid(True, which="both", alpha=0.25)
-        ax.legend(fontsize=7, ncol=2)
+        _finish_axis(ax, all_x, all_y, "pixels per image = img_size² (log scale)", label)
     r0 = rows[0] if rows else {}
     fig.suptitle(title or f"model cost: batch {r0.get('infer_batch_size')}, fp32, {r0.get('device')}, "
                  f"torch {r0.get('torch')}", fontsize=11)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
