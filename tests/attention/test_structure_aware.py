@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -31,7 +32,7 @@ def _operands(grid, B=2, h=2, dh=3, D=3, shared_b=False, ksize=None, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("grid", GRIDS)
 def test_fft_equals_circulant_ref(grid, dtype):
-    """Eq. 13 (rfftn, conj convention) == Eq. 10 with explicit circulant RPE: output and every input gradient."""
+    """Eq. 13 (packed FFTs, correlation-spectrum convention) == Eq. 10 with explicit circulant RPE: output and every input gradient."""
     ops = _operands(grid, h=2, D=3, shared_b=len(grid) == 3)
     compare_fn(lambda *a: fsa.lisa_fft(*a, grid), lambda *a: fsa.lisa_circulant_ref(*a, grid), ops, dtype)
 
@@ -172,7 +173,10 @@ def test_plan_tiles():
     assert fsa.plan_tiles(1, 6, 32, 8, 14 * 14) == (6, 8)
     # 112^2: one head with all of D is 3.2M floats > 2^21 -> D in chunks of 4, one head per tile.
     assert fsa.plan_tiles(1, 6, 32, 8, 112 * 112) == (1, 4)
-    assert fsa.plan_tiles(1, 6, 32, 8, 112 * 112, d_chunk=1) == (5, 1)
+    # Patterns travel in pairs: d_chunk=1 rounds up to 2 (one complex transform), and 2 heads fit.
+    assert fsa.plan_tiles(1, 6, 32, 8, 112 * 112, d_chunk=1) == (2, 2)
+    assert fsa.plan_tiles(1, 6, 32, 5, 112 * 112, d_chunk=4) == (1, 4)
+    assert fsa.plan_tiles(1, 6, 32, 1, 112 * 112) == (2, 1)
     grid = (5, 7)
     ops = _operands(grid, h=3, D=4)
     ref = fsa.lisa_fft(*ops, grid)
@@ -284,15 +288,40 @@ def test_bad_inputs_clear_errors():
         _module(num_prefix_tokens=1)
 
 
-@pytest.mark.parametrize("grid,fft_grid", [((5, 7), (5, 7)), ((4, 6), (4, 6)), ((3, 4), (6, 8)),
-                                           ((2, 3, 4), (2, 3, 4))])
-def test_rfft_grid_values_and_custom_backward(grid, fft_grid):
-    """rfft_grid equals rfftn (axis moved); its half-spectrum backward equals autograd through torch.fft.rfftn."""
-    x = torch.randn(2, 3, *grid, dtype=torch.float64)
+@pytest.mark.parametrize("D", [1, 2, 5])
+@pytest.mark.parametrize("grid,fft_grid", [((5, 7), (5, 7)), ((3, 4), (6, 8)), ((2, 3, 4), (2, 3, 4))])
+def test_kernel_spectra_are_correlation_spectra(grid, fft_grid, D):
+    """Definition check, independent of lisa_fft: for a real signal x, ifft(fft(x) * spectrum) of pattern pair e
+    is corr(w_2e, x) + i corr(w_2e+1, x) (kernel_a), and of pattern d is corr(w_d, x) (kernel_b), where
+    corr(w, x)[i] = sum_n w[n - i] x[n] on the circular fft_grid, written out with explicit index sums."""
     nd = len(grid)
     dims = tuple(range(-nd, 0))
-    compare_fn(lambda t: torch.view_as_real(fsa.rfft_grid(t, fft_grid)),
-               lambda t: torch.view_as_real(torch.fft.rfftn(t, s=fft_grid, dim=dims).movedim(-1, -nd)), [x])
+    g = torch.Generator().manual_seed(1)
+    ka = torch.randn(2, D, *grid, generator=g, dtype=torch.float64)
+    kb = torch.randn(1, D, *grid, generator=g, dtype=torch.float64)
+    x = torch.randn(*fft_grid, generator=g, dtype=torch.float64)
+    wa, wb = fsa.kernel_spectra(ka, kb, fft_grid)
+    assert wa.shape == (2, (D + 1) // 2, *fft_grid) and wb.shape == (1, D, *fft_grid)
+    n_all = list(itertools.product(*[range(s) for s in fft_grid]))
+
+    def corr(w):  # w (*grid) zero-padded to fft_grid
+        wp = torch.zeros(fft_grid, dtype=w.dtype)
+        wp[tuple(slice(0, s) for s in grid)] = w
+        out = torch.zeros(fft_grid, dtype=torch.float64)
+        for i in n_all:
+            out[i] = sum(wp[tuple((n[a] - i[a]) % fft_grid[a] for a in range(nd))] * x[n] for n in n_all)
+        return out
+
+    fx = torch.fft.fftn(x, dim=dims)
+    for e in range(wa.shape[1]):
+        got = torch.fft.ifftn(fx * wa[0, e], dim=dims)
+        assert_close(got.real, corr(ka[0, 2 * e]), torch.float64, f"pair {e} real part")
+        want_im = corr(ka[0, 2 * e + 1]) if 2 * e + 1 < D else torch.zeros(fft_grid, dtype=torch.float64)
+        assert torch.allclose(got.imag, want_im, atol=1e-10), f"pair {e} imaginary part"
+    for d in range(D):
+        got = torch.fft.ifftn(fx * wb[0, d], dim=dims)
+        assert_close(got.real, corr(kb[0, d]), torch.float64, f"kernel_b pattern {d}")
+        assert got.imag.abs().max() < 1e-10
 
 
 @pytest.mark.slow

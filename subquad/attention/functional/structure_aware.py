@@ -23,7 +23,7 @@ the offset delta = (key position - query position) along each grid axis:
     - 'zero' (Toeplitz): K == 2 * grid - 1; entry for delta sits at index delta + (grid - 1) (Eq. 11; no wrap);
     - local k x k kernels: K == (k, k) (odd k); entry for delta sits at delta + k // 2, i.e. a zero-padded
       cross-correlation (Tab. 3(d) local LiSA kernels), which equals the Toeplitz form of the kernel embedded in zeros.
-Every correlation below is G[i] = sum_n w[n - i] x[n]; with FFTs this is irfft(rfft(x) * conj(rfft(w))).
+Every correlation below is G[i] = sum_n w[n - i] x[n]; with FFTs this is ifft(fft(x) * F(w)[-f]) (conj(F(w)) for real w).
 """
 
 from __future__ import annotations
@@ -45,9 +45,7 @@ __all__ = [
     "lisa_toeplitz_ref",
     "lisa_fft",
     "lisa_local",
-    "kernel_spectrum",
-    "rfft_grid",
-    "irfft_grid",
+    "kernel_spectra",
     "plan_tiles",
     "toeplitz_to_circular",
     "local_to_toeplitz",
@@ -204,89 +202,48 @@ def local_to_toeplitz(kernel: torch.Tensor, grid: Sequence[int]) -> torch.Tensor
     return out
 
 
-def _rfft_grid_impl(x: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
-    nd = len(fft_grid)
-    z = torch.fft.rfft(x, n=fft_grid[-1], dim=-1).movedim(-1, -nd)  # (..., W_f, *lead)
-    if nd == 1:
-        return z
-    return torch.fft.fftn(z, s=tuple(fft_grid[:-1]), dim=tuple(range(-(nd - 1), 0)))
+def kernel_spectra(kernel_a: torch.Tensor, kernel_b: torch.Tensor,
+                   fft_grid: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Correlation spectra of both kernels on `fft_grid`, in the packed form `lisa_fft` uses.
 
-
-class _RfftGrid(torch.autograd.Function):
-    """`rfft_grid` with a half-spectrum backward.
-
-    The adjoint of the unnormalised real FFT is grad_x = N * irfft(G') (cropped to x's size), where G' is G with
-    the interior bins of the halved axis divided by 2 (DC and Nyquist bins are counted once by irfft, the interior
-    ones twice). Torch's generic r2c backward instead zero-fills a full spectrum and runs a full complex transform,
-    about twice the work; this matters for the kernel gradients (C*D transforms per step).
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, fft_grid: tuple[int, ...]) -> torch.Tensor:
-        ctx.fft_grid = fft_grid
-        ctx.in_shape = tuple(x.shape[-len(fft_grid):])
-        return _rfft_grid_impl(x, fft_grid)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        fft_grid = ctx.fft_grid
-        nd = len(fft_grid)
-        w = fft_grid[-1]
-        half = grad.clone()
-        # Interior bins of the halved axis (axis -nd in the frequency-major layout): 1 ... ceil(w/2) - 1.
-        half.narrow(-nd, 1, (w + 1) // 2 - 1).mul_(0.5)
-        gx = irfft_grid(half, fft_grid) * math.prod(fft_grid)
-        for ax, size in enumerate(ctx.in_shape):
-            gx = gx.narrow(gx.dim() - nd + ax, 0, size)
-        return gx, None
-
-
-def rfft_grid(x: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
-    """rfftn over the trailing len(fft_grid) dims (zero-padded to fft_grid), in frequency-major layout.
-
-    Shapes: x (..., *grid) real -> (..., W_f, *lead) complex, W_f = fft_grid[-1] // 2 + 1 and lead = fft_grid[:-1]:
-    the half-spectrum axis comes first so the remaining complex transforms (forward here, inverse in `irfft_grid`)
-    run over contiguous trailing dims. Values equal rfftn(x, s=fft_grid) with that axis moved.
+    Shapes: kernel_a (C, D, *K) real -> (C, ceil(D/2), *fft_grid) complex; kernel_b (hb, D, *K) real ->
+    (hb, D, *fft_grid) complex (K <= fft_grid, zero-padded at the end).
+    For any kernel w, real or complex, the correlation G[i] = sum_n w[n - i] x[n] has spectrum F(x)[f] F(w)[-f].
+    kernel_a is packed in pattern pairs w = w_{2e} + i w_{2e+1} (a zero pattern completes an odd D): with a real
+    input x, real and imaginary parts of the one complex correlation are the two real correlations. For
+    w = w1 + i w2, F(w)[-f] = conj(F(w1 - i w2)[f]), which is what is stored; for kernel_b it is conj(F(w)).
     """
     fft_grid = tuple(int(g) for g in fft_grid)
-    if x.requires_grad and torch.is_grad_enabled():
-        return _RfftGrid.apply(x, fft_grid)
-    return _rfft_grid_impl(x, fft_grid)
-
-
-def irfft_grid(z: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
-    """Inverse of `rfft_grid`: (..., W_f, *lead) complex -> (..., *fft_grid) real (norm 'backward', 1/N)."""
-    nd = len(fft_grid)
-    if nd > 1:
-        z = torch.fft.ifftn(z, dim=tuple(range(-(nd - 1), 0)))
-    return torch.fft.irfft(z.movedim(-nd, -1), n=fft_grid[-1], dim=-1)
-
-
-def kernel_spectrum(kernel: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
-    """conj(rfftn(kernel)) over the trailing len(fft_grid) dims, in the frequency-major layout of `rfft_grid`:
-    (..., *fft_grid) real -> (..., W_f, *lead) complex. The conj makes products cross-correlations (spec 3.3)."""
-    # Materialise the conjugate once (a lazy conj view would be resolved again in every product).
-    return rfft_grid(kernel, fft_grid).conj().resolve_conj()
+    dims = tuple(range(-len(fft_grid), 0))
+    if kernel_a.shape[1] % 2:
+        kernel_a = torch.cat([kernel_a, kernel_a.new_zeros(kernel_a.shape[0], 1, *kernel_a.shape[2:])], 1)
+    packed = torch.complex(kernel_a[:, 0::2], -kernel_a[:, 1::2])
+    wa = torch.fft.fftn(packed, s=fft_grid, dim=dims).conj().resolve_conj()
+    wb = torch.fft.fftn(kernel_b, s=fft_grid, dim=dims).conj().resolve_conj()
+    return wa, wb
 
 
 def plan_tiles(batch: int, heads: int, head_dim: int, D: int, n: int, d_chunk: int | None = None,
                tile_elems: int = 2 ** 21) -> tuple[int, int]:
-    """Tile sizes (heads per tile, D per tile) of the chunked FFT evaluation.
+    """Tile sizes (heads per tile, structural patterns per tile) of the chunked FFT evaluation.
 
-    Heads are independent and Y is a sum over d, so any tiling is exact; each Ga/Gb tile holds
-    batch * heads_per_tile * head_dim * d_per_tile * n floats. With `d_chunk` given, D is cut into chunks of that
-    size; otherwise D is kept whole while one head's tile fits `tile_elems` (default 2^21 floats = 8 MiB), else the
-    largest divisor of D that fits (at least 1). Then as many heads as fit join a tile (at least 1).
+    Heads are independent and Y is a sum over d, so any tiling is exact. Patterns go in pairs (one complex
+    transform carries two, see `kernel_spectra`), so the pattern count of a tile is even (the last tile may hold
+    fewer). Each Ga/Gb tile holds about batch * heads_per_tile * head_dim * patterns_per_tile * n floats. With
+    `d_chunk` given, D is cut into chunks of that size rounded up to even; otherwise whole pairs are kept together
+    while one head's tile fits `tile_elems` (default 2^21 floats = 8 MiB), as many as evenly divide the pairs.
+    Then as many heads as fit join a tile (at least 1).
     """
     per_d = max(1, batch * head_dim * n)
+    pairs = (D + 1) // 2
     if d_chunk is None:
-        fit = [c for c in range(1, D + 1) if D % c == 0 and c * per_d <= tile_elems]
-        d_chunk = max(fit) if fit else 1
+        fit = [c for c in range(1, pairs + 1) if pairs % c == 0 and 2 * c * per_d <= tile_elems]
+        p_tile = max(fit) if fit else 1
     elif d_chunk < 1:
         raise ValueError(f"d_chunk must be >= 1, got {d_chunk}")
-    d_chunk = min(d_chunk, D)
-    return max(1, min(heads, tile_elems // (per_d * d_chunk))), d_chunk
+    else:
+        p_tile = min(pairs, (d_chunk + 1) // 2)
+    return max(1, min(heads, tile_elems // (per_d * 2 * p_tile))), min(D, 2 * p_tile)
 
 
 def _chunks(D: int, d_chunk: int | None) -> list[slice]:
@@ -319,26 +276,32 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
              struct_proj: torch.Tensor, grid: Sequence[int], boundary: str = "circular", d_chunk: int | None = None,
              spectra: tuple[torch.Tensor, torch.Tensor] | None = None, checkpoint_chunks: bool = False,
              tile_elems: int = 2 ** 21) -> torch.Tensor:
-    """Eq. 13: LiSA through real FFTs over the grid (rfft2 for (H, W), rfftn over (T, H, W) for video).
+    """Eq. 13: LiSA through FFTs over the grid (2-D for (H, W), 3-D over (T, H, W) for video).
 
     Ga[c, d, i] = sum_n kernel_a[c, d, n - i] k[c, n];  S[g, i, d] = sum_{c in g} q[c, i] Ga[c, d, i];
     Gb[c, d, i] = sum_j kernel_b[g(c), d, j - i] v[c, j];  Y[c, i] = sum_d S[g(c), i, d] (Gb[c, d, i] + B[c, d]).
-    Both correlations are irfftn(rfftn(x) * conj(rfftn(w))) (spec section 3.3). The work is tiled over heads and
-    over D (`plan_tiles`; exact: heads are independent, S_d needs only Ga_d and Y is a sum over d), so the peak of
-    Ga/Gb is one tile (<= 8 MiB by default, B*d_h*d_chunk*N floats with an explicit `d_chunk`) instead of B*C*D*N.
+    Both correlations are inverse FFTs of products with the kernels' correlation spectra (spec section 3.3). Two
+    real correlations ride on one complex transform: Ga packs pattern pairs (kernel_a as w_{2e} + i w_{2e+1}, real
+    k), Gb packs channel pairs of a head (v_c + i v_{c + ceil(d/2)}, real kernel_b shared by the head). So the
+    2*C*D real inverse transforms of the plain form become C*D/2 + C*D/2 complex ones, the fastest form on CPU
+    (pocketfft/MKL) and cuFFT alike, with no half-spectrum reshuffles. The work is tiled over heads and pattern
+    pairs (`plan_tiles`; exact: heads are independent, S_d needs only Ga_d and Y is a sum over d), so the peak
+    of Ga/Gb is one tile (<= 8 MiB by default) instead of B*C*D*N.
 
     Shapes: q, k, v (B, h, N, dh); kernel_a (C, D, *K); kernel_b (h or 1, D, *K); struct_proj (C, D)
     -> (B, h, N, dh). K = grid ('circular', equals `lisa_circulant_ref`) or 2*grid-1 ('zero': evaluated on the
     doubled grid, equals `lisa_toeplitz_ref`).
     Args:
-        spectra: optional precomputed (kernel_spectrum(kernel_a), kernel_spectrum(kernel_b)) on the FFT grid
-            (grid for 'circular', 2*grid for 'zero'); they are input-independent (the module caches them in eval).
-        checkpoint_chunks: recompute each chunk's Ga/Gb in backward instead of saving them.
+        spectra: optional precomputed `kernel_spectra(kernel_a, kernel_b, fft_grid)` (fft_grid = grid for
+            'circular', 2*grid for 'zero'); they are input-independent (the module caches them in eval).
+        d_chunk: structural patterns per tile (rounded up to even); None = automatic (`plan_tiles`).
+        checkpoint_chunks: recompute each tile's Ga/Gb in backward instead of saving them.
         tile_elems: float budget of one Ga/Gb tile (see `plan_tiles`).
     """
     _check_boundary(boundary)
     B, h, N, dh = q.shape
     nd = len(grid)
+    dims = tuple(range(-nd, 0))
     if math.prod(grid) != N:
         raise ValueError(f"grid {tuple(grid)} makes {math.prod(grid)} tokens but q has N={N}")
     C, D = kernel_a.shape[:2]
@@ -346,35 +309,47 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     if spectra is None:
         ka = kernel_a if boundary == "circular" else toeplitz_to_circular(kernel_a, grid)
         kb = kernel_b if boundary == "circular" else toeplitz_to_circular(kernel_b, grid)
-        spectra = (kernel_spectrum(ka, fft_grid), kernel_spectrum(kb, fft_grid))
-    # (h, dh, D, *F) and (h or 1, 1, D, *F): conj(F(W^a)), conj(F(W^b)).
-    waf = spectra[0].reshape(h, dh, D, *spectra[0].shape[-nd:])
-    wbf = spectra[1][:, None]
-    kf = rfft_grid(_to_map(k, grid), fft_grid)[:, :, :, None]  # (B, h, dh, 1, *F)
-    vf = rfft_grid(_to_map(v, grid), fft_grid)[:, :, :, None]  # (B, h, dh, 1, *F)
-    q_cn = q.transpose(-1, -2)  # (B, h, dh, N)
+        spectra = kernel_spectra(ka, kb, fft_grid)
+    pairs = (D + 1) // 2
+    waf = spectra[0].reshape(h, dh, pairs, *fft_grid)  # conj-corr spectra of kernel_a pattern pairs
+    wbf = spectra[1][:, None]  # (h or 1, 1, D, *F)
+    kf = torch.fft.fftn(_to_map(k, grid), s=fft_grid, dim=dims)[:, :, :, None]  # (B, h, dh, 1, *F)
+    half = (dh + 1) // 2
+    vmap = _to_map(v, grid)
+    v_hi = vmap[:, :, half:]
+    if dh % 2:  # odd head dim: the last pair carries a zero channel
+        v_hi = torch.cat([v_hi, v_hi.new_zeros(B, h, 1, *grid)], 2)
+    vf = torch.fft.fftn(torch.complex(vmap[:, :, :half], v_hi), s=fft_grid, dim=dims)[:, :, :, None]
+    # q with every token value doubled, to meet the interleaved (re, im) layout of Ga: (B, h, dh, 1, 2N).
+    q2 = q.transpose(-1, -2).repeat_interleave(2, -1)[:, :, :, None]
     bproj = _head_struct_proj(struct_proj, h)  # (h, dh, D)
 
     def crop(t: torch.Tensor) -> torch.Tensor:
+        """(..., *F) complex -> (..., 2N) real, (re, im) interleaved per token."""
         if boundary == "zero":
             for ax, g in enumerate(grid):
                 t = t.narrow(t.dim() - nd + ax, 0, g)
-        return t.reshape(*t.shape[:-nd], N)
+        return torch.view_as_real(t.reshape(*t.shape[:-nd], N).contiguous()).flatten(-2)
 
-    def chunk(kf, vf, waf_c, wbf_c, q_cn, bproj_c):
-        ga = crop(irfft_grid(kf * waf_c, fft_grid))  # (B, h, dh, Dc, N)
-        gb = crop(irfft_grid(vf * wbf_c, fft_grid))  # (B, h, dh, Dc, N)
-        return _contract(q_cn, ga, gb, bproj_c)
+    def chunk(kf, vf, waf_c, wbf_c, q2, bproj_c):
+        hn, dc = bproj_c.shape[0], bproj_c.shape[2]
+        # Ga for pattern pairs e: re = pattern 2e, im = pattern 2e + 1. S chunk: (B, hn, dc, N).
+        ga = crop(torch.fft.ifftn(kf * waf_c, dim=dims))  # (B, hn, dh, P, 2N)
+        s = (ga * q2).sum(2).unflatten(-1, (N, 2)).transpose(-1, -2).flatten(2, 3)[:, :, :dc]
+        # Gb for channel pairs c: re = channel c, im = channel c + half. Kernel path sum_d S_d Gb_d.
+        gb = crop(torch.fft.ifftn(vf * wbf_c, dim=dims))  # (B, hn, half, dc, 2N)
+        y = (gb * s.repeat_interleave(2, -1)[:, :, None]).sum(3)  # (B, hn, half, 2N)
+        y = y.unflatten(-1, (N, 2)).movedim(-1, 2).reshape(B, hn, 2 * half, N)[:, :, :dh]
+        return y + torch.einsum("bhen,hce->bhcn", s, bproj_c)  # feature path S B^T
 
     h_tile, d_tile = plan_tiles(B, h, dh, D, N, d_chunk, tile_elems)
+    p_tile = (d_tile + 1) // 2
     # Tiles through split (its backward is one concatenation), not slicing (whose backward zero-fills a full-size
     # gradient per tile).
-    shared_b = wbf.shape[0] == 1
-    kf_t, vf_t, q_t = kf.split(h_tile, 1), vf.split(h_tile, 1), q_cn.split(h_tile, 1)
-    waf_t = [w.split(d_tile, 2) for w in waf.split(h_tile, 0)]
-    wbf_t = [w.split(d_tile, 2) for w in (wbf,) * len(kf_t)] if shared_b else \
-        [w.split(d_tile, 2) for w in wbf.split(h_tile, 0)]
-    bproj_t = [b.split(d_tile, 2) for b in bproj.split(h_tile, 0)]
+    kf_t, vf_t, q_t = kf.split(h_tile, 1), vf.split(h_tile, 1), q2.split(h_tile, 1)
+    waf_t = [w.split(p_tile, 2) for w in waf.split(h_tile, 0)]
+    wbf_t = [w.split(2 * p_tile, 2) for w in ((wbf,) * len(kf_t) if wbf.shape[0] == 1 else wbf.split(h_tile, 0))]
+    bproj_t = [b.split(2 * p_tile, 2) for b in bproj.split(h_tile, 0)]
     outs = []
     for g in range(len(kf_t)):
         y = None
