@@ -6,7 +6,6 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 

@@ -32,7 +32,7 @@ def _operands(grid, B=2, h=2, dh=3, D=3, shared_b=False, ksize=None, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("grid", GRIDS)
 def test_fft_equals_circulant_ref(grid, dtype):
-    """Eq. 13 (packed FFTs, correlation-spectrum convention) == Eq. 10 with explicit circulant RPE: output and every input gradient."""
+    """Eq. 13 (packed FFTs) == Eq. 10 with explicit circulant RPE: output and every input gradient."""
     ops = _operands(grid, h=2, D=3, shared_b=len(grid) == 3)
     compare_fn(lambda *a: fsa.lisa_fft(*a, grid), lambda *a: fsa.lisa_circulant_ref(*a, grid), ops, dtype)
 

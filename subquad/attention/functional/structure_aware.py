@@ -23,7 +23,7 @@ the offset delta = (key position - query position) along each grid axis:
     - 'zero' (Toeplitz): K == 2 * grid - 1; entry for delta sits at index delta + (grid - 1) (Eq. 11; no wrap);
     - local k x k kernels: K == (k, k) (odd k); entry for delta sits at delta + k // 2, i.e. a zero-padded
       cross-correlation (Tab. 3(d) local LiSA kernels), which equals the Toeplitz form of the kernel embedded in zeros.
-Every correlation below is G[i] = sum_n w[n - i] x[n]; with FFTs this is ifft(fft(x) * F(w)[-f]) (conj(F(w)) for real w).
+Every correlation below is G[i] = sum_n w[n - i] x[n]; with FFTs: ifft(fft(x) * F(w)[-f]), = conj(F(w)) for real w.
 """
 
 from __future__ import annotations
