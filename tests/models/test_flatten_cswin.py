@@ -10,11 +10,12 @@ import pytest
 import torch
 
 import subquad
+from subquad._official import load_flatten
 from subquad.attention.cswin import LePEAttention
 from subquad.attention.focused_linear import FocusedLinearAttention
 from subquad.models._builder import load_into
 from subquad.models.flatten_cswin import remap_official
-from tests.models.test_flatten_swin import fixture, load_official
+from tests.models.test_flatten_swin import fixture
 
 FIXTURE = Path(__file__).resolve().parents[1] / "_fixtures" / "flatten_cswin_keys.json"
 
@@ -103,7 +104,7 @@ def test_resized_load_equals_runtime_resize():
 @pytest.mark.parity
 def test_logits_match_official(official_root):
     """A small official CSWinTransformer at 224 (LLSS: global focused stages 1-2, two-branch stage 3, global 4)."""
-    mod = load_official(official_root, "flatten_cswin")
+    mod = load_flatten(official_root, "flatten_cswin")
     kw = dict(embed_dim=16, depth=[1, 1, 2, 1], num_heads=[2, 2, 4, 4], split_size=[1, 2, 7, 7])
     with contextlib.redirect_stdout(io.StringIO()):
         off = mod.CSWinTransformer(img_size=224, patch_size=4, la_split_size="56-28-14-7", attn_type="LLSS",

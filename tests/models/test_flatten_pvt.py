@@ -110,9 +110,9 @@ def test_matches_official_model(official_root, family):
     """Official FLatten-PVT(v2) with randomised scale/PE (small dims, built at 128): same logits."""
     from functools import partial
 
-    from tests.models.test_remap import _load_official
+    from subquad._official import load_flatten
 
-    mod = _load_official(f"{official_root}/FLatten-Transformer/models/{family}.py", f"_official_{family}")
+    mod = load_flatten(official_root, family)
     cls = mod.PyramidVisionTransformer if family == "flatten_pvt" else mod.PyramidVisionTransformerV2
     dims = dict(embed_dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1])
     with contextlib.redirect_stdout(io.StringIO()):

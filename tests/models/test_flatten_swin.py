@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
-import os
-import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 import subquad
+from subquad._official import load_flatten
 from subquad.attention.focused_linear import FocusedLinearAttention
 from subquad.attention.window import WindowAttention
 from subquad.models._builder import load_into
@@ -27,35 +23,6 @@ DROPPED = (".relative_position_index", ".attn_mask")
 
 def fixture(path: Path = FIXTURE) -> dict[str, dict[str, list[int]]]:
     return json.loads(path.read_text())["models"]
-
-
-def load_official(root: str, file: str) -> types.ModuleType:
-    """Import an official FLatten model file by path (einops stubbed: only a parameter-free Rearrange is used)."""
-    if "einops" not in sys.modules:
-        ein, lay, lt = (types.ModuleType(n) for n in ("einops", "einops.layers", "einops.layers.torch"))
-
-        class Rearrange(nn.Module):
-            def __init__(self, *a, **k):
-                super().__init__()
-
-            def forward(self, x):
-                return x.flatten(2).transpose(1, 2)
-
-        ein.rearrange, lt.Rearrange, ein.layers, lay.torch = None, Rearrange, lay, lt
-        sys.modules.update({"einops": ein, "einops.layers": lay, "einops.layers.torch": lt})
-    import timm.models.registry as reg
-
-    spec = importlib.util.spec_from_file_location(f"_official_{file}", os.path.join(root, "FLatten-Transformer",
-                                                                                     "models", f"{file}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    saved = reg.register_model
-    reg.register_model = lambda fn: fn
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            spec.loader.exec_module(mod)
-    finally:
-        reg.register_model = saved
-    return mod
 
 
 @pytest.mark.parametrize("name", list(fixture()))
@@ -180,7 +147,7 @@ def test_bad_inputs():
 @pytest.mark.parity
 def test_logits_match_official(official_root):
     """A small official FLattenSwinTransformer at 224 (LLSS, shifted stage-3 windows) vs ours, same weights."""
-    off_mod = load_official(official_root, "flatten_swin")
+    off_mod = load_flatten(official_root, "flatten_swin")
     kw = dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 2, 4])
     with contextlib.redirect_stdout(io.StringIO()):
         off = off_mod.FLattenSwinTransformer(img_size=224, window_size=56, attn_type="LLSS", num_classes=10, **kw)

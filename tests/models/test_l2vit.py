@@ -76,9 +76,9 @@ def test_features_only_strides():
 @pytest.mark.parity
 def test_matches_official_model(official_root):
     """Official L2ViT (small dims) with randomised BN statistics and temperatures: same logits at odd sizes."""
-    from tests.models.test_remap import _load_official
+    from subquad._official import load_l2vit
 
-    off_mod = _load_official(f"{official_root}/L2ViT/classification/models/l2vit.py", "_official_l2vit")
+    off_mod = load_l2vit(official_root)
     with contextlib.redirect_stdout(io.StringIO()):
         off = off_mod.L2ViT(depths=[2, 2, 2, 2], dims=[32, 64, 96, 128], num_heads=[1, 2, 3, 4],
                             block_type="mix_local_enhanced_vit", conv_stem=True, num_classes=10).eval()

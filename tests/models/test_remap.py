@@ -7,19 +7,15 @@ classes; a random state dict in that layout, wrapped as the official files wrap 
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import io
 import json
-import os
 import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
 
 import subquad
+from subquad._official import build_official
 
 FIXTURES = Path(__file__).resolve().parents[1] / "_fixtures"
 FAMILIES = {"l2vit": "l2vit_keys.json", "flatten_pvt": "flatten_pvt_keys.json",
@@ -118,45 +114,10 @@ def test_resized_load_equals_runtime_resize(name, size):
         torch.testing.assert_close(dst(x), src(x), rtol=1e-5, atol=1e-5)
 
 
-def _load_official(path: str, name: str) -> types.ModuleType:
-    """Import an official model file by path without letting it touch timm's registry (its names clash with ours)."""
-    import timm.models.registry as reg
-
-    sys.modules.setdefault("einops", types.SimpleNamespace(rearrange=None))
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    saved = reg.register_model
-    reg.register_model = lambda fn: fn
-    try:
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    finally:
-        reg.register_model = saved
-    return mod
-
-
-def official_models(root: str) -> dict[str, callable]:
-    """Builders of the official classes for every fixture model (la_sr_ratios='1111' as the FLatten configs)."""
-    l2 = _load_official(os.path.join(root, "L2ViT/classification/models/l2vit.py"), "_official_l2vit")
-    fl = os.path.join(root, "FLatten-Transformer/models")
-    pvt = _load_official(os.path.join(fl, "flatten_pvt.py"), "_official_flatten_pvt")
-    pvt2 = _load_official(os.path.join(fl, "flatten_pvt_v2.py"), "_official_flatten_pvt_v2")
-    out = {"l2vit_tiny": l2.L2ViT_Tiny, "l2vit_small": l2.L2ViT_Small, "l2vit_base": l2.L2ViT_Base,
-           "l2vit_base_384": l2.L2ViT_Base_384}
-    for n in ("tiny", "small", "medium", "large"):
-        out[f"flatten_pvt_{n}"] = lambda n=n, **kw: getattr(pvt, f"flatten_pvt_{n}")(la_sr_ratios="1111", **kw)
-    for b in range(6):
-        out[f"flatten_pvt_v2_b{b}"] = lambda b=b, **kw: getattr(pvt2, f"flatten_pvt_v2_b{b}")(la_sr_ratios="1111",
-                                                                                             **kw)
-    return out
-
-
 @pytest.mark.parity
 @pytest.mark.parametrize("family,name", CASES)
 def test_fixture_matches_official(official_root, family, name):
-    builders = official_models(official_root)
-    with contextlib.redirect_stdout(io.StringIO()):
-        off = builders[name]()
+    off = build_official(official_root, name)
     assert {k: list(v.shape) for k, v in off.state_dict().items()} == fixture(family)[name]
 
 

@@ -3,16 +3,15 @@ and (marker `parity`) equality with the official MsViT."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
 
 import subquad
+from subquad._official import load_msvit
+from subquad.errors import UserError
 from subquad.models import CARDS
 from subquad.models.vil_ls import ViLFullAttention, remap_official, resize_rel_table
 
@@ -82,34 +81,12 @@ def test_softmax_baselines_differ_only_in_attention():
     assert not any("to_dynamic_projection" in k for k in full.state_dict())
 
 
-def _load_official_msvit(root: Path):
-    models = root / "imagenet/models"
-    if not (models / "msvit.py").is_file():
-        pytest.skip(f"official MsViT not found under {root}")
-
-    def load(name, path):
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-        return mod
-
-    for name in ("_off_vil", "_off_vil.layers"):
-        pkg = types.ModuleType(name)
-        pkg.__path__ = []
-        sys.modules[name] = pkg
-    fa = load("_off_vil.layers.full_attention", models / "layers/full_attention.py")
-    ls = load("_off_vil.layers.transformer_ls", models / "layers/transformer_ls.py")
-    sys.modules["_off_vil.layers"].Attention = fa.Attention
-    sys.modules["_off_vil.layers"].AttentionLS = ls.AttentionLS
-    return load("_off_vil.msvit", models / "msvit.py")
-
-
 @pytest.mark.parity
 def test_parity_official_msvit(official_root):
-    root = Path(official_root)
-    root = root / "transformer-ls" if (root / "transformer-ls").is_dir() else root
-    msvit = _load_official_msvit(root)
+    try:
+        msvit = load_msvit(official_root)
+    except UserError as e:
+        pytest.skip(str(e))
     arch = ("l1,h2,d16,n1,s1,g1,p4,f2,a0,r2_l2,h2,d24,n2,s1,g1,p2,f2,a0,r2_"
             "l3,h2,d32,n1,s0,g1,p2,f2,a0,r2_l4,h2,d48,n1,s0,g0,p2,f2,a0,r2")
     off = msvit.MsViT(arch, img_size=64, num_classes=10, norm_embed=True, attn_type="ls", ln_eps=1e-6).eval()
