@@ -584,15 +584,15 @@ _UNOFF = ("unofficial configuration; not the paper's Tab. 2. Params exact for th
 _card = partial(ModelCard, family="lisa", img_size=224, source=_SRC, status="unofficial", code="")
 register_card(_card(arch="lisanet_micro", img_size=64, source="test variant", notes="tiny test variant (unofficial)"))
 register_card(_card(arch="hylisanet_micro", img_size=64, source="test variant", notes="tiny test variant (unofficial)"))
-register_card(_card(arch="lisanet_i", ref_params=36_956_008, ref_gmacs=4.757, notes=_UNOFF))
-register_card(_card(arch="lisanet_s", ref_params=34_756_328, ref_gmacs=4.186, notes=_UNOFF))
-register_card(_card(arch="lisanet_b", ref_params=76_886_504, ref_gmacs=9.233, notes=_UNOFF))
-register_card(_card(arch="hylisanet_s", ref_params=26_458_344, ref_gmacs=3.644, notes=_UNOFF))
-register_card(_card(arch="hylisanet_b", top1=85.0, ref_params=61_928_424, ref_gmacs=8.251,
+register_card(_card(arch="lisanet_i", ref_params=36_956_008, ref_gmacs=4.761, notes=_UNOFF))
+register_card(_card(arch="lisanet_s", ref_params=34_756_328, ref_gmacs=4.204, notes=_UNOFF))
+register_card(_card(arch="lisanet_b", ref_params=76_886_504, ref_gmacs=9.268, notes=_UNOFF))
+register_card(_card(arch="hylisanet_s", ref_params=26_458_344, ref_gmacs=3.648, notes=_UNOFF))
+register_card(_card(arch="hylisanet_b", top1=85.0, ref_params=61_928_424, ref_gmacs=8.261,
                     notes=_UNOFF + "; top-1 85.0 is the paper's published HyLiSANet-B result (target, not reproduced)"))
 register_card(_card(arch="hylisanet_s_video", ref_params=59_749_928,
-                    notes=_UNOFF + "; clips (3, 16, 224, 224): 31.29 GMACs (count_module_macs); Kinetics not available "
+                    notes=_UNOFF + "; clips (3, 16, 224, 224): 31.34 GMACs (count_module_macs); Kinetics not available "
                     "offline"))
 register_card(_card(arch="hylisanet_b_video", ref_params=144_353_448,
-                    notes=_UNOFF + "; clips (3, 16, 224, 224): 70.34 GMACs (count_module_macs); Kinetics not available "
+                    notes=_UNOFF + "; clips (3, 16, 224, 224): 70.46 GMACs (count_module_macs); Kinetics not available "
                     "offline"))

@@ -1,0 +1,266 @@
+"""The official model code (L2ViT, FLatten-Transformer, Transformer-LS), loaded by file path for parity checks.
+
+Nothing in `subquad` imports this module, and it imports no official code at import time: every function takes the
+root of the official checkouts (the folder holding `L2ViT/`, `FLatten-Transformer/` and `transformer-ls/`; tests and
+benchmarks read it from `SUBQUAD_OFFICIAL_ROOT`). The files are never installed.
+
+While an official file executes: timm's `register_model` is a no-op (their names, e.g. `flatten_pvt_tiny`, are also
+ours); when einops is not installed a stand-in is put in `sys.modules` (the FLatten files import `rearrange` but call
+it only on paths we do not run; CSwin's stem uses `Rearrange('b c h w -> b (h w) c')`, the one pattern the stand-in
+implements); stdout and warnings (construction prints, timm's deprecated-import warnings) are silenced. Official
+constructors print too: build through `build_official`, or wrap calls in `quiet()`.
+
+`build_official(root, name)` builds the official counterpart of our registered model `name` exactly as the official
+configs do (FLatten `cfgs/*.yaml` with `config.py` defaults, L2ViT's variant functions, the Transformer-LS launch
+scripts' MsViT arch strings); `OFFICIAL_NAMES` lists the names it knows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import sys
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+
+from torch import nn
+
+from .errors import UserError
+
+__all__ = ["OFFICIAL_NAMES", "official_file", "load_module", "load_l2vit", "load_flatten", "load_msvit",
+           "build_official", "official_files", "quiet"]
+
+ROOT_HINT = "SUBQUAD_OFFICIAL_ROOT must name the folder holding L2ViT/, FLatten-Transformer/ and transformer-ls/"
+
+_L2VIT = "L2ViT/classification/models/l2vit.py"
+_FLATTEN = "FLatten-Transformer/models/{}.py"
+_MSVIT = ("imagenet/models/layers/full_attention.py", "imagenet/models/layers/transformer_ls.py",
+          "imagenet/models/msvit.py")
+
+# Official variant per registered name. FLatten: cfgs/*.yaml (LA focusing factor 3, kernel 5 and PVT la_sr_ratios
+# 1111 are config.py defaults, CSwin la_split_size 56-28-14-7 at 224); Transformer-LS: launch/eval/*.sh arch strings.
+_L2VIT_FNS = {"l2vit_tiny": "L2ViT_Tiny", "l2vit_small": "L2ViT_Small", "l2vit_base": "L2ViT_Base",
+              "l2vit_base_384": "L2ViT_Base_384"}
+_SWIN = {"flatten_swin_tiny": (96, (2, 2, 6, 2), (3, 6, 12, 24), 224),
+         "flatten_swin_small": (96, (2, 2, 18, 2), (3, 6, 12, 24), 224),
+         "flatten_swin_base": (128, (2, 2, 18, 2), (4, 8, 16, 32), 224),
+         "flatten_swin_base_384": (128, (2, 2, 18, 2), (4, 8, 16, 32), 384)}
+_CSWIN_FNS = {"flatten_cswin_tiny": ("FLatten_CSWin_64_24181_tiny_224", 224),
+              "flatten_cswin_small": ("FLatten_CSWin_64_24322_small_224", 224),
+              "flatten_cswin_base": ("FLatten_CSWin_96_36292_base_224", 224),
+              "flatten_cswin_base_384": ("FLatten_CSWin_96_36292_base_384", 384)}
+_PVT = [f"flatten_pvt_{n}" for n in ("tiny", "small", "medium", "large")]
+_PVT_V2 = [f"flatten_pvt_v2_b{b}" for b in range(6)]
+
+
+def _vil_arch(blocks: tuple[int, int], w: int) -> str:
+    stages = [f"l1,h3,d96,n1,s1,g1,p4,f{w},a0,r8", f"l2,h3,d192,n{blocks[0]},s1,g1,p2,f{w},a0,r8",
+              f"l3,h6,d384,n{blocks[1]},s0,g1,p2,f{w},a0,r8", f"l4,h12,d768,n1,s0,g0,p2,f{w},a0,r8"]
+    return "_".join(stages)
+
+
+_VIL = {"vil_ls_medium": (_vil_arch((4, 16), 7), 224), "vil_ls_base": (_vil_arch((8, 24), 7), 224),
+        "vil_ls_medium_384": (_vil_arch((4, 16), 8), 384)}
+
+OFFICIAL_NAMES: tuple[str, ...] = (*_L2VIT_FNS, *_SWIN, *_PVT, *_PVT_V2, *_CSWIN_FNS, *_VIL)
+
+
+def _ls_root(root: str | Path) -> Path:
+    """The Transformer-LS checkout: `<root>/transformer-ls`, or `root` itself when it is that checkout."""
+    root = Path(root)
+    return root / "transformer-ls" if (root / "transformer-ls").is_dir() else root
+
+
+def official_file(root: str | Path, rel: str) -> Path:
+    """`<root>/<rel>`, or a one-line UserError naming the missing file."""
+    if not str(root):
+        raise UserError(f"no official root given; {ROOT_HINT}")
+    path = Path(root) / rel
+    if not path.is_file():
+        raise UserError(f"official file not found: {path} ({ROOT_HINT})")
+    return path
+
+
+def official_files(root: str | Path, name: str) -> list[Path]:
+    """The official source files `build_official(root, name)` needs (each checked to exist)."""
+    if name in _L2VIT_FNS:
+        return [official_file(root, _L2VIT)]
+    if name in _VIL:
+        return [official_file(_ls_root(root), rel) for rel in _MSVIT]
+    if name in _SWIN or name in _CSWIN_FNS or name in _PVT or name in _PVT_V2:
+        return [official_file(root, _FLATTEN.format(_flatten_file(name)))]
+    raise UserError(f"no official code for model {name!r}; known: {', '.join(OFFICIAL_NAMES)}")
+
+
+def _flatten_file(name: str) -> str:
+    for prefix in ("flatten_pvt_v2", "flatten_pvt", "flatten_swin", "flatten_cswin"):
+        if name.startswith(prefix):
+            return prefix
+    raise UserError(f"{name!r} is not a FLatten model")
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence stdout and warnings (official constructors print their settings)."""
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+class _Rearrange(nn.Module):
+    """Stand-in for einops' `Rearrange('b c h w -> b (h w) c', ...)`, the only layer the official files build."""
+
+    def __init__(self, pattern: str, **sizes: int) -> None:
+        super().__init__()
+        if pattern.split() != "b c h w -> b (h w) c".split():
+            raise NotImplementedError(f"einops is not installed and the stand-in cannot do {pattern!r}")
+
+    def forward(self, x):
+        return x.flatten(2).transpose(1, 2)
+
+
+def _rearrange(*args, **kwargs):
+    raise NotImplementedError("einops is not installed: the stand-in has no rearrange()")
+
+
+def _einops_stand_in() -> dict[str, types.ModuleType]:
+    ein, layers, torch_layers = (types.ModuleType(n) for n in ("einops", "einops.layers", "einops.layers.torch"))
+    ein.rearrange, ein.layers, layers.torch, torch_layers.Rearrange = _rearrange, layers, torch_layers, _Rearrange
+    return {"einops": ein, "einops.layers": layers, "einops.layers.torch": torch_layers}
+
+
+@contextlib.contextmanager
+def _official_import_env() -> Iterator[None]:
+    """No timm registration, an einops stand-in when einops is missing (removed afterwards), quiet."""
+    import timm.models
+    import timm.models._registry as _registry
+
+    added = {}
+    if "einops" not in sys.modules and importlib.util.find_spec("einops") is None:
+        added = _einops_stand_in()
+        sys.modules.update(added)
+    with quiet():
+        import timm.models.registry as registry
+
+    def no_register(fn=None, **kwargs):
+        return fn if fn is not None else (lambda f: f)
+
+    targets = [(m, "register_model") for m in (timm.models, registry, _registry)]
+    saved = [getattr(m, a) for m, a in targets]
+    try:
+        for m, a in targets:
+            setattr(m, a, no_register)
+        with quiet():
+            yield
+    finally:
+        for (m, a), v in zip(targets, saved):
+            setattr(m, a, v)
+        for k in added:
+            if sys.modules.get(k) is added[k]:
+                del sys.modules[k]
+
+
+_LOADED: dict[tuple[str, str], types.ModuleType] = {}
+
+
+def load_module(path: str | Path, name: str) -> types.ModuleType:
+    """Execute the Python file `path` as module `name` (kept in `sys.modules`; loaded once per path and name).
+
+    Args:
+        path: the official source file.
+        name: a module name that cannot clash with a real package (e.g. `_official_l2vit`).
+    Returns:
+        the module.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"official file not found: {path} ({ROOT_HINT})")
+    key = (str(path.resolve()), name)
+    if key in _LOADED:
+        return _LOADED[key]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        with _official_import_env():
+            spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    _LOADED[key] = mod
+    return mod
+
+
+def load_l2vit(root: str | Path) -> types.ModuleType:
+    """The official `L2ViT/classification/models/l2vit.py`."""
+    return load_module(official_file(root, _L2VIT), "_official_l2vit")
+
+
+def load_flatten(root: str | Path, file: str) -> types.ModuleType:
+    """An official FLatten model file: `file` is `flatten_swin`, `flatten_cswin`, `flatten_pvt` or `flatten_pvt_v2`."""
+    return load_module(official_file(root, _FLATTEN.format(file)), f"_official_{file}")
+
+
+def load_msvit(root: str | Path) -> types.ModuleType:
+    """The official Transformer-LS `imagenet/models/msvit.py` with its `layers` package (whose `__init__` and the
+    models package's torchvision import are skipped: the package is assembled from the two layer files)."""
+    full, ls, msvit = (official_file(_ls_root(root), rel) for rel in _MSVIT)
+    key = (str(msvit.resolve()), "_off_vil.msvit")
+    if key in _LOADED:
+        return _LOADED[key]
+    for pkg_name in ("_off_vil", "_off_vil.layers"):
+        pkg = types.ModuleType(pkg_name)
+        pkg.__path__ = []
+        sys.modules[pkg_name] = pkg
+    layers = sys.modules["_off_vil.layers"]
+    layers.Attention = load_module(full, "_off_vil.layers.full_attention").Attention
+    layers.AttentionLS = load_module(ls, "_off_vil.layers.transformer_ls").AttentionLS
+    return load_module(msvit, "_off_vil.msvit")
+
+
+def build_official(root: str | Path, name: str, img_size: int | None = None, **kwargs) -> nn.Module:
+    """Build the official model matching our registered `name` (random init, train mode, CPU), quietly.
+
+    Args:
+        root: folder of the official checkouts.
+        name: one of `OFFICIAL_NAMES`.
+        img_size: construction resolution (default: the variant's). FLatten-Swin's focused-attention window and
+            FLatten-CSwin's `la_split_size` follow it (the whole stage grid, as the official 224 and 384 configs).
+        **kwargs: passed to the official constructor (e.g. num_classes).
+    Returns:
+        the official nn.Module.
+    """
+    official_files(root, name)
+    with quiet():
+        return _builder(root, name, img_size)(**kwargs)
+
+
+def _builder(root: str | Path, name: str, img_size: int | None) -> Callable[..., nn.Module]:
+    if name in _L2VIT_FNS:
+        # L2ViT runs at any size; its constructor takes no resolution.
+        return getattr(load_l2vit(root), _L2VIT_FNS[name])
+    if name in _SWIN:
+        embed_dim, depths, heads, size = _SWIN[name]
+        size = img_size or size
+        return partial(load_flatten(root, "flatten_swin").FLattenSwinTransformer, img_size=size, embed_dim=embed_dim,
+                       depths=list(depths), num_heads=list(heads), window_size=size // 4, attn_type="LLSS")
+    if name in _CSWIN_FNS:
+        fn, size = _CSWIN_FNS[name]
+        g = (img_size or size) // 4
+        return partial(getattr(load_flatten(root, "flatten_cswin"), fn), img_size=img_size or size,
+                       la_split_size=f"{g}-{g // 2}-{g // 4}-{g // 8}", attn_type="LLSS")
+    if name in _PVT or name in _PVT_V2:
+        mod = load_flatten(root, "flatten_pvt_v2" if name in _PVT_V2 else "flatten_pvt")
+        extra = {"img_size": img_size} if img_size else {}
+        return partial(getattr(mod, name), la_sr_ratios="1111", attn_type="LLLL", **extra)
+    if name in _VIL:
+        arch, size = _VIL[name]
+        # launch/eval + config/msvit.yaml + config/defaults.py: norm_embed, shared w / kv, LN eps 1e-6, no avg pool.
+        return partial(load_msvit(root).MsViT, arch, img_size=img_size or size, norm_embed=True, sharew=True,
+                       attn_type="ls", share_kv=True, only_glo=False, sw_exact=0, ln_eps=1e-6, mode=0,
+                       avg_pool=False)
+    raise UserError(f"no official code for model {name!r}; known: {', '.join(OFFICIAL_NAMES)}")
