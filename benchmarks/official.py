@@ -108,23 +108,36 @@ def _time_pair(official: torch.nn.Module, ours: torch.nn.Module, x: torch.Tensor
     return times
 
 
+class StageError(RuntimeError):
+    """A step of one model's comparison failed; the message names the step."""
+
+
+def _stage(label: str, fn):
+    try:
+        return fn()
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise StageError(f"{label} failed: {type(e).__name__}: {msg}") from e
+
+
 def bench_one(root: str, name: str, args: argparse.Namespace) -> dict:
     """Parity and interleaved timing of one model; returns its CSV row."""
     row = {"model": name, "img_size": args.img_size, "batch_size": args.batch_size, "rounds": args.rounds,
            "warmup": args.warmup}
     torch.manual_seed(args.seed)
-    official = build_official(root, name, img_size=args.img_size).eval()
+    official = _stage("official build", lambda: build_official(root, name, img_size=args.img_size).eval())
     randomise_(official, args.seed)
-    ours = _ours(name, args.img_size)
-    row["keys_dropped"] = _transfer(official, ours)
+    ours = _stage("our build", lambda: _ours(name, args.img_size))
+    row["keys_dropped"] = _stage("weight transfer", lambda: _transfer(official, ours))
     row["params"] = sum(p.numel() for p in ours.parameters())
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size,
                     generator=torch.Generator().manual_seed(args.seed + 1))
     with torch.no_grad(), quiet():
-        want, got = official(x), ours(x)
+        want = _stage("official forward", lambda: official(x))
+        got = _stage("our forward", lambda: ours(x))
     if got.shape != want.shape or got.dtype != torch.float32 or want.dtype != torch.float32:
-        raise RuntimeError(f"logits differ in shape/dtype: ours {tuple(got.shape)} {got.dtype}, official "
-                           f"{tuple(want.shape)} {want.dtype}")
+        raise StageError(f"logits differ in shape/dtype: ours {tuple(got.shape)} {got.dtype}, official "
+                         f"{tuple(want.shape)} {want.dtype}")
     rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
     row["logits_rel_err"] = f"{rel:.3e}"
     row["parity_ok"] = int(rel < REL_ERR_MAX)
@@ -207,9 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             row = {**bench_one(args.official_root, name, args), **env}
         except Exception as e:  # one model failing (build, load, forward) must not lose the others' rows
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            msg = msg if isinstance(e, StageError) else f"{type(e).__name__}: {msg}"
             row = {"model": name, "img_size": args.img_size, "batch_size": args.batch_size, "parity_ok": 0,
-                   "target_met": 0, **env, "status": f"error: {type(e).__name__}: {msg}"}
+                   "target_met": 0, **env, "status": f"error: {msg}"}
         rows.append(row)
         write_csv(rows, out, COLUMNS)
         if row.get("speedup"):
