@@ -333,14 +333,14 @@ def test_peak_memory_bounded_by_tiling():
     m = subquad.build_attention("structure_aware", 192, 6, D=8, input_size=(112, 112))
     x = torch.randn(1, 112 * 112, 192, requires_grad=True)
     assert peak_memory(lambda: m(x, (112, 112)).sum().backward()) < 2 ** 30
-    m56 = subquad.build_attention("structure_aware", 192, 6, D=8, input_size=(56, 56)).eval()
-    xs = torch.randn(1, 56 * 56, 192)
+    # With an unlimited tile budget every head joins one tile, so the D chunk alone sets the Ga/Gb tile size.
+    grid = (56, 56)
+    ops = _operands(grid, B=1, h=6, dh=32, D=8)
+    ops = [t.float() for t in ops]
     peaks = {}
     with torch.no_grad():
-        m56(xs, (56, 56))  # fills the eval cache of kernel spectra, so only the tiles differ below
         for c in (8, 1):
-            m56.d_chunk = c
-            peaks[c] = peak_memory(lambda: m56(xs, (56, 56)))
+            peaks[c] = peak_memory(lambda c=c: fsa.lisa_fft(*ops, grid, d_chunk=c, tile_elems=2 ** 30))
     assert peaks[1] < peaks[8], peaks
 
 
@@ -353,3 +353,19 @@ def test_module_fft_dims_1d_equals_ref():
                        [torch.randn(2, math.prod(hw), 8)], torch.float64)
     with pytest.raises(ValueError, match="fft_dims"):
         _module(fft_dims="3d")
+
+
+@pytest.mark.parametrize("boundary", ["circular", "zero"])
+def test_inference_workspaces_equal_autograd_path(boundary):
+    """Without autograd lisa_fft reuses workspaces across tiles and works in place: same values as the autograd
+    path, with tiles of different sizes (D=5: the last tile is smaller) and the inputs left untouched."""
+    grid = (5, 7)
+    ksize = grid if boundary == "circular" else tuple(2 * s - 1 for s in grid)
+    ops = _operands(grid, h=3, D=5, ksize=ksize)
+    before = [t.clone() for t in ops]
+    want = fsa.lisa_fft(*[t.clone().requires_grad_(True) for t in ops], grid, boundary, d_chunk=2)
+    with torch.no_grad():
+        got = fsa.lisa_fft(*ops, grid, boundary, d_chunk=2, tile_elems=300)
+    assert_close(got, want.detach(), torch.float64, "no-grad workspaces vs autograd")
+    for a, b in zip(ops, before):
+        assert torch.equal(a, b)

@@ -331,14 +331,37 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
                 t = t.narrow(t.dim() - nd + ax, 0, g)
         return torch.view_as_real(t.reshape(*t.shape[:-nd], N).contiguous()).flatten(-2)
 
+    # Without autograd, the products and inverse transforms of every tile and both correlations go through two
+    # reused workspaces and the contractions run in place: fresh multi-MiB tensors per tile cost page faults that
+    # rival the FFTs on CPU. With autograd every intermediate is a new tensor (autograd may save it).
+    inference = not (torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, kernel_a, kernel_b, struct_proj, *spectra)))
+    work: dict[str, torch.Tensor] = {}
+
+    def workspace(name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape)
+        if name not in work or work[name].numel() < n:
+            work[name] = torch.empty(n, dtype=dtype, device=q.device)
+        return work[name][:n].view(shape)
+
+    def correlate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if not inference:
+            return crop(torch.fft.ifftn(x * w, dim=dims))
+        shape = torch.broadcast_shapes(x.shape, w.shape)
+        prod = torch.mul(x, w, out=workspace("prod", shape, x.dtype))
+        return crop(torch.fft.ifftn(prod, dim=dims))
+
+    def weighted_sum(t: torch.Tensor, weight: torch.Tensor, dim: int) -> torch.Tensor:
+        return (t.mul_(weight) if inference else t * weight).sum(dim)
+
     def chunk(kf, vf, waf_c, wbf_c, q2, bproj_c):
         hn, dc = bproj_c.shape[0], bproj_c.shape[2]
         # Ga for pattern pairs e: re = pattern 2e, im = pattern 2e + 1. S chunk: (B, hn, dc, N).
-        ga = crop(torch.fft.ifftn(kf * waf_c, dim=dims))  # (B, hn, dh, P, 2N)
-        s = (ga * q2).sum(2).unflatten(-1, (N, 2)).transpose(-1, -2).flatten(2, 3)[:, :, :dc]
+        ga = correlate(kf, waf_c)  # (B, hn, dh, P, 2N)
+        s = weighted_sum(ga, q2, 2).unflatten(-1, (N, 2)).transpose(-1, -2).flatten(2, 3)[:, :, :dc]
         # Gb for channel pairs c: re = channel c, im = channel c + half. Kernel path sum_d S_d Gb_d.
-        gb = crop(torch.fft.ifftn(vf * wbf_c, dim=dims))  # (B, hn, half, dc, 2N)
-        y = (gb * s.repeat_interleave(2, -1)[:, :, None]).sum(3)  # (B, hn, half, 2N)
+        gb = correlate(vf, wbf_c)  # (B, hn, half, dc, 2N)
+        y = weighted_sum(gb, s.repeat_interleave(2, -1)[:, :, None], 3)  # (B, hn, half, 2N)
         y = y.unflatten(-1, (N, 2)).movedim(-1, 2).reshape(B, hn, 2 * half, N)[:, :, :dh]
         return y + torch.einsum("bhen,hce->bhcn", s, bproj_c)  # feature path S B^T
 
