@@ -272,6 +272,26 @@ def _contract(q_cn: torch.Tensor, ga: torch.Tensor, gb: torch.Tensor, bproj: tor
     return y + torch.einsum("bhen,hce->bhcn", s, bproj)  # feature path S B^T
 
 
+def _fft_of_real(x: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
+    """fftn of a real x over its trailing len(fft_grid) dims (zero-padded to fft_grid), full complex spectrum.
+
+    Equals torch.fft.fftn(x, s=fft_grid) but runs rfftn and fills the missing half from the Hermitian symmetry
+    X[k', w] = conj(X[-k', W - w]); torch's fftn of a real input runs a full complex transform (~6x slower here).
+    """
+    nd = len(fft_grid)
+    dims = tuple(range(-nd, 0))
+    half = torch.fft.rfftn(x, s=tuple(fft_grid), dim=dims)  # (..., *lead, W // 2 + 1)
+    W = fft_grid[-1]
+    n_mirror = W - (W // 2 + 1)
+    if n_mirror == 0:
+        return half
+    mirror = half[..., 1:1 + n_mirror]
+    if nd > 1:  # negate the leading frequency indices: k -> (-k) mod size is a flip then a roll by one
+        lead = dims[:-1]
+        mirror = torch.roll(torch.flip(mirror, lead), (1,) * len(lead), lead)
+    return torch.cat([half, torch.flip(mirror, (-1,)).conj()], -1)
+
+
 def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
              struct_proj: torch.Tensor, grid: Sequence[int], boundary: str = "circular", d_chunk: int | None = None,
              spectra: tuple[torch.Tensor, torch.Tensor] | None = None, checkpoint_chunks: bool = False,
@@ -313,7 +333,7 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     pairs = (D + 1) // 2
     waf = spectra[0].reshape(h, dh, pairs, *fft_grid)  # conj-corr spectra of kernel_a pattern pairs
     wbf = spectra[1][:, None]  # (h or 1, 1, D, *F)
-    kf = torch.fft.fftn(_to_map(k, grid), s=fft_grid, dim=dims)[:, :, :, None]  # (B, h, dh, 1, *F)
+    kf = _fft_of_real(_to_map(k, grid), fft_grid)[:, :, :, None]  # (B, h, dh, 1, *F)
     half = (dh + 1) // 2
     vmap = _to_map(v, grid)
     v_hi = vmap[:, :, half:]
