@@ -351,7 +351,13 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
             status: list[str] = []
             kw = _model_kwargs(name, size)
             try:
-                model = create_model(name, **kw).to(device)
+                try:
+                    model = create_model(name, **kw).to(device)
+                except TypeError as e:  # a timm model that runs at any size and takes no img_size (PVTv2)
+                    if "img_size" not in kw or "img_size" not in str(e):
+                        raise
+                    kw = {}
+                    model = create_model(name).to(device)
                 row["param_count"] = sum(p.numel() for p in model.parameters())
             except Exception as e:  # noqa: BLE001 - reported in the row
                 row["status"] = f"error: build failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -360,7 +366,8 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
                     on_row(row)
                 continue
             try:
-                row["infer_gmacs"] = float(f'{count_macs(name, size, batch_size=batch_size, **kw)["gmacs"]:.6g}')
+                meta = create_model(name, device="meta", **kw)
+                row["infer_gmacs"] = float(f'{count_macs(meta, size, batch_size=batch_size)["gmacs"]:.6g}')
             except Exception as e:  # noqa: BLE001 - counting is best effort
                 _log.debug("GMACs of %s at %s failed: %s", name, size, e)
             in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]

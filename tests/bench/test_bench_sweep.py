@@ -133,3 +133,17 @@ def test_cli_bench_model_rows_csv_and_png(tmp_path):
         gmacs = subquad.count_macs("vit_attn_micro", int(r["infer_img_size"]))["gmacs"]
         assert float(r["infer_gmacs"]) == pytest.approx(gmacs, rel=1e-4)
     assert out.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_bench_models_timm_at_other_sizes_counts_gmacs():
+    """timm baselines away from their native size: DeiT gets img_size (and its GMACs at that size are counted),
+    PVTv2 takes no img_size and runs as built."""
+    from subquad.bench.sweep import bench_models
+
+    rows = bench_models(["deit_tiny_patch16_224", "pvt_v2_b0"], img_sizes=(64,), warmup=0, repeats=1,
+                        max_time_s=None, max_mem_mb=None)
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows
+    deit, pvt = rows
+    # DeiT-Ti at 64 px: 16 tokens + cls instead of 196 + cls, so far fewer GMACs than its 1.25 at 224.
+    assert 0 < deit["infer_gmacs"] < 0.2
+    assert pvt["infer_gmacs"] > 0 and pvt["infer_step_time"] > 0
