@@ -124,6 +124,8 @@ class FocusedLinearAttention(TokenMixer):
         n_pe = self.num_prefix_tokens + self.pe_hw[0] * self.pe_hw[1]
         self.scale = nn.Parameter(torch.empty(1, 1, dim, **dd))
         self.positional_encoding = nn.Parameter(torch.empty(1, n_pe, dim, **dd))
+        # Eval-only cache of the resized PE: (key, tensor). Not state (not saved).
+        self._pe_cache: tuple | None = None
         d = self.head_dim
         self.dwc = nn.Conv2d(d, d, kernel_size, padding=kernel_size // 2, groups=d, **dd)
         self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd) if lepe else None
@@ -181,7 +183,20 @@ class FocusedLinearAttention(TokenMixer):
         return q, k, v, kv_hw
 
     def _pe(self, kv_hw: tuple[int, int]) -> torch.Tensor:
-        return resize_pe(self.positional_encoding, self.pe_hw, kv_hw, self.num_prefix_tokens)
+        """The PE on the key grid; a resized PE is cached in eval mode without autograd (at 1024 px the bicubic
+        resize of FLatten-PVTv2's stage-1 PE is ~6 % of a forward). The key holds the parameter's version counter,
+        so loading weights or editing the PE in place invalidates it."""
+        pe = self.positional_encoding
+        if tuple(kv_hw) == tuple(self.pe_hw) or self.training or torch.is_grad_enabled():
+            return resize_pe(pe, self.pe_hw, kv_hw, self.num_prefix_tokens)
+        key = (tuple(kv_hw), id(pe), pe._version, pe.device, pe.dtype)
+        if self._pe_cache is None or self._pe_cache[0] != key:
+            self._pe_cache = (key, resize_pe(pe, self.pe_hw, kv_hw, self.num_prefix_tokens))
+        return self._pe_cache[1]
+
+    def train(self, mode: bool = True):
+        self._pe_cache = None
+        return super().train(mode)
 
     def _core(self, q, k, v, hw, kv_hw, fused: bool) -> torch.Tensor:
         k = k + self._pe(kv_hw)

@@ -149,10 +149,15 @@ class _Budget:
         self.time.setdefault(key, []).append((size, step_s))
 
 
+# Fast steps are repeated until their timed calls add up to this long (at most 200 calls): one-shot medians of a
+# millisecond step move by tens of percent on a shared machine.
+MIN_TIME_S = 1.0
+
+
 def _measure(step: Callable[[], object], device: torch.device, warmup: int, repeats: int,
              budget_s: float | None) -> tuple[float, float, float]:
     """(median seconds, best seconds, peak MiB) of `step`."""
-    timing = time_fn(step, device, warmup=warmup, repeats=repeats, budget_s=budget_s)
+    timing = time_fn(step, device, warmup=warmup, repeats=repeats, budget_s=budget_s, min_time_s=MIN_TIME_S)
     mem = peak_memory(step, device) / 2**20
     return timing.median, timing.best, mem
 

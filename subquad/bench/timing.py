@@ -40,7 +40,7 @@ def synchronize(device: torch.device | str) -> None:
 
 
 def time_fn(fn: Callable[[], object], device: torch.device | str = "cpu", warmup: int = 1, repeats: int = 5,
-            budget_s: float | None = None) -> Timing:
+            budget_s: float | None = None, min_time_s: float | None = None, max_repeats: int = 200) -> Timing:
     """Median time of `fn()` after `warmup` untimed calls.
 
     Args:
@@ -50,6 +50,10 @@ def time_fn(fn: Callable[[], object], device: torch.device | str = "cpu", warmup
         repeats: timed calls wanted.
         budget_s: when set, fewer repeats are made (at least one) so that the timed calls take about this long;
             the first timed call sets the estimate.
+        min_time_s: when set, more repeats are made (up to `max_repeats`) until the timed calls add up to this
+            long, so millisecond steps get a median over many calls (the timeit autorange idea) while long steps
+            keep `repeats`.
+        max_repeats: cap of the calls `min_time_s` may add.
     Returns:
         a `Timing`.
     """
@@ -59,7 +63,12 @@ def time_fn(fn: Callable[[], object], device: torch.device | str = "cpu", warmup
         fn()
     synchronize(device)
     times: list[float] = []
-    while len(times) < repeats:
+    def wanted() -> bool:
+        if len(times) < repeats:
+            return True
+        return min_time_s is not None and sum(times) < min_time_s and len(times) < max_repeats
+
+    while wanted():
         t0 = time.perf_counter()
         fn()
         synchronize(device)

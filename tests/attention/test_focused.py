@@ -147,6 +147,27 @@ def test_pe_resize_equals_official_loader_rule():
     assert resize_pe(pe, (7, 7), (7, 7), 1) is pe
 
 
+def test_resized_pe_cached_in_eval_and_invalidated():
+    """Eval without autograd reuses the resized PE; an in-place PE edit (as load_state_dict does) or another grid
+    recomputes it; training and grad-enabled calls never use the cache."""
+    m = _randomise(FocusedLinearAttention(16, 2, input_size=(7, 7))).eval()
+    x = torch.randn(1, 99, 16)
+    with torch.no_grad():
+        y = m(x, (9, 11))
+        assert m._pe_cache is not None and m._pe_cache[1].shape == (1, 99, 16)
+        cached = m._pe_cache[1]
+        assert torch.equal(m(x, (9, 11)), y) and m._pe_cache[1] is cached
+        m.positional_encoding.add_(0.5)
+        y2 = m(x, (9, 11))
+        assert m._pe_cache[1] is not cached and not torch.allclose(y2, y)
+        torch.testing.assert_close(m._pe_cache[1], resize_pe(m.positional_encoding, (7, 7), (9, 11)))
+        m(torch.randn(1, 64, 16), (8, 8))
+        assert m._pe_cache[1].shape == (1, 64, 16)
+    assert torch.equal(m(x, (9, 11)).detach(), y2)  # grad enabled: recomputed, same values
+    m.train()
+    assert m._pe_cache is None
+
+
 def test_module_at_construction_grid_equals_module_built_there():
     a = _randomise(FocusedLinearAttention(16, 2, input_size=(7, 7)))
     b = FocusedLinearAttention(16, 2, input_size=(9, 11))

@@ -34,6 +34,17 @@ def test_time_fn_median_and_budget():
         time_fn(lambda: None, repeats=0)
 
 
+def test_time_fn_min_time_adds_repeats_for_fast_steps():
+    import time
+
+    t = time_fn(lambda: time.sleep(0.002), warmup=0, repeats=3, min_time_s=0.05, max_repeats=100)
+    assert 10 <= t.repeats <= 30  # ~0.05 s / 2 ms (sleep overshoots a little)
+    t = time_fn(lambda: time.sleep(0.002), warmup=0, repeats=3, min_time_s=10.0, max_repeats=7)
+    assert t.repeats == 7
+    t = time_fn(lambda: time.sleep(0.03), warmup=0, repeats=3, min_time_s=0.01)
+    assert t.repeats == 3
+
+
 def test_peak_memory_sees_cpp_allocations():
     def two_live():
         a = torch.ones(2 * MiB // 4)
