@@ -131,9 +131,12 @@ def _outputs(args: argparse.Namespace, kind: str) -> tuple[Path, Path | None]:
     plot = None if args.no_plot else (Path(args.plot) if args.plot else out.with_suffix(".png"))
 
     def _earlier_csv(p: Path) -> bool:
-        # Only an earlier bench result (its header names the timm-style columns) may be replaced.
+        # Only an earlier result of the same kind (its header is exactly this kind's columns) may be replaced.
+        from subquad.bench.sweep import ATTN_COLUMNS, MODEL_COLUMNS
+
+        columns = MODEL_COLUMNS if kind == "model" else ATTN_COLUMNS
         with open(p, errors="replace") as f:
-            return f.readline().startswith("name,")
+            return f.readline().rstrip("\r\n") == ",".join(columns)
 
     check_output_file(out, (".csv",), (), "--out", overwrite_if=_earlier_csv)
     if plot is not None:
