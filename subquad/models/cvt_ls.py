@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.utils.checkpoint
-from timm.layers import DropPath, Mlp, StdConv2d, trunc_normal_
+from timm.layers import DropPath, StdConv2d, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch import nn
@@ -36,6 +36,7 @@ from .._shapes import as_hw, merge_heads, split_heads
 from ..attention import build_attention
 from ..attention.functional.softmax import softmax_attention
 from ..errors import UserError
+from ..layers.mlp import Mlp
 from ._builder import build
 from ._card import ModelCard, register_card
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
@@ -29,6 +29,7 @@ from .._shapes import as_hw, map_to_tokens, tokens_to_map
 from ..attention import build_attention
 from ..attention.cswin import LePEAttention, cswin_branches
 from ..errors import UserError
+from ..layers.mlp import Mlp
 from ._builder import build, unwrap_state_dict
 from ._card import ModelCard, register_card
 from ._pyramid import PyramidBackbone

@@ -18,14 +18,14 @@ import math
 from collections.abc import Sequence
 
 import torch
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
 from ..attention import build_attention
 from ..attention.functional.focused import resize_pe
 from ..errors import UserError
-from ..layers.mlp import ConvMlp
+from ..layers.mlp import ConvMlp, Mlp
 from ..layers.patch_embed import PatchEmbedLN, resize_pos_embed_2d
 from ._builder import build, unwrap_state_dict
 from ._card import ModelCard, register_card

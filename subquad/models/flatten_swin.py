@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp, PatchEmbed, trunc_normal_
+from timm.layers import DropPath, PatchEmbed, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
@@ -30,6 +30,7 @@ from .._shapes import as_hw
 from ..attention import build_attention, get_attention_cls
 from ..attention.functional.window import window_geometry, window_partition, window_reverse
 from ..errors import UserError
+from ..layers.mlp import Mlp
 from ._builder import build, unwrap_state_dict
 from ._card import ModelCard, register_card
 from ._pyramid import PyramidBackbone

@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
 from ..attention import build_attention
 from ..attention.enhanced_linear import LocalConcentrationModule
 from ..errors import UserError
+from ..layers.mlp import Mlp
 from ..layers.patch_embed import L2ViTStem, PreNormDownsample
 from ..layers.pos_embed import ConvPosEnc
 from ._builder import build, unwrap_state_dict

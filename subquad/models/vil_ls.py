@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.layers import DropPath, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch import nn
@@ -40,6 +40,7 @@ from .._shapes import as_hw, merge_heads
 from ..attention import build_attention
 from ..attention.functional.softmax import softmax_attention, softmax_attention_ref
 from ..errors import UserError
+from ..layers.mlp import Mlp
 from ._builder import build
 from ._card import ModelCard, register_card
 

@@ -15,7 +15,7 @@ from functools import partial
 
 import torch
 import torch.utils.checkpoint
-from timm.layers import DropPath, Mlp, PatchEmbed, resample_abs_pos_embed, trunc_normal_
+from timm.layers import DropPath, PatchEmbed, resample_abs_pos_embed, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch import nn
@@ -23,6 +23,7 @@ from torch import nn
 from .._shapes import as_hw
 from ..attention import build_attention, get_attention_cls
 from ..errors import UserError
+from ..layers.mlp import Mlp
 from ._builder import build
 from ._card import ModelCard, register_card
 
