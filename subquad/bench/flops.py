@@ -80,7 +80,9 @@ def flop_mapping() -> dict[Any, Any]:
 
 def count_module_macs(module: nn.Module, *inputs: Any, breakdown: bool = False, **kw: Any) -> dict[str, Any]:
     """Run `module(*inputs, **kw)` under the counter; returns {'gmacs', 'breakdown' (module -> GMACs)}."""
-    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=flop_mapping()) as counter:
+    from ..layers.mlp import plain_mlps
+
+    with torch.no_grad(), plain_mlps(), FlopCounterMode(display=False, custom_mapping=flop_mapping()) as counter:
         module(*inputs, **kw)
     out: dict[str, Any] = {"gmacs": counter.get_total_flops() / 2e9}
     if breakdown:

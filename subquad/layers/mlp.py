@@ -10,21 +10,38 @@ tensor is small (every model at 224 px), the plain forward runs.
 
 from __future__ import annotations
 
+import contextlib
+
 import timm.layers
 import torch
 from torch import nn
 
 from .._shapes import map_to_tokens, tokens_to_map
 
-__all__ = ["DWConv", "ConvMlp", "Mlp", "CHUNK_ELEMS"]
+__all__ = ["DWConv", "ConvMlp", "Mlp", "CHUNK_ELEMS", "plain_mlps"]
 
 # Largest hidden activation (floats) one band of the chunked inference path holds: 8 MiB in fp32.
 CHUNK_ELEMS = 2 ** 21
 
 
+_BANDS_ON = True
+
+
+@contextlib.contextmanager
+def plain_mlps():
+    """Inside the block every MLP runs its plain forward (FLOP counting uses it: the halo rows a banded ConvMlp
+    recomputes belong to the schedule, not to the architecture)."""
+    global _BANDS_ON
+    saved, _BANDS_ON = _BANDS_ON, False
+    try:
+        yield
+    finally:
+        _BANDS_ON = saved
+
+
 def _chunked(hidden_elems: int) -> bool:
     """Whether an MLP whose hidden activation has `hidden_elems` values runs in bands (no autograd, >= 2 bands)."""
-    return not torch.is_grad_enabled() and hidden_elems > 2 * CHUNK_ELEMS
+    return _BANDS_ON and not torch.is_grad_enabled() and hidden_elems > 2 * CHUNK_ELEMS
 
 
 class Mlp(timm.layers.Mlp):

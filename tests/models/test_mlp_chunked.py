@@ -60,3 +60,13 @@ def test_model_logits_unchanged_by_chunked_mlps(small_chunks, name):
     with torch.no_grad():
         got = m(x)
     torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_gmacs_count_the_architecture_not_the_bands(monkeypatch):
+    want = subquad.count_macs("flatten_pvt_v2_micro", 64)["gmacs"]
+    monkeypatch.setattr(mlp_mod, "CHUNK_ELEMS", 40)  # banded ConvMlps would recompute halo rows
+    assert subquad.count_macs("flatten_pvt_v2_micro", 64)["gmacs"] == want
+    with mlp_mod.plain_mlps(), torch.no_grad():
+        assert not mlp_mod._chunked(10 ** 9)
+    with torch.no_grad():
+        assert mlp_mod._chunked(10 ** 9)
