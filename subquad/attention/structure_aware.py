@@ -74,8 +74,9 @@ class StructureAwareAttention(TokenMixer):
             kernels (Tab. 3(d)), computed with grouped convolutions.
         boundary: 'circular' (Eq. 13, registered models) or 'zero' (Toeplitz Eq. 11 via FFTs on the doubled grid;
             ablation of the circular approximation).
-        d_chunk: process D in chunks of this size (bounds peak memory); None = automatic tiling over heads and D
-            (`plan_tiles`: Ga/Gb tiles of at most 2^21 floats).
+        d_chunk: process D in chunks of this size, rounded up to even (patterns travel in pairs, one complex FFT
+            per pair; bounds peak memory); None = automatic tiling over heads and D (`plan_tiles`: Ga/Gb tiles of
+            at most 2^21 floats).
         kernel_resize: 'pad' or 'interp' (see Resolution).
         normalize_v: also L2-normalise v (off; LI-5).
         checkpoint_kernels: recompute Ga/Gb per chunk in backward instead of storing them.
