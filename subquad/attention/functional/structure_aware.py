@@ -351,9 +351,10 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
                 t = t.narrow(t.dim() - nd + ax, 0, g)
         return torch.view_as_real(t.reshape(*t.shape[:-nd], N).contiguous()).flatten(-2)
 
-    # Without autograd, the products and inverse transforms of every tile and both correlations go through two
-    # reused workspaces and the contractions run in place: fresh multi-MiB tensors per tile cost page faults that
-    # rival the FFTs on CPU. With autograd every intermediate is a new tensor (autograd may save it).
+    # Without autograd, the spectral products of every tile and both correlations go through one reused workspace
+    # and the contractions run in place on the inverse transforms: fresh multi-MiB tensors per tile cost page faults
+    # that rival the FFTs on CPU. (torch.fft's out= computes into a temporary and copies, so the inverse transforms
+    # keep their own outputs.) With autograd every intermediate is a new tensor (autograd may save it).
     inference = not (torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, kernel_a, kernel_b, struct_proj, *spectra)))
     work: dict[str, torch.Tensor] = {}
