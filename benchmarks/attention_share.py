@@ -23,7 +23,6 @@ import contextlib
 import csv
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,12 +62,6 @@ def free_core(model: torch.nn.Module):
             del m.forward
 
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
-
-
 def measure(ours: str, baseline: str, img_size: int, batch_size: int = 1, rounds: int = 3) -> dict:
     """Median forward times (ms) of ours, the baseline, and the baseline without its attention core."""
     import timm
@@ -80,17 +73,15 @@ def measure(ours: str, baseline: str, img_size: int, batch_size: int = 1, rounds
     ours_m = subquad.create_model(ours).eval()
     base_m = timm.create_model(baseline, **_model_kwargs(baseline, img_size)).eval()
     x = torch.randn(batch_size, 3, img_size, img_size)
-    times = {"ours": [], "base": [], "free": []}
-    with torch.no_grad():
+    from subquad.bench.timing import time_interleaved
+
+    def no_core():
         with free_core(base_m):
-            base_m(x)
-        ours_m(x), base_m(x)
-        for _ in range(rounds):
-            times["ours"].append(_timed(lambda: ours_m(x)))
-            times["base"].append(_timed(lambda: base_m(x)))
-            with free_core(base_m):
-                times["free"].append(_timed(lambda: base_m(x)))
-    med = {k: statistics.median(v) for k, v in times.items()}
+            return base_m(x)
+
+    with torch.no_grad():
+        times = time_interleaved({"ours": lambda: ours_m(x), "base": lambda: base_m(x), "free": no_core}, rounds)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     return {"model": ours, "baseline": baseline, "img_size": img_size, "batch_size": batch_size,
             "ours_ms": round(med["ours"], 2), "baseline_ms": round(med["base"], 2),
             "baseline_no_core_ms": round(med["free"], 2), "speedup": round(med["base"] / med["ours"], 3),
@@ -110,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
+    for flag, values, low in (("--img-size", a.img_size, 32), ("--batch-size", [a.batch_size], 1),
+                              ("--rounds", [a.rounds], 1)):
+        bad = [v for v in values if v < low]
+        if bad:
+            p.error(f"{flag} must be >= {low}, got {bad[0]}")
     out = Path(a.out) if a.out else default_result_path("attn-share", "cpu", ROOT / "benchmarks" / "results")
     check_output_file(out, (".csv",), what="result file",
                       overwrite_if=lambda q: q.read_text().split("\n", 1)[0].strip() == ",".join(FIELDS))

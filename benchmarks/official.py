@@ -34,7 +34,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -94,18 +93,10 @@ def _transfer(official: torch.nn.Module, ours: torch.nn.Module) -> int:
 
 def _time_pair(official: torch.nn.Module, ours: torch.nn.Module, x: torch.Tensor, rounds: int,
                warmup: int) -> dict[str, list[float]]:
-    times = {"official": [], "ours": []}
-    models = {"official": official, "ours": ours}
+    from subquad.bench.timing import time_interleaved
+
     with torch.no_grad(), quiet():
-        for _ in range(warmup):
-            official(x)
-            ours(x)
-        for _ in range(rounds):
-            for key in ("official", "ours"):
-                t0 = time.perf_counter()
-                models[key](x)
-                times[key].append(time.perf_counter() - t0)
-    return times
+        return time_interleaved({"official": lambda: official(x), "ours": lambda: ours(x)}, rounds, warmup)
 
 
 class StageError(RuntimeError):

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Timing", "time_fn", "synchronize"]
+__all__ = ["Timing", "time_fn", "time_interleaved", "synchronize"]
 
 
 @dataclass(frozen=True)
@@ -76,3 +76,27 @@ def time_fn(fn: Callable[[], object], device: torch.device | str = "cpu", warmup
         if budget_s is not None and sum(times) + times[0] > budget_s:
             break
     return Timing(statistics.median(times), min(times), len(times), tuple(times))
+
+
+def time_interleaved(steps: Mapping[str, Callable[[], object]], rounds: int, warmup: int = 1,
+                     device: torch.device | str = "cpu") -> dict[str, list[float]]:
+    """Seconds of each named step, timed in rounds that call every step once in turn (A, B, A, B, ...), so that a
+    change of load on a shared machine hits all of them alike; `warmup` untimed rounds first.
+
+    Returns:
+        {name: [seconds per round]} in the order of `steps`.
+    """
+    if rounds < 1 or warmup < 0:
+        raise ValueError(f"time_interleaved needs rounds >= 1 and warmup >= 0, got rounds={rounds}, warmup={warmup}")
+    for _ in range(warmup):
+        for fn in steps.values():
+            fn()
+    synchronize(device)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[name].append(time.perf_counter() - t0)
+    return times

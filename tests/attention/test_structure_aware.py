@@ -369,3 +369,36 @@ def test_inference_workspaces_equal_autograd_path(boundary):
     assert_close(got, want.detach(), torch.float64, "no-grad workspaces vs autograd")
     for a, b in zip(ops, before):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("shape,fft_grid", [((2, 3, 5, 7), (5, 7)), ((2, 6, 6), (6, 6)), ((2, 3, 4, 5), (3, 4, 5)),
+                                            ((1, 4, 5), (8, 10)), ((2, 5), (5,)), ((2, 3), (6,))])
+def test_fft_of_real_equals_fftn(shape, fft_grid):
+    """rfftn + Hermitian completion == torch.fft.fftn (zero-padded), outputs and input gradients."""
+    x = torch.randn(*shape, dtype=torch.float64)
+    dims = tuple(range(-len(fft_grid), 0))
+    compare_fn(lambda t: torch.view_as_real(fsa._fft_of_real(t, fft_grid)),
+               lambda t: torch.view_as_real(torch.fft.fftn(t, s=fft_grid, dim=dims)), [x])
+
+
+def test_qkv_channel_major_equals_linear_then_normalize():
+    """The module's channel-major projection and rsqrt normalisation == qkv Linear + F.normalize over the head dim
+    (values and gradients of x and of the qkv weights), on an odd token count."""
+    m = _module().double()
+    x = torch.randn(2, 35, 8, dtype=torch.float64)
+
+    def plain(t):
+        q, k, v = m.qkv(t).reshape(2, 35, 3, m.num_heads, m.head_dim).unbind(2)
+        q, k = F.normalize(q, dim=-1, eps=1e-6), F.normalize(k, dim=-1, eps=1e-6)
+        return torch.cat([z.transpose(1, 2) for z in (q, k, v)], -1)
+
+    compare_fn(lambda t: torch.cat(m._qkv(t), -1), plain, [x])
+    m.zero_grad(set_to_none=True)  # compare_fn's two backward passes accumulated into the weights
+    xg = x.clone().requires_grad_(True)
+    torch.cat(m._qkv(xg), -1).pow(2).sum().backward()
+    g_fast = (xg.grad.clone(), m.qkv.weight.grad.clone())
+    xg.grad = None
+    m.qkv.weight.grad = None
+    plain(xg).pow(2).sum().backward()
+    torch.testing.assert_close(g_fast[0], xg.grad)
+    torch.testing.assert_close(g_fast[1], m.qkv.weight.grad)

@@ -60,3 +60,11 @@ def test_main_writes_csv_and_refuses_foreign_file(tmp_path, monkeypatch):
     with pytest.raises(Exception, match="not an earlier"):
         bench.main(["--out", str(foreign)])
     assert foreign.read_text() == "a,b\n1,2\n"
+
+
+@pytest.mark.parametrize("argv,msg", [(["--rounds", "0"], "--rounds must be >= 1, got 0"),
+                                      (["--img-size", "224", "8"], "--img-size must be >= 32, got 8")])
+def test_bad_flags_one_line(argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        _bench().main(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err

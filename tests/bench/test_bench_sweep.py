@@ -18,7 +18,7 @@ from subquad.bench.sweep import (
     plot_attention,
     sweep_attention,
 )
-from subquad.bench.timing import time_fn
+from subquad.bench.timing import time_fn, time_interleaved
 from subquad.cli.__main__ import main
 
 MiB = 2**20
@@ -167,3 +167,11 @@ def test_bench_models_timm_at_other_sizes_counts_gmacs():
     # DeiT-Ti at 64 px: 16 tokens + cls instead of 196 + cls, so far fewer GMACs than its 1.25 at 224.
     assert 0 < deit["infer_gmacs"] < 0.2
     assert pvt["infer_gmacs"] > 0 and pvt["infer_step_time"] > 0
+
+
+def test_time_interleaved_alternates_steps():
+    order = []
+    t = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=3, warmup=1)
+    assert order == ["a", "b"] * 4 and list(t) == ["a", "b"] and all(len(v) == 3 for v in t.values())
+    with pytest.raises(ValueError, match="rounds"):
+        time_interleaved({"a": lambda: None}, rounds=0)

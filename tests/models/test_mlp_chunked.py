@@ -40,6 +40,7 @@ def test_conv_mlp_bands_with_halo_equal_plain(small_chunks, hw):
     x = torch.randn(2, hw[0] * hw[1], 4)
     want = m(x, hw)  # grad enabled: plain path
     with torch.no_grad():
+        assert mlp_mod._chunked(x.shape[0] * x.shape[1] * 8)  # the banded path runs below
         got = m(x, hw)
     torch.testing.assert_close(got, want.detach())
 
