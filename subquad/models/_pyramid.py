@@ -17,7 +17,20 @@ from torch import nn
 from .._shapes import tokens_to_map
 from ..errors import UserError
 
-__all__ = ["PyramidBackbone"]
+__all__ = ["PyramidBackbone", "prune_isotropic"]
+
+
+def prune_isotropic(model: nn.Module, indices: int | list[int] = 1, prune_norm: bool = False,
+                    prune_head: bool = True) -> list[int]:
+    """timm's `prune_intermediate_layers` for an isotropic host (`blocks`, `norm`, `reset_classifier`): keep the
+    blocks up to the last taken index; returns the taken indices."""
+    take, max_index = feature_take_indices(len(model.blocks), indices)
+    model.blocks = model.blocks[: max_index + 1]
+    if prune_norm:
+        model.norm = nn.Identity()
+    if prune_head:
+        model.reset_classifier(0)
+    return take
 
 
 class PyramidBackbone(nn.Module):

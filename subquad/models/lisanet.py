@@ -39,6 +39,7 @@ from ..layers.mlp import ConvMlp
 from ..layers.pos_embed import ConvPosEnc
 from ._builder import build
 from ._card import ModelCard, register_card
+from ._pyramid import prune_isotropic
 
 __all__ = ["LiSANet", "LiSANetIsotropic", "LiSABlock", "inflate_image_weights", "remap_checkpoint"]
 
@@ -416,13 +417,7 @@ class LiSANetIsotropic(_TimmInterface, nn.Module):
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
                                   prune_head: bool = True) -> list[int]:
-        take, max_index = feature_take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[: max_index + 1]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.reset_classifier(0)
-        return take
+        return prune_isotropic(self, indices, prune_norm, prune_head)
 
 
 def inflate_image_weights(image_state: dict[str, torch.Tensor], video_model: nn.Module,

@@ -26,6 +26,7 @@ from ..errors import UserError
 from ..layers.mlp import Mlp
 from ._builder import build
 from ._card import ModelCard, register_card
+from ._pyramid import prune_isotropic
 
 __all__ = ["VisionTransformerAttn", "Block"]
 
@@ -217,13 +218,7 @@ class VisionTransformerAttn(nn.Module):
 
     def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
                                   prune_head: bool = True) -> list[int]:
-        take, max_index = feature_take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[: max_index + 1]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.reset_classifier(0)
-        return take
+        return prune_isotropic(self, indices, prune_norm, prune_head)
 
 
 def _cfg(**kwargs) -> dict:

@@ -143,3 +143,20 @@ def test_features_only_out_indices_and_checkpoint(name, tmp_path):
     assert len(out) == 1
     ref = m.forward_intermediates(x, indices=[1], intermediates_only=True)[0]
     torch.testing.assert_close(out[0], ref)
+
+
+@pytest.mark.parametrize("name,kw", [("vit_attn_micro", {}), ("lisanet_i", dict(depth=4, embed_dim=64, num_heads=2, D=2))])
+def test_isotropic_prune_keeps_taken_blocks(name, kw):
+    """prune_intermediate_layers on isotropic hosts: blocks after the last taken index go, the head becomes an
+    identity, the norm goes with prune_norm, and the kept intermediates are unchanged."""
+    torch.manual_seed(0)
+    m = subquad.create_model(name, **kw).eval()
+    size = m.pretrained_cfg["input_size"][-1]
+    x = torch.randn(1, 3, size, size)
+    with torch.no_grad():
+        want = m.forward_intermediates(x, indices=[1], intermediates_only=True)
+        assert m.prune_intermediate_layers([1], prune_norm=True) == [1]
+        assert len(m.blocks) == 2 and isinstance(m.norm, torch.nn.Identity)
+        assert isinstance(m.get_classifier(), torch.nn.Identity)
+        got = m.forward_intermediates(x, indices=[1], intermediates_only=True)
+    torch.testing.assert_close(got, want)
