@@ -145,7 +145,8 @@ def test_features_only_out_indices_and_checkpoint(name, tmp_path):
     torch.testing.assert_close(out[0], ref)
 
 
-@pytest.mark.parametrize("name,kw", [("vit_attn_micro", {}), ("lisanet_i", dict(depth=4, embed_dim=64, num_heads=2, D=2))])
+@pytest.mark.parametrize("name,kw", [("vit_attn_micro", {}),
+                                     ("lisanet_i", dict(depth=4, embed_dim=64, num_heads=2, D=2))])
 def test_isotropic_prune_keeps_taken_blocks(name, kw):
     """prune_intermediate_layers on isotropic hosts: blocks after the last taken index go, the head becomes an
     identity, the norm goes with prune_norm, and the kept intermediates are unchanged."""
