@@ -43,7 +43,9 @@ def add_config_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = 
         t = str(f.type)
         default = getattr(defaults, f.name)
         help_text = f"{f.metadata['help']} (default: {default!r})"
-        if t.startswith("bool"):
+        if t.startswith("dict"):
+            p.add_argument(*names, type=str, default=argparse.SUPPRESS, metavar="JSON", help=help_text)
+        elif t.startswith("bool"):
             p.add_argument(*names, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         elif t.startswith("list"):
             p.add_argument(*names, type=float, nargs="+", default=argparse.SUPPRESS, help=help_text)

@@ -30,8 +30,16 @@ def run(args: argparse.Namespace) -> int:
               f"{r['in_chans']}x{r['img_size']}x{r['img_size']} input, {r['train_images']} training images, "
               f"{r['updates_per_epoch']} updates/epoch, {r['optimizer']} + {r['scheduler']}; nothing written")
         return 0
+    if r.get("complete"):
+        res = r["results"]
+        print(f"run {r['output']} is complete ({r['epochs']} epochs; {res['split']} accuracy {res['top1']:.2f} % for "
+              f"the checkpoint selected on {res['selected_on']}); extend it with --resume {r['output']} --epochs N "
+              f"(N > {r['epochs']}; see --resume-schedule)")
+        return 0
     if r.get("rank", 0) == 0:
-        print(f"test accuracy: {r['eval_top1']:.2f} % (best {r['best_top1']:.2f} % at epoch {r['best_epoch'] + 1})")
+        res = r["results"]
+        print(f"{res['split']} accuracy: {res['top1']:.2f} % (top-5 {res['top5']:.2f} %, {res['images']} images; "
+              f"checkpoint selected on {res['selected_on']}: {r['best_top1']:.2f} % at epoch {r['best_epoch']})")
         print(f"throughput: {r['images_per_sec']:.0f} images/s (training)")
         print(f"checkpoint: {r['checkpoint']}")
     return 0

@@ -1,15 +1,23 @@
 """Image data sources for `subquad train/eval/predict`, selected by a spec string.
 
 Specs:
-    `digits`                scikit-learn's handwritten digits (offline default; splits train/test)
+    `digits`                scikit-learn's handwritten digits (offline default; train/val/test, val held out of the
+                            training part)
     `fashion-mnist[:DIR]`   IDX files from the Debian package `dataset-fashion-mnist` or DIR (train/val/test)
-    `imagefolder:PATH`      PATH/train/<class>/<image> and PATH/val/<class>/<image> (train/val)
-    `cifar10:PATH`, `cifar100:PATH`   the python-pickle release (train/test), read with a restricted unpickler
+    `imagefolder:PATH`      PATH/train/<class>/<image>, PATH/val/<class>/<image> and optionally PATH/test/...
+    `cifar10:PATH`, `cifar100:PATH`   the python-pickle release (train/val/test: val is a fixed 10 % of each class's
+                            training images), read with a restricted unpickler
+
+Selection never sees the test split: `val_split` selects checkpoints during training; `test_split` (None when a
+source has none, e.g. an image folder without test/) is evaluated once, at the end, for the selected checkpoint.
 
 Every dataset yields (PIL image, int label); `TransformDataset` converts the mode to the model's channels (gray to
 3 channels) and applies a transform. `build_transform` makes the train/eval transforms with timm's `create_transform`
-(aug="timm") or the light preset for small gray sets (aug="light": resize, random crop with padding S/8, horizontal
-flip; RandAugment and random erasing still apply when asked), or resize only (aug="none").
+(aug="timm") or the light preset (aug="light": resize, random crop with padding S/8, horizontal flip; RandAugment and
+random erasing still apply when asked), or resize only (aug="none"). `resolve_aug` turns aug="auto" into one of them
+from the image size and the number of training images per class: timm's ImageNet RandomResizedCrop recipe zooms into
+8-100 % crops, which on small images (under 64 px) or small sets (under 200 images per class) destroys more than it
+adds, so those get the light preset.
 """
 
 from __future__ import annotations
@@ -27,11 +35,16 @@ from torch.utils.data import Dataset, Subset
 from ..errors import UserError
 
 __all__ = ["ImageSource", "ArrayDataset", "TransformDataset", "parse_data_spec", "open_source", "build_transform",
-           "DATA_SPECS"]
+           "resolve_aug", "DATA_SPECS", "AUG_PRESETS"]
 
 DATA_SPECS = ("digits", "fashion-mnist", "fashion-mnist:DIR", "imagefolder:PATH", "cifar10:PATH", "cifar100:PATH")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+AUG_PRESETS = ("none", "light", "timm")
+# `--aug auto` picks timm's RandomResizedCrop recipe only for images at least this large with at least this many
+# training images per class; smaller images or sets get the light preset.
+AUTO_TIMM_MIN_SIDE = 64
+AUTO_TIMM_MIN_PER_CLASS = 200
 
 
 class ArrayDataset(Dataset):
@@ -73,10 +86,13 @@ class ImageSource:
         name: the spec.
         classes: class names (index = label).
         splits: split name -> zero-argument builder of a (PIL image, label) dataset.
-        train_split / val_split / test_split: which split trains, which one is evaluated during training, and which
-            one `subquad eval` uses by default.
+        train_split / val_split / test_split: which split trains, which one is evaluated during training to select
+            the checkpoint, and which one is evaluated once at the end (None: the source has no test split; the
+            final report then names `val_split`).
         mean, std: per-channel normalisation for 3 channels.
-        aug: default training augmentation preset ("none", "light" or "timm").
+        aug: default training augmentation preset: "auto" (chosen by `resolve_aug` from image size and set size),
+            or a fixed "none", "light" or "timm" for sources where the choice is a property of the data (digits:
+            "none", since a flipped or shifted 8 x 8 digit is another digit).
         native_size: the images' own side (None when they vary).
     """
 
@@ -85,10 +101,10 @@ class ImageSource:
     splits: dict[str, Callable[[], Dataset]]
     train_split: str = "train"
     val_split: str = "val"
-    test_split: str = "test"
+    test_split: str | None = "test"
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
-    aug: str = "timm"
+    aug: str = "auto"
     native_size: int | None = None
     _cache: dict[str, Dataset] = field(default_factory=dict, repr=False)
 
@@ -142,7 +158,7 @@ def open_source(spec: str, download: bool = False) -> ImageSource:
     if kind == "digits":
         from .small import DIGITS_CLASSES, digits_arrays
 
-        return _arrays_source(spec, digits_arrays, DIGITS_CLASSES, split_names=("train", "test"), val_split="test",
+        return _arrays_source(spec, digits_arrays, DIGITS_CLASSES, split_names=("train", "val", "test", "train_full"),
                               mean=(0.5,) * 3, std=(0.5,) * 3, aug="none", native_size=8)
     if kind == "fashion-mnist":
         from . import fashion_mnist as fm
@@ -155,27 +171,54 @@ def open_source(spec: str, download: bool = False) -> ImageSource:
             root = fm.download_fashion_mnist(path)
         return _arrays_source(spec, lambda: fm.fashion_mnist_arrays(root), fm.FASHION_MNIST_CLASSES,
                               split_names=("train", "val", "test", "train_full"), mean=(fm.MEAN,) * 3,
-                              std=(fm.STD,) * 3, aug="light", native_size=28)
+                              std=(fm.STD,) * 3, aug="auto", native_size=28)
     if kind in ("cifar10", "cifar100"):
         from .cifar import CIFAR_MEAN, CIFAR_STD, cifar_arrays
 
         n = 10 if kind == "cifar10" else 100
         if not Path(path).exists():
             raise UserError(f"CIFAR directory not found: {path}")
+        from .small import holdout_split
+
         arrays, classes = cifar_arrays(path, n)
+        keep, held = holdout_split(arrays["train"][1], 0.1, seed=0)
+        images, labels = arrays["train"]
+        arrays = {"train": (images[keep], labels[keep]), "val": (images[held], labels[held]), "test": arrays["test"],
+                  "train_full": arrays["train"]}
         return ImageSource(spec, classes, {s: (lambda s=s: ArrayDataset(*arrays[s])) for s in arrays},
-                           val_split="test", mean=CIFAR_MEAN, std=CIFAR_STD, aug="light", native_size=32)
+                           mean=CIFAR_MEAN, std=CIFAR_STD, aug="auto", native_size=32)
     from .imagefolder import ImageFolderDataset, find_classes
 
     root = Path(path)
     if not root.is_dir():
         raise UserError(f"image folder not found: {root}")
     classes = find_classes(root / "train")
-    splits = {s: (lambda s=s: ImageFolderDataset(root / s, classes)) for s in ("train", "val")
+    splits = {s: (lambda s=s: ImageFolderDataset(root / s, classes)) for s in ("train", "val", "test")
               if (root / s).is_dir()}
     if "val" not in splits:
         raise UserError(f"image folder {root} has no val/ split (expected {root}/val/<class>/<image>)")
-    return ImageSource(spec, classes, splits, val_split="val", test_split="val", aug="timm")
+    return ImageSource(spec, classes, splits, val_split="val", test_split="test" if "test" in splits else None,
+                       aug="auto")
+
+
+def resolve_aug(source: ImageSource, img_size: int, num_train: int, aug: str = "auto") -> tuple[str, str]:
+    """(preset, reason): the training augmentation `aug` stands for, and why (one phrase, for the start-up line).
+
+    `aug` other than "auto" is the user's explicit choice. Under "auto" a source's own fixed preset wins; otherwise
+    timm's recipe needs images of at least AUTO_TIMM_MIN_SIDE px and AUTO_TIMM_MIN_PER_CLASS images per class.
+    """
+    if aug != "auto":
+        if aug not in AUG_PRESETS:
+            raise UserError(f"unknown augmentation preset {aug!r}; allowed: auto, {', '.join(AUG_PRESETS)}")
+        return aug, "set by --aug"
+    if source.aug != "auto":
+        return source.aug, f"auto: fixed for data {source.name!r}"
+    side = min(img_size, source.native_size) if source.native_size else img_size
+    per_class = num_train / max(1, len(source.classes))
+    what = f"auto: {side} px images, {per_class:.0f} per class"
+    if side >= AUTO_TIMM_MIN_SIDE and per_class >= AUTO_TIMM_MIN_PER_CLASS:
+        return "timm", what
+    return "light", what
 
 
 def build_transform(source: ImageSource, img_size: int, is_training: bool, aug: str = "auto",
@@ -189,9 +232,11 @@ def build_transform(source: ImageSource, img_size: int, is_training: bool, aug: 
     from timm.data import create_transform
     from torchvision import transforms as T
 
-    aug = source.aug if aug == "auto" else aug
-    if aug not in ("none", "light", "timm"):
-        raise UserError(f"unknown augmentation preset {aug!r}; allowed: auto, none, light, timm")
+    if aug == "auto":
+        aug = source.aug if source.aug != "auto" else ("light" if (source.native_size or img_size) <
+                                                       AUTO_TIMM_MIN_SIDE else "timm")
+    if aug not in AUG_PRESETS:
+        raise UserError(f"unknown augmentation preset {aug!r}; allowed: auto, {', '.join(AUG_PRESETS)}")
     mean = tuple(mean or source.mean)[:in_chans] if in_chans != 3 else tuple(mean or source.mean)
     std = tuple(std or source.std)[:in_chans] if in_chans != 3 else tuple(std or source.std)
     interp = interpolation or ("bilinear" if source.native_size else "bicubic")

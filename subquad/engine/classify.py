@@ -3,19 +3,29 @@
 `train(cfg)` runs the loop and writes the run directory (rank 0 only):
 
     args.yaml                       the resolved TrainConfig
-    summary.csv                     epoch, train_loss, eval_loss, eval_top1, eval_top5, lr, time (+ ema_* with EMA)
+    summary.csv                     epoch, train_loss, eval_loss, eval_top1, eval_top5, lr, time (+ ema_* with EMA);
+                                    eval_* are on the validation split; epochs count from 1, as on screen
     last.safetensors / last.json    weights after the latest epoch and their sidecar (arch, epoch, metrics, args,
                                     class names, data config)
-    best.safetensors / best.json    the epoch with the best eval_top1
+    best.safetensors / best.json    the epoch with the best validation eval_top1
+    results.json                    the final report: the test split evaluated once, after the last epoch, with the
+                                    weights validation selected (best.safetensors); `split` names what it reports
+                                    ("val" for sources without a test split)
     last_ema / best_ema.safetensors EMA weights when --model-ema is on
     last_state.pth                  optimizer, scheduler, grad scaler, EMA, RNG states and counters; tensors and plain
                                     containers only (read back with torch.load(weights_only=True))
 
 Every file is written to a temporary name and renamed (engine.checkpoint), so a crash leaves the previous files.
 
+Selection: checkpoints are chosen on the source's validation split only; the test split is read once, after the
+last epoch (tests assert it is not opened before).
+
 Determinism and resume: the data order of epoch e is a permutation drawn from (seed, e) (GlobalBatchSampler) and
 every RNG is re-seeded from (seed, e, rank) at the start of epoch e, so `--resume DIR` after epoch k continues with
-exactly the batches, augmentations and drop-path draws of the uninterrupted run.
+exactly the batches, augmentations and drop-path draws of the uninterrupted run. Resuming a finished run reports it
+complete; `--resume DIR --epochs N` with N above the run's epochs extends it, with the schedule `--resume-schedule`
+names (restart: a new cosine from --lr over the added epochs; continue: the old schedule, whose lr has reached
+min_lr).
 
 Pieces from timm: create_transform, Mixup/CutMix, SoftTargetCrossEntropy, LabelSmoothingCrossEntropy,
 create_optimizer_v2, create_scheduler_v2, ModelEmaV3, dispatch_clip_grad, accuracy.
@@ -44,12 +54,13 @@ import yaml
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..data.registry import ImageSource, TransformDataset, build_transform, open_source
+from ..data.registry import ImageSource, TransformDataset, build_transform, open_source, resolve_aug
 from ..errors import UserError
 from .checkpoint import atomic_write, load_state, read_json, save_state, save_weights, write_json
 from .config import TrainConfig
 from .distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed
 from .optim import build_optimizer, build_scheduler
+from .sequence import _rss_mb, peak_memory_mb
 
 __all__ = ["TrainConfig", "train", "evaluate", "build_model", "data_config", "eval_loader", "SUMMARY_FIELDS"]
 
@@ -64,11 +75,13 @@ def _first_line(e: BaseException) -> str:
 
 
 def build_model(name: str, num_classes: int, img_size: int | None = None, drop_path: float | None = None,
-                drop: float = 0.0, device: torch.device | str = "cpu") -> nn.Module:
-    """create_model with the options every image model takes; unknown names and refused sizes are a UserError."""
+                drop: float = 0.0, device: torch.device | str = "cpu",
+                model_kwargs: dict[str, Any] | None = None) -> nn.Module:
+    """create_model with the options every image model takes (plus `model_kwargs` for the model's constructor);
+    unknown names and refused sizes are a UserError."""
     from ..models import create_model
 
-    kw: dict[str, Any] = {"num_classes": num_classes}
+    kw: dict[str, Any] = {**(model_kwargs or {}), "num_classes": num_classes}
     if drop_path is not None:
         kw["drop_path_rate"] = drop_path
     if drop:
@@ -115,7 +128,8 @@ def data_config(cfg: TrainConfig, source: ImageSource, in_chans: int, img_size: 
     """What predict/eval need to rebuild the eval transform (stored in every sidecar)."""
     return {"img_size": img_size, "in_chans": in_chans, "mean": list(cfg.mean or source.mean),
             "std": list(cfg.std or source.std), "interpolation": cfg.interpolation, "crop_pct": cfg.crop_pct,
-            "aug": "none" if cfg.no_aug else cfg.aug, "source_aug": source.aug, "native_size": source.native_size}
+            "aug": "none" if cfg.no_aug else cfg.aug, "source_aug": source.aug, "native_size": source.native_size,
+            "model_kwargs": dict(cfg.model_kwargs or {})}
 
 
 def eval_transform(dcfg: dict[str, Any], source: ImageSource | None = None) -> Callable:
@@ -233,6 +247,18 @@ def _check_config(cfg: TrainConfig, info: DistInfo) -> None:
             raise UserError(f"--{name} takes two numbers, got {v}")
 
 
+_AUG_WHAT = {"none": "resize only", "light": "pad-crop + flip", "timm": "RandomResizedCrop + flip + colour jitter"}
+
+
+def _schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, updates_per_epoch: int, seg: dict[str, int]) -> Any:
+    """The lr schedule of segment `seg` (start epoch, end epoch): the run's own schedule for the segment starting at
+    epoch 0 (warm-up included), a warm-up-free one over its epochs for a segment added by extending a finished run."""
+    if seg["start"] == 0:
+        return build_scheduler(optimizer, dataclasses.replace(cfg, epochs=seg["end"]), updates_per_epoch)
+    return build_scheduler(optimizer, dataclasses.replace(cfg, epochs=seg["end"] - seg["start"], warmup_epochs=0,
+                                                         cooldown_epochs=0), updates_per_epoch)
+
+
 def _prepare_output(cfg: TrainConfig, info: DistInfo) -> Path:
     if cfg.resume:
         return Path(cfg.resume)
@@ -271,6 +297,7 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
     from ..version import __version__
 
     _check_config(cfg, info)
+    rss0 = _rss_mb()
     device = info.device
     out = _prepare_output(cfg, info)
     resume_state: dict[str, Any] | None = None
@@ -285,7 +312,7 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
     if num_classes < len(source.classes):
         raise UserError(f"--num-classes {num_classes} is below the data's {len(source.classes)} classes")
     _seed_everything(_epoch_seed(cfg.seed, -1, 0))
-    model = build_model(cfg.model, num_classes, cfg.img_size, cfg.drop_path, cfg.drop, device)
+    model = build_model(cfg.model, num_classes, cfg.img_size, cfg.drop_path, cfg.drop, device, cfg.model_kwargs)
     in_chans, img_size = model_input(model, cfg.img_size)
     check_img_size(model, cfg.model, in_chans, img_size, device)
     if resume_state is not None:
@@ -300,7 +327,10 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     dcfg = data_config(cfg, source, in_chans, img_size)
-    aug = "none" if cfg.no_aug else cfg.aug
+    train_base = source.dataset(source.train_split, cfg.train_limit, cfg.seed)
+    aug, aug_why = resolve_aug(source, img_size, len(train_base), "none" if cfg.no_aug else cfg.aug)
+    dcfg["aug"] = aug
+    _logger.info("augmentation: %s (%s) [%s]; change with --aug none|light|timm", aug, _AUG_WHAT[aug], aug_why)
     train_tf = build_transform(source, img_size, True, aug=aug, interpolation=cfg.interpolation,
                                crop_pct=cfg.crop_pct, mean=tuple(dcfg["mean"]), std=tuple(dcfg["std"]),
                                scale=tuple(cfg.scale) if cfg.scale else None,
@@ -308,7 +338,7 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
                                color_jitter=cfg.color_jitter, aa=cfg.aa, reprob=cfg.reprob, remode=cfg.remode,
                                recount=cfg.recount, train_interpolation=cfg.train_interpolation, in_chans=in_chans)
     mode = "L" if in_chans == 1 else "RGB"
-    train_set = TransformDataset(source.dataset(source.train_split, cfg.train_limit, cfg.seed), train_tf, mode)
+    train_set = TransformDataset(train_base, train_tf, mode)
     global_batch = cfg.batch_size * info.world_size
     if len(train_set) < global_batch:
         raise UserError(f"the training split has {len(train_set)} images, fewer than one global batch "
@@ -327,7 +357,27 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
         ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     optimizer = build_optimizer(model, cfg)
     updates_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum_steps)
-    scheduler = build_scheduler(optimizer, cfg, updates_per_epoch)
+    # The schedule segment: epochs [start, end) and the update count at its start. A fresh run has one segment over
+    # all its epochs; extending a finished run (--resume with a larger --epochs) may add one (see --resume-schedule).
+    seg = {"start": 0, "end": cfg.epochs, "update0": 0}
+    extend_note = ""
+    if resume_state is not None:
+        done = int(resume_state["epoch"]) + 1
+        seg = dict(resume_state.get("schedule") or {"start": 0, "end": int(side["args"]["epochs"]), "update0": 0})
+        if cfg.epochs < done:
+            raise UserError(f"--resume {out}: the run has already trained {done} epochs; --epochs {cfg.epochs} is "
+                            "fewer")
+        if cfg.epochs != seg["end"] and cfg.epochs > done:
+            if cfg.resume_schedule == "restart":
+                seg = {"start": done, "end": cfg.epochs, "update0": int(resume_state["num_updates"])}
+                extend_note = (f"extending {out} from {done} to {cfg.epochs} epochs: a new cosine from lr {cfg.lr:g} "
+                               f"to {cfg.min_lr:g} over epochs {done + 1}-{cfg.epochs}, no warm-up "
+                               "(--resume-schedule restart)")
+            else:
+                extend_note = (f"extending {out} from {done} to {cfg.epochs} epochs with the old schedule: epochs "
+                               f"{seg['end'] + 1}-{cfg.epochs} train at its final lr {cfg.min_lr:g} "
+                               "(--resume-schedule continue)")
+    scheduler = _schedule(optimizer, cfg, updates_per_epoch, seg)
     ema = ModelEmaV3(model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup) if cfg.model_ema else None
     amp_dtype = torch.bfloat16 if cfg.amp_dtype == "bfloat16" else torch.float16
     scaler = torch.amp.GradScaler(device.type) if cfg.amp and amp_dtype == torch.float16 and \
@@ -358,7 +408,8 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
     rows: list[dict[str, Any]] = []
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
-        scheduler.load_state_dict(resume_state["scheduler"])
+        if not extend_note or cfg.resume_schedule == "continue":
+            scheduler.load_state_dict(resume_state["scheduler"])
         if scaler is not None and resume_state.get("scaler"):
             scaler.load_state_dict(resume_state["scaler"])
         if ema is not None:
@@ -369,8 +420,14 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
         start_epoch = int(resume_state["epoch"]) + 1
         num_updates = int(resume_state["num_updates"])
         best_top1, best_epoch = float(resume_state["best_top1"]), int(resume_state["best_epoch"])
-        rows = [r for r in _read_csv(out / "summary.csv") if int(r["epoch"]) < start_epoch]
-        _logger.info("resuming %s after epoch %d", out, start_epoch - 1)
+        rows = [r for r in _read_csv(out / "summary.csv") if int(r["epoch"]) <= start_epoch]
+        if start_epoch >= cfg.epochs and (out / "results.json").is_file():
+            res = read_json(out / "results.json")
+            return {"complete": True, "epochs": start_epoch, "output": os.fspath(out), "results": res}
+        if extend_note:
+            _logger.info("%s", extend_note)
+        elif start_epoch < cfg.epochs:
+            _logger.info("resuming %s after epoch %d of %d", out, start_epoch, cfg.epochs)
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / "args.yaml", lambda tmp: Path(tmp).write_text(
@@ -386,12 +443,13 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
                "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "remap": "none"}
     use_bar = info.is_main and sys.stderr.isatty()
     metrics: dict[str, float] = {}
-    seen, train_time = 0, 0.0
+    seen, train_time, train_cpu = 0, 0.0, 0.0
+    best_state: dict[str, torch.Tensor] | None = None
     for epoch in range(start_epoch, cfg.epochs):
         _seed_everything(_epoch_seed(cfg.seed, epoch, info.rank))
         sampler.set_epoch(epoch)
         ddp_model.train()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss_sum, loss_n = 0.0, 0
         batches: Any = train_loader
         if use_bar:
@@ -429,7 +487,7 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
                 num_updates += 1
                 if ema is not None:
                     ema.update(model, step=num_updates)
-                scheduler.step_update(num_updates=num_updates)
+                scheduler.step_update(num_updates=num_updates - seg["update0"])
             loss_sum += loss.item() * len(x)
             loss_n += len(x)
             seen += len(x) * info.world_size
@@ -443,41 +501,66 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
             t_data = time.perf_counter()
         dt = time.perf_counter() - t0
         train_time += dt
+        train_cpu += time.process_time() - c0
         loss_sum, loss_n = all_reduce_sum([loss_sum, loss_n], info)
         metrics = evaluate(model, val_loader, device, info, amp_ctx if cfg.amp else None, cfg.channels_last)
-        row: dict[str, Any] = {"epoch": epoch, "train_loss": loss_sum / max(loss_n, 1), **metrics,
+        row: dict[str, Any] = {"epoch": epoch + 1, "train_loss": loss_sum / max(loss_n, 1), **metrics,
                                "lr": optimizer.param_groups[0]["lr"], "time": round(dt, 3)}
         if ema is not None:
             ema_metrics = evaluate(ema.module, val_loader, device, info, amp_ctx if cfg.amp else None,
                                    cfg.channels_last)
             row.update({f"ema_{k}": v for k, v in ema_metrics.items()})
-        scheduler.step(epoch + 1, metrics["eval_top1"])
+        scheduler.step(epoch + 1 - seg["start"], metrics["eval_top1"])
         rows.append(row)
         is_best = metrics["eval_top1"] > best_top1
         if is_best:
             best_top1, best_epoch = metrics["eval_top1"], epoch
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         _logger.info("epoch %d/%d  train_loss %.4f  eval_loss %.4f  eval_top1 %.2f  eval_top5 %.2f  lr %.3e  "
                      "(%.1fs, %.0f img/s)", epoch + 1, cfg.epochs, row["train_loss"], metrics["eval_loss"],
                      metrics["eval_top1"], metrics["eval_top5"], row["lr"], dt, len(train_loader) * global_batch / dt)
         if info.is_main:
             _save_epoch(out, model, ema, optimizer, scheduler, scaler, cfg, meta, st_meta, epoch, row, rows,
-                        is_best, num_updates, best_top1, best_epoch)
+                        is_best, num_updates, best_top1, best_epoch, seg)
         if on_epoch_end is not None:
             on_epoch_end(epoch, row)
     if not metrics and rows:
         last = rows[-1]
         metrics = {k: float(last[k]) for k in ("eval_loss", "eval_top1", "eval_top5")}
-    return {**metrics, "best_top1": best_top1, "best_epoch": best_epoch,
+    # The one read of the test split: the weights validation selected, after the last epoch.
+    if best_state is None:
+        best_state = read_state_dict(out / "best.safetensors")
+    model.load_state_dict(best_state)
+    report_split = source.test_split or source.val_split
+    test_loader = eval_loader(source, report_split, dcfg, cfg.validation_batch_size or 2 * cfg.batch_size,
+                              cfg.workers, 0 if source.test_split else cfg.eval_limit, cfg.seed, info)
+    t0 = time.perf_counter()
+    final = evaluate(model, test_loader, device, info, amp_ctx if cfg.amp else None, cfg.channels_last)
+    eval_dt = time.perf_counter() - t0
+    results = {"split": report_split, "top1": final["eval_top1"], "top5": final["eval_top5"],
+               "loss": final["eval_loss"], "images": len(test_loader.dataset),
+               "checkpoint": "best.safetensors", "selected_on": source.val_split, "best_epoch": best_epoch + 1,
+               "best_val_top1": best_top1, "last_val_top1": metrics["eval_top1"], "epochs": cfg.epochs,
+               "params": n_params, "train_images_per_sec": seen / train_time if train_time > 0 else None,
+               "train_images_per_cpu_sec": seen / train_cpu if train_cpu > 0 else None,
+               "eval_images_per_sec": len(test_loader.dataset) / eval_dt if eval_dt > 0 else None,
+               "peak_mem_mb": peak_memory_mb(device, rss0), "threads": torch.get_num_threads(),
+               "subquad": __version__, "torch": torch.__version__}
+    if info.is_main:
+        write_json(results, out / "results.json")
+    return {**metrics, "best_top1": best_top1, "best_epoch": best_epoch + 1, "report_split": report_split,
+            "report_top1": final["eval_top1"], "report_top5": final["eval_top5"], "results": results,
             "images_per_sec": seen / train_time if train_time > 0 else 0.0, "output": os.fspath(out),
             "checkpoint": os.fspath(out / "best.safetensors"), "last": os.fspath(out / "last.safetensors")}
 
 
+
 def _save_epoch(out: Path, model: nn.Module, ema: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
                 scaler: Any, cfg: TrainConfig, meta: dict, st_meta: dict, epoch: int, row: dict, rows: list[dict],
-                is_best: bool, num_updates: int, best_top1: float, best_epoch: int) -> None:
+                is_best: bool, num_updates: int, best_top1: float, best_epoch: int, seg: dict[str, int]) -> None:
     """Write last_* (and best_* on improvement), summary.csv and last_state.pth, each atomically."""
     metrics = {k: v for k, v in row.items() if k != "epoch"}
-    sidecar = {**meta, "epoch": epoch, "metrics": metrics, "args": dataclasses.asdict(cfg)}
+    sidecar = {**meta, "epoch": epoch + 1, "metrics": metrics, "args": dataclasses.asdict(cfg)}
     tags = ["last"] + (["best"] if is_best else [])
     for tag in tags:
         save_weights(model, out / f"{tag}.safetensors", {**st_meta, "epoch": str(epoch), "ema": "false"})
@@ -487,7 +570,7 @@ def _save_epoch(out: Path, model: nn.Module, ema: Any, optimizer: torch.optim.Op
     _write_csv(out / "summary.csv", rows)
     state = {"epoch": epoch, "num_updates": num_updates, "best_top1": best_top1, "best_epoch": best_epoch,
              "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
-             "arch": cfg.model}
+             "arch": cfg.model, "schedule": dict(seg)}
     if scaler is not None:
         state["scaler"] = scaler.state_dict()
     if ema is not None:

@@ -28,6 +28,8 @@ class TrainConfig:
     """Training options (timm train.py names)."""
 
     model: str = _f("vit_attn_micro", "registered model name")
+    model_kwargs: dict | None = _f(None, "extra keyword arguments for the model's constructor, as a JSON/YAML "
+                                   "mapping (e.g. '{\"attn\": \"focused_linear\", \"depth\": 4}')")
     data: str = _f("digits", "data source: digits (offline default), fashion-mnist[:DIR], imagefolder:PATH, "
                    "cifar10:PATH, cifar100:PATH")
     dataset_download: bool = _f(False, "allow torchvision to download fashion-mnist when absent (needs internet)")
@@ -36,6 +38,9 @@ class TrainConfig:
     batch_size: int = _f(64, "batch size per process", short="-b")
     validation_batch_size: int | None = _f(None, "evaluation batch size (default: 2 x batch size)")
     epochs: int = _f(30, "training epochs")
+    resume_schedule: str = _f("restart", "when --resume extends a finished schedule (--epochs above the run's): "
+                              "restart (a new cosine from --lr over the added epochs, no warm-up) or continue (keep "
+                              "the old schedule, i.e. train at its final lr)", choices=("restart", "continue"))
     opt: str = _f("adamw", "optimizer (timm create_optimizer_v2 name)")
     opt_eps: float | None = _f(None, "optimizer epsilon (default: the optimizer's)")
     opt_betas: list[float] | None = _f(None, "optimizer betas")
@@ -50,8 +55,9 @@ class TrainConfig:
     cooldown_epochs: int = _f(0, "epochs at min_lr after the schedule")
     drop: float = _f(0.0, "classifier dropout rate")
     drop_path: float | None = _f(None, "stochastic depth rate (default: the model's)")
-    aug: str = _f("auto", "training augmentation preset: auto (the data's), none, light (pad-crop + flip), timm "
-                  "(RandomResizedCrop + flip + colour jitter)", choices=("auto", "none", "light", "timm"))
+    aug: str = _f("auto", "training augmentation preset: auto (timm for images >= 64 px with >= 200 per class, "
+                  "light otherwise), none, light (pad-crop + flip), timm (RandomResizedCrop + flip + colour "
+                  "jitter)", choices=("auto", "none", "light", "timm"))
     no_aug: bool = _f(False, "disable training augmentation (same as --aug none)")
     scale: list[float] | None = _f(None, "RandomResizedCrop scale range (aug timm; default 0.08 1.0)")
     ratio: list[float] | None = _f(None, "RandomResizedCrop aspect range (aug timm)")
@@ -102,6 +108,19 @@ def config_fields() -> list[dataclasses.Field]:
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
     """Check a YAML value against the field's type (ints accepted for floats)."""
     t = str(f.type)
+    if t.startswith("dict"):
+        if value is None:
+            return None
+        if isinstance(value, str):
+            import json
+
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise UserError(f"config key {f.name!r} must be a JSON mapping, got {value!r} ({e.msg})") from None
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise UserError(f"config key {f.name!r} must be a mapping of names to values, got {value!r}")
+        return dict(value)
     if value is None:
         if "None" in t:
             return None

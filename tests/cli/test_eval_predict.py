@@ -39,9 +39,17 @@ def test_eval_prints_and_writes_json(run_dir, tmp_path, capsys):
 def test_eval_matches_training_metrics(run_dir, capsys):
     side = json.loads((run_dir / "best.json").read_text())
     res = run_dir / "check.json"
+    # Training selected on the val split; its metrics are reproduced there.
     assert main(["eval", "--model", "vit_attn_micro", "--checkpoint", str(run_dir / "best.safetensors"),
-                 "--limit", "64", "--results-file", str(res), "--device", "cpu"]) == 0
+                 "--limit", "64", "--split", "val", "--results-file", str(res), "--device", "cpu"]) == 0
     assert json.loads(res.read_text())["top1"] == pytest.approx(side["metrics"]["eval_top1"], abs=1e-3)
+    # The test split, read once at the end of training, gives the run's results.json.
+    res_test = run_dir / "check_test.json"
+    assert main(["eval", "--model", "vit_attn_micro", "--checkpoint", str(run_dir / "best.safetensors"),
+                 "--results-file", str(res_test), "--device", "cpu"]) == 0
+    final = json.loads((run_dir / "results.json").read_text())
+    assert final["split"] == "test"
+    assert json.loads(res_test.read_text())["top1"] == pytest.approx(final["top1"], abs=1e-3)
 
 
 def test_predict_top5_with_class_names(run_dir, tmp_path, capsys):

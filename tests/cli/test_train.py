@@ -46,7 +46,7 @@ def test_train_outputs_and_recipe_flags(tmp_path, capsys):
 
     side = json.loads((out / "best.json").read_text())
     assert side["arch"] == "vit_attn_micro" and side["classes"] == [str(i) for i in range(10)]
-    assert side["epoch"] == 0 and "eval_top1" in side["metrics"] and side["args"]["amp_dtype"] == "bfloat16"
+    assert side["epoch"] == 1 and "eval_top1" in side["metrics"] and side["args"]["amp_dtype"] == "bfloat16"
     assert "test accuracy" in capsys.readouterr().out
 
 

@@ -92,7 +92,13 @@ def test_cifar10_pickle_release(tmp_path):
     raw = safe_unpickle(d / "test_batch")[b"data"]
     np.testing.assert_array_equal(arrays["test"][0][0, 0, 0], raw[0, [0, 1024, 2048]])
     src = open_source(f"cifar10:{d}")
-    assert len(src.dataset("train")) == 20 and src.val_split == "test"
+    # Selection uses a fixed held-out part of the training batches, never the test batch.
+    assert src.val_split == "val" and src.test_split == "test"
+    tr, va = src.dataset("train"), src.dataset("val")
+    assert len(tr) + len(va) == 20 and 0 < len(va) < len(tr)
+    seen = {tuple(a.tobytes() for a in (ds.images[i],)) for ds in (tr,) for i in range(len(ds))}
+    assert not seen & {tuple(a.tobytes() for a in (va.images[i],)) for i in range(len(va))}
+    assert open_source(f"cifar10:{d}").dataset("val").targets == va.targets  # fixed, not redrawn
 
 
 class _Evil:
