@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "analyze": "analyze",
     "lra": "lra",
     "lm": "lm",
+    "arena": "arena",
 }
 
 

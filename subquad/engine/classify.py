@@ -443,13 +443,17 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
                "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "remap": "none"}
     use_bar = info.is_main and sys.stderr.isatty()
     metrics: dict[str, float] = {}
-    seen, train_time, train_cpu = 0, 0.0, 0.0
+    # Counters of completed epochs (kept in last_state.pth, so a resumed run reports its whole training).
+    clock = {"seen": 0, "train_time": 0.0, "train_cpu": 0.0, "wall": 0.0}
+    if resume_state is not None:
+        clock.update({k: resume_state.get("clock", {}).get(k, v) for k, v in clock.items()})
     best_state: dict[str, torch.Tensor] | None = None
     for epoch in range(start_epoch, cfg.epochs):
         _seed_everything(_epoch_seed(cfg.seed, epoch, info.rank))
         sampler.set_epoch(epoch)
         ddp_model.train()
         t0, c0 = time.perf_counter(), time.process_time()
+        seen = 0
         loss_sum, loss_n = 0.0, 0
         batches: Any = train_loader
         if use_bar:
@@ -500,8 +504,7 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
                              (i + 1) * global_batch / dt, optimizer.param_groups[0]["lr"], data_time)
             t_data = time.perf_counter()
         dt = time.perf_counter() - t0
-        train_time += dt
-        train_cpu += time.process_time() - c0
+        cpu = time.process_time() - c0
         loss_sum, loss_n = all_reduce_sum([loss_sum, loss_n], info)
         metrics = evaluate(model, val_loader, device, info, amp_ctx if cfg.amp else None, cfg.channels_last)
         row: dict[str, Any] = {"epoch": epoch + 1, "train_loss": loss_sum / max(loss_n, 1), **metrics,
@@ -519,9 +522,11 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
         _logger.info("epoch %d/%d  train_loss %.4f  eval_loss %.4f  eval_top1 %.2f  eval_top5 %.2f  lr %.3e  "
                      "(%.1fs, %.0f img/s)", epoch + 1, cfg.epochs, row["train_loss"], metrics["eval_loss"],
                      metrics["eval_top1"], metrics["eval_top5"], row["lr"], dt, len(train_loader) * global_batch / dt)
+        clock = {"seen": clock["seen"] + seen, "train_time": clock["train_time"] + dt,
+                 "train_cpu": clock["train_cpu"] + cpu, "wall": clock["wall"] + time.perf_counter() - t0}
         if info.is_main:
             _save_epoch(out, model, ema, optimizer, scheduler, scaler, cfg, meta, st_meta, epoch, row, rows,
-                        is_best, num_updates, best_top1, best_epoch, seg)
+                        is_best, num_updates, best_top1, best_epoch, seg, clock)
         if on_epoch_end is not None:
             on_epoch_end(epoch, row)
     if not metrics and rows:
@@ -533,7 +538,7 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
     model.load_state_dict(best_state)
     report_split = source.test_split or source.val_split
     test_loader = eval_loader(source, report_split, dcfg, cfg.validation_batch_size or 2 * cfg.batch_size,
-                              cfg.workers, 0 if source.test_split else cfg.eval_limit, cfg.seed, info)
+                              cfg.workers, cfg.test_limit if source.test_split else cfg.eval_limit, cfg.seed, info)
     t0 = time.perf_counter()
     final = evaluate(model, test_loader, device, info, amp_ctx if cfg.amp else None, cfg.channels_last)
     eval_dt = time.perf_counter() - t0
@@ -541,23 +546,26 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
                "loss": final["eval_loss"], "images": len(test_loader.dataset),
                "checkpoint": "best.safetensors", "selected_on": source.val_split, "best_epoch": best_epoch + 1,
                "best_val_top1": best_top1, "last_val_top1": metrics["eval_top1"], "epochs": cfg.epochs,
-               "params": n_params, "train_images_per_sec": seen / train_time if train_time > 0 else None,
-               "train_images_per_cpu_sec": seen / train_cpu if train_cpu > 0 else None,
+               "params": n_params,
+               "train_images_per_sec": clock["seen"] / clock["train_time"] if clock["train_time"] > 0 else None,
+               "train_images_per_cpu_sec": clock["seen"] / clock["train_cpu"] if clock["train_cpu"] > 0 else None,
                "eval_images_per_sec": len(test_loader.dataset) / eval_dt if eval_dt > 0 else None,
+               "wall_s": clock["wall"] + eval_dt,
                "peak_mem_mb": peak_memory_mb(device, rss0), "threads": torch.get_num_threads(),
                "subquad": __version__, "torch": torch.__version__}
     if info.is_main:
         write_json(results, out / "results.json")
     return {**metrics, "best_top1": best_top1, "best_epoch": best_epoch + 1, "report_split": report_split,
             "report_top1": final["eval_top1"], "report_top5": final["eval_top5"], "results": results,
-            "images_per_sec": seen / train_time if train_time > 0 else 0.0, "output": os.fspath(out),
+            "images_per_sec": results["train_images_per_sec"] or 0.0, "output": os.fspath(out),
             "checkpoint": os.fspath(out / "best.safetensors"), "last": os.fspath(out / "last.safetensors")}
 
 
 
 def _save_epoch(out: Path, model: nn.Module, ema: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
                 scaler: Any, cfg: TrainConfig, meta: dict, st_meta: dict, epoch: int, row: dict, rows: list[dict],
-                is_best: bool, num_updates: int, best_top1: float, best_epoch: int, seg: dict[str, int]) -> None:
+                is_best: bool, num_updates: int, best_top1: float, best_epoch: int, seg: dict[str, int],
+                clock: dict[str, float]) -> None:
     """Write last_* (and best_* on improvement), summary.csv and last_state.pth, each atomically."""
     metrics = {k: v for k, v in row.items() if k != "epoch"}
     sidecar = {**meta, "epoch": epoch + 1, "metrics": metrics, "args": dataclasses.asdict(cfg)}
@@ -570,7 +578,7 @@ def _save_epoch(out: Path, model: nn.Module, ema: Any, optimizer: torch.optim.Op
     _write_csv(out / "summary.csv", rows)
     state = {"epoch": epoch, "num_updates": num_updates, "best_top1": best_top1, "best_epoch": best_epoch,
              "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
-             "arch": cfg.model, "schedule": dict(seg)}
+             "arch": cfg.model, "schedule": dict(seg), "clock": dict(clock)}
     if scaler is not None:
         state["scaler"] = scaler.state_dict()
     if ema is not None:

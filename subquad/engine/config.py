@@ -94,6 +94,8 @@ class TrainConfig:
     seed: int = _f(0, "random seed")
     train_limit: int = _f(0, "use a seeded subset of this many training images (0: all)")
     eval_limit: int = _f(0, "use a seeded subset of this many evaluation images (0: all)")
+    test_limit: int = _f(0, "score only a seeded subset of this many test images at the end (0: all; for quick "
+                         "checks, never for reported numbers)")
     log_interval: int = _f(50, "batches between log lines when output is not a terminal")
     output: str = _f("", "run directory (default runs/<time>-<model>)")
     resume: str = _f("", "continue the run in this directory from its last_* files")

@@ -31,12 +31,53 @@ from ._pyramid import prune_isotropic
 __all__ = ["VisionTransformerAttn", "Block"]
 
 
+class ConvStem(nn.Module):
+    """Convolutional patch embedding of total stride 2: 3x3 conv (stride 1) -> BatchNorm -> GELU -> 3x3 conv
+    (stride 2). (B, C_in, H, W) -> (B, C, ceil(H / 2), ceil(W / 2)).
+
+    The "early convolutions" stem of Xiao et al., "Early Convolutions Help Transformers See Better" (arXiv
+    2106.14881, Sec. 3), at stride 2: a linear 2 x 2 patch embedding gives tokens of 4 pixels each, from which a small
+    ViT learns far more slowly (see subquad/configs/arena/fmnist.yaml for the measurement).
+    """
+
+    def __init__(self, in_chans: int, embed_dim: int, device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        self.in_channels = in_chans
+        hidden = max(8, embed_dim // 2)
+        self.conv1 = nn.Conv2d(in_chans, hidden, 3, 1, 1, **dd)
+        self.bn = nn.BatchNorm2d(hidden, **dd)
+        self.act = nn.GELU()
+        self.conv2 = nn.Conv2d(hidden, embed_dim, 3, 2, 1, **dd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(self.act(self.bn(self.conv1(x))))
+
+
+def _takes_prefix_tokens(name: str) -> bool:
+    """Whether mechanism `name` must be told about prefix tokens; a grid-only one without the option is refused."""
+    import inspect
+
+    cls = get_attention_cls(name)
+    takes = "num_prefix_tokens" in inspect.signature(cls.__init__).parameters
+    if cls.caps.needs_hw and not takes:
+        raise ValueError(f"attention {name!r} mixes the token grid and cannot take a class token; build the host "
+                         "with class_token=False, global_pool='avg'")
+    return cls.caps.needs_hw or takes
+
+
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(LN(x), hw), then x + MLP(LN(x)). x: (B, N, C)."""
+    """Pre-norm transformer block: x + attn(LN(x), hw), then x + MLP(LN(x)). x: (B, N, C).
+
+    With `lcm_kernel_size` the block adds L2ViT's Local Concentration Module as its own residual branch after the
+    attention, x + LCM(LN(x), hw), as L2ViT's LGA block does (paper Sec. 3.2, Eq. 8; official
+    `classification/models/l2vit.py` `LGABlock`, keys `norm3`, `local_mp`): L2ViT defines its enhanced linear
+    attention as linear attention followed by the LCM. The LCM needs the token grid, so it refuses prefix tokens.
+    """
 
     def __init__(self, dim: int, num_heads: int, attn: str = "softmax", attn_kwargs: dict | None = None,
                  mlp_ratio: float = 4.0, drop_path: float = 0.0, norm_layer: type[nn.Module] = nn.LayerNorm,
-                 device=None, dtype=None) -> None:
+                 lcm_kernel_size: int | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.norm1 = norm_layer(dim, **dd)
@@ -45,9 +86,18 @@ class Block(nn.Module):
         self.norm2 = norm_layer(dim, **dd)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), **dd)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        if lcm_kernel_size is not None:
+            from ..attention.enhanced_linear import LocalConcentrationModule
+
+            self.norm3 = norm_layer(dim, **dd)
+            self.local_mp = LocalConcentrationModule(dim, kernel_size=lcm_kernel_size, **dd)
+        else:
+            self.local_mp = None
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
+        if self.local_mp is not None:
+            x = x + self.drop_path1(self.local_mp(self.norm3(x), hw))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
@@ -67,6 +117,8 @@ class VisionTransformerAttn(nn.Module):
         embed_dim, depth, num_heads, mlp_ratio: the usual ViT sizes.
         attn: a mechanism name for every block, or a sequence of `depth` names.
         attn_kwargs: options for every mechanism.
+        lcm_kernel_size: add L2ViT's LCM branch after every attention (see `Block`); needs class_token=False.
+        stem: 'patch' (timm's linear patch embedding, the DeiT layout) or 'conv' (`ConvStem`, patch_size 2 only).
         drop_rate, drop_path_rate: head dropout and stochastic depth (linear rule).
     """
 
@@ -74,13 +126,17 @@ class VisionTransformerAttn(nn.Module):
                  num_classes: int = 1000, global_pool: str = "token", class_token: bool = True,
                  embed_dim: int = 192, depth: int = 12, num_heads: int = 3, mlp_ratio: float = 4.0,
                  attn: str | Sequence[str] = "softmax", attn_kwargs: dict | None = None, drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, device=None, dtype=None) -> None:
+                 drop_path_rate: float = 0.0, lcm_kernel_size: int | None = None, stem: str = "patch", device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
+        if lcm_kernel_size is not None and class_token:
+            raise ValueError("lcm_kernel_size (L2ViT's LCM branch) mixes the token grid and cannot take a class "
+                             "token; use class_token=False, global_pool='avg'")
         attns = [attn] * depth if isinstance(attn, str) else list(attn)
         if len(attns) != depth:
             raise ValueError(f"attn lists {len(attns)} mechanisms for depth={depth}")
@@ -91,8 +147,14 @@ class VisionTransformerAttn(nn.Module):
         self.num_prefix_tokens = 1 if class_token else 0
         self.grad_checkpointing = False
 
+        if stem not in ("patch", "conv"):
+            raise ValueError(f"stem must be 'patch' or 'conv', got {stem!r}")
+        if stem == "conv" and patch_size != 2:
+            raise ValueError(f"stem='conv' has total stride 2 and needs patch_size=2, got {patch_size}")
         self.patch_embed = PatchEmbed(self.img_size, patch_size, in_chans, embed_dim, strict_img_size=False,
                                       dynamic_img_pad=True, output_fmt="NHWC", **dd)
+        if stem == "conv":
+            self.patch_embed.proj = ConvStem(in_chans, embed_dim, **dd)
         self.grid_size = self.patch_embed.grid_size
         self.patch_size = patch_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim, **dd)) if class_token else None
@@ -102,10 +164,12 @@ class VisionTransformerAttn(nn.Module):
         blocks = []
         for i, name in enumerate(attns):
             kw = {"input_size": self.grid_size, **(attn_kwargs or {})}
-            if self.num_prefix_tokens and get_attention_cls(name).caps.needs_hw:
+            if self.num_prefix_tokens and _takes_prefix_tokens(name):
+                # Every mechanism that can see the token grid is told about the class token (and refuses it at
+                # build time when it cannot take one), never left to fail at the first forward.
                 kw["num_prefix_tokens"] = self.num_prefix_tokens
             blocks.append(Block(embed_dim, num_heads, name, kw, mlp_ratio, dpr[i],
-                                partial(nn.LayerNorm, eps=1e-6), **dd))
+                                partial(nn.LayerNorm, eps=1e-6), lcm_kernel_size, **dd))
         self.blocks = nn.ModuleList(blocks)
         self.attn_names = tuple(attns)
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6, **dd)

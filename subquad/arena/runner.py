@@ -1,0 +1,282 @@
+"""`subquad arena run`: train every (mechanism, seed) cell of a task, resumably, cells side by side.
+
+Layout of `--out DIR`:
+
+    DIR/arena.json                         task, budget and the fingerprint of the recipe the cells were trained with
+    DIR/data/                              generated data (sequence tasks), made once
+    DIR/cells/<label>/seed<k>/             one cell: the trainer's run directory, plus
+        cell.log                           the cell's own output
+        progress.json                      its latest epoch/step and validation accuracy
+        cell.json                          written when the cell finished: its measured numbers
+    DIR/leaderboard.csv, leaderboard.png, curves.png
+
+A rerun of the same command skips every cell with a cell.json and resumes the others from their last checkpoint
+(the trainers restore data order and RNG, so the numbers equal those of an uninterrupted run). Each cell runs in its
+own process with one thread; at most as many processes as this process may use cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..engine.checkpoint import write_json
+from ..errors import UserError
+from .tasks import Task, load_task, options_text
+
+__all__ = ["run_arena", "kind_module", "Cell", "plan_cells", "available_cores"]
+
+ARENA_FILE = "arena.json"
+
+
+def kind_module(kind: str):
+    """The module that trains cells of `kind` (refusal, run_cell, prepare_data)."""
+    if kind == "image":
+        from . import image
+
+        return image
+    from . import lra
+
+    return lra
+
+
+def available_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class Cell:
+    label: str
+    seed: int
+    dir: Path
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    progress: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return (self.dir / "cell.json").is_file()
+
+    def fraction(self) -> float:
+        p = self.progress
+        if "epoch" in p:
+            return p["epoch"] / max(1, p["epochs"])
+        if "step" in p:
+            return p["step"] / max(1, p["steps"])
+        return 0.0
+
+
+def mech_entry(task: Task, label: str) -> dict[str, Any]:
+    """What the kind's functions get: for image tasks the host's arguments with the entry on top."""
+    entry = task.mechanism(label)
+    return {**task.host, **entry} if task.kind == "image" else entry
+
+
+def plan_cells(task: Task, labels: list[str], seeds: list[int], out: Path) -> list[Cell]:
+    return [Cell(label, seed, out / "cells" / label / f"seed{seed}") for label in labels for seed in seeds]
+
+
+def _check_out(out: Path, task: Task, budget: str) -> None:
+    """Refuse an --out that holds something else: another task or budget, another recipe, or unrelated files."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    meta_path = out / ARENA_FILE
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError:
+            raise UserError(f"--out {out}: {ARENA_FILE} is not readable JSON; choose another --out") from None
+        if (meta.get("task"), meta.get("budget")) != (task.name, budget):
+            raise UserError(f"--out {out} holds the arena run of task {meta.get('task')!r} budget "
+                            f"{meta.get('budget')!r}, not {task.name!r} {budget!r}; choose another --out")
+        if meta.get("fingerprint") != task.fingerprint(budget):
+            raise UserError(f"--out {out}: the recipe of task {task.name!r} changed since these cells were trained "
+                            "(seeds, budgets and recipes are fixed before a run); choose another --out")
+        return
+    if out.is_dir() and any(out.iterdir()):
+        raise UserError(f"--out {out} holds other files (no {ARENA_FILE}: not an arena run); choose an empty or new "
+                        "directory")
+
+
+def _fmt_time(s: float | None) -> str:
+    if s is None or s != s or s == float("inf"):
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = None, budget: str = "default",
+              out: str | os.PathLike = "runs/arena", workers: int | None = None,
+              log: Callable[[str], None] = print, poll: float = 2.0) -> dict[str, Any]:
+    """Train the cells that are not finished, then write the leaderboard; returns a summary.
+
+    Cells a mechanism cannot run (a causal-only mechanism on an image task, a 2-D one on a 1-D sequence) are
+    skipped with their reason, on screen and in the leaderboard. A cell that fails is reported and the others go on.
+    """
+    from .report import write_leaderboard
+
+    task = load_task(task_name)
+    labels = task.resolve(attention)
+    seeds = list(task.seeds if seeds is None else seeds)
+    if not seeds:
+        raise UserError("--seeds is empty")
+    train = task.recipe(budget)
+    out = Path(out)
+    _check_out(out, task, budget)
+    out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    from ..version import __version__
+
+    if not (out / ARENA_FILE).is_file():
+        write_json({"task": task.name, "budget": budget, "fingerprint": task.fingerprint(budget),
+                    "subquad": __version__, "torch": torch.__version__,
+                    "created": time.strftime("%Y-%m-%d %H:%M:%S")}, out / ARENA_FILE)
+    mod = kind_module(task.kind)
+    skipped: dict[str, str] = {}
+    for label in labels:
+        reason = mod.refusal(train, mech_entry(task, label))
+        if reason:
+            skipped[label] = reason
+            log(f"[{task.name}] skip {label}: {reason}")
+    runnable = [lb for lb in labels if lb not in skipped]
+    cells = plan_cells(task, runnable, seeds, out)
+    pending = [c for c in cells if not c.done]
+    log(f"[{task.name}] {len(cells)} cells ({len(runnable)} mechanisms x {len(seeds)} seeds, budget {budget}): "
+        f"{len(cells) - len(pending)} done, {len(pending)} to train")
+    if pending:
+        mod.prepare_data(task, out / "data")
+    n_workers = max(1, min(workers or available_cores(), available_cores(), len(pending) or 1))
+    failed = _run_pool(task, pending, out, budget, n_workers, log, poll)
+    board = write_leaderboard(out, task, labels, seeds, skipped)
+    log(f"[{task.name}] leaderboard: {out / 'leaderboard.csv'}")
+    return {"cells": len(cells), "trained": len(pending) - len(failed), "failed": failed, "skipped": skipped,
+            "leaderboard": board}
+
+
+def _run_pool(task: Task, pending: list[Cell], out: Path, budget: str, n_workers: int,
+              log: Callable[[str], None], poll: float) -> list[str]:
+    queue = list(pending)
+    running: list[Cell] = []
+    finished_walls: list[float] = []
+    failed: list[str] = []
+    t_start = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "SUBQUAD_ARENA_CELL": "1"}
+
+    def run_eta() -> float | None:
+        per_cell = [c_wall for c_wall in finished_walls]
+        for c in running:
+            f = c.fraction()
+            if f > 0:
+                per_cell.append((time.perf_counter() - c.started) / f)
+        if not per_cell:
+            return None
+        mean = sum(per_cell) / len(per_cell)
+        left = sum(max(0.0, 1 - c.fraction()) for c in running) + len(queue)
+        return mean * left / n_workers
+
+    def stop_all(signum=None, frame=None) -> None:
+        for c in running:
+            if c.proc and c.proc.poll() is None:
+                c.proc.terminate()
+        for c in running:
+            if c.proc:
+                try:
+                    c.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    c.proc.kill()
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop_all)
+    try:
+        while queue or running:
+            while queue and len(running) < n_workers:
+                c = queue.pop(0)
+                c.dir.mkdir(parents=True, exist_ok=True)
+                logf = open(c.dir / "cell.log", "a")
+                c.proc = subprocess.Popen([sys.executable, "-m", "subquad.arena._cell", os.fspath(out), c.label,
+                                           str(c.seed)], stdout=logf, stderr=subprocess.STDOUT, env=env)
+                logf.close()
+                c.started = time.perf_counter()
+                c.progress = _read_json(c.dir / "progress.json") or {}
+                running.append(c)
+                log(f"[{task.name}] start {c.label} seed {c.seed}" + (" (resuming)" if c.progress else ""))
+            time.sleep(poll)
+            for c in list(running):
+                p = _read_json(c.dir / "progress.json") or {}
+                if p and p != c.progress:
+                    c.progress = p
+                    f = c.fraction()
+                    where = (f"epoch {p['epoch']}/{p['epochs']}" if "epoch" in p else f"step {p['step']}/{p['steps']}")
+                    cell_eta = (time.perf_counter() - c.started) * (1 - f) / f if f > 0 else None
+                    log(f"[{task.name}] {c.label} seed {c.seed}: {where}, val {p['val_acc']:.2f} %, cell ETA "
+                        f"{_fmt_time(cell_eta)} | run ETA {_fmt_time(run_eta())}")
+                rc = c.proc.poll()
+                if rc is None:
+                    continue
+                running.remove(c)
+                wall = time.perf_counter() - c.started
+                if rc == 0 and c.done:
+                    finished_walls.append(wall)
+                    res = _read_json(c.dir / "cell.json") or {}
+                    log(f"[{task.name}] done {c.label} seed {c.seed}: test {res.get('test_acc', float('nan')):.2f} % "
+                        f"({_fmt_time(wall)}) | {len(finished_walls)}/{len(pending)} trained, run ETA "
+                        f"{_fmt_time(run_eta())}")
+                else:
+                    tail = (c.dir / "cell.log").read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
+                    failed.append(f"{c.label} seed {c.seed}")
+                    log(f"[{task.name}] FAILED {c.label} seed {c.seed} (exit {rc}): {tail[0]} (log: "
+                        f"{c.dir / 'cell.log'})")
+    except KeyboardInterrupt:
+        for c in running:
+            if c.proc and c.proc.poll() is None:
+                c.proc.terminate()
+                c.proc.wait()
+        log(f"[{task.name}] interrupted after {_fmt_time(time.perf_counter() - t_start)}; run the same command "
+            "again to resume (finished cells are kept)")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return failed
+
+
+def run_one_cell(out: Path, label: str, seed: int) -> dict[str, Any]:
+    """The body of one cell's process: train it (resuming when it can), write progress.json and cell.json."""
+    import torch
+
+    torch.set_num_threads(1)
+    meta = json.loads((out / ARENA_FILE).read_text())
+    task = load_task(meta["task"])
+    train = task.recipe(meta["budget"])
+    mod = kind_module(task.kind)
+    cell_dir = out / "cells" / label / f"seed{seed}"
+    if task.kind == "lra":
+        train = {**train, "data": os.fspath(mod.prepare_data(task, out / "data"))}
+    entry = task.mechanism(label)
+
+    def progress(p: dict[str, Any]) -> None:
+        write_json(p, cell_dir / "progress.json")
+
+    res = mod.run_cell(train, mech_entry(task, label), seed, cell_dir, progress)
+    row = {"task": task.name, "attention": label, "mechanism": entry[task.name_key],
+           "options": options_text(entry, task.name_key), "seed": seed, **res}
+    write_json(row, cell_dir / "cell.json")
+    return row

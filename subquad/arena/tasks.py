@@ -1,0 +1,145 @@
+"""Arena tasks: the YAML files under `subquad/configs/arena/`, read and checked.
+
+A task file holds, fixed before any run:
+
+    task: fmnist                 # the name `--task` takes (the file is <task>.yaml)
+    kind: image | lra            # which trainer runs a cell (subquad.arena.image / subquad.arena.lra)
+    description: ...             # one line, with the papers' tables it is the analogue of
+    seeds: [0, 1, 2]
+    data: {...}                  # lra: the generator and its settings (image tasks name their data in `train`)
+    train: {...}                 # the recipe: TrainConfig keys (image) or LRAConfig keys (lra)
+    host: {...}                  # image: model keyword arguments shared by every cell
+    budgets: {default: {...}, quick: {...}}   # overrides of `train` per budget
+    mechanisms: {label: {...}}   # label -> entry; the label is what the leaderboard shows
+    default_mechanisms: [...]    # what `--attention all` runs
+    claims: [...]                # what `subquad arena check` tests (see subquad.arena.report)
+
+A mechanism entry names a registered mechanism (`attn` for image tasks, `attention` for lra tasks) and its options;
+`options` in the leaderboard is the entry without that name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import UserError
+
+__all__ = ["TASKS", "CONFIG_DIR", "Task", "load_task", "task_names"]
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "arena"
+KINDS = ("image", "lra")
+
+
+def task_names() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+TASKS = tuple(task_names())
+
+
+@dataclass
+class Task:
+    name: str
+    kind: str
+    description: str
+    seeds: list[int]
+    train: dict[str, Any]
+    budgets: dict[str, dict[str, Any]]
+    mechanisms: dict[str, dict[str, Any]]
+    default_mechanisms: list[str]
+    host: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    claims: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def name_key(self) -> str:
+        return "attn" if self.kind == "image" else "attention"
+
+    def recipe(self, budget: str) -> dict[str, Any]:
+        """The `train` mapping with the budget's overrides applied."""
+        if budget not in self.budgets:
+            raise UserError(f"task {self.name!r} has no budget {budget!r}; allowed: {', '.join(self.budgets)}")
+        return {**self.train, **self.budgets[budget]}
+
+    def mechanism(self, label: str) -> dict[str, Any]:
+        """The entry of `label`: a listed label, or any registered mechanism under its own name with defaults."""
+        if label in self.mechanisms:
+            return dict(self.mechanisms[label])
+        from ..attention import list_attention
+
+        if label in list_attention():
+            return {self.name_key: label}
+        allowed = sorted(set(self.mechanisms) | set(list_attention()))
+        raise UserError(f"unknown mechanism {label!r} for task {self.name!r}; allowed: {', '.join(allowed)}")
+
+    def resolve(self, attention: str) -> list[str]:
+        """`--attention` ('all' or a comma-separated list) -> labels, in order, without repeats."""
+        if attention.strip() == "all":
+            return list(self.default_mechanisms)
+        labels = [a.strip() for a in attention.split(",") if a.strip()]
+        if not labels:
+            raise UserError("--attention is empty; give 'all' or a comma-separated list of mechanisms")
+        for label in labels:
+            self.mechanism(label)
+        return list(dict.fromkeys(labels))
+
+    def fingerprint(self, budget: str) -> str:
+        """What a run's numbers depend on (recipe, host, data, seeds), as canonical JSON."""
+        return json.dumps({"kind": self.kind, "train": self.recipe(budget), "host": self.host, "data": self.data,
+                           "mechanisms": self.mechanisms}, sort_keys=True, default=str)
+
+
+def options_text(entry: dict[str, Any], name_key: str) -> str:
+    """The entry without its mechanism name, as 'key=value;...' (the mechanism's own options unprefixed)."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, d: dict[str, Any]) -> None:
+        for k in sorted(d):
+            if isinstance(d[k], dict):
+                walk("" if k in ("attn_kwargs", "attn_kw") and not prefix else f"{prefix}{k}.", d[k])
+            else:
+                flat[f"{prefix}{k}"] = d[k]
+
+    walk("", {k: v for k, v in entry.items() if k != name_key})
+    return ";".join(f"{k}={v}" for k, v in flat.items())
+
+
+def load_task(name: str) -> Task:
+    """The task `name` (a file in CONFIG_DIR, or a path to a YAML of the same schema); bad input is a UserError."""
+    path = Path(name)
+    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        path = CONFIG_DIR / f"{name}.yaml"
+        if not path.is_file():
+            raise UserError(f"unknown arena task {name!r}; allowed: {', '.join(task_names())}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"cannot parse {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path} must hold a mapping")
+    missing = [k for k in ("task", "kind", "seeds", "train", "budgets", "mechanisms", "default_mechanisms")
+               if k not in raw]
+    if missing:
+        raise UserError(f"{path}: missing key(s) {', '.join(missing)}")
+    if raw["kind"] not in KINDS:
+        raise UserError(f"{path}: kind must be one of {', '.join(KINDS)}, got {raw['kind']!r}")
+    if "default" not in raw["budgets"] or "quick" not in raw["budgets"]:
+        raise UserError(f"{path}: budgets must define 'default' and 'quick'")
+    task = Task(name=str(raw["task"]), kind=raw["kind"], description=str(raw.get("description", "")),
+                seeds=[int(s) for s in raw["seeds"]], train=dict(raw["train"]),
+                budgets={k: dict(v or {}) for k, v in raw["budgets"].items()},
+                mechanisms={str(k): dict(v) for k, v in raw["mechanisms"].items()},
+                default_mechanisms=[str(m) for m in raw["default_mechanisms"]], host=dict(raw.get("host") or {}),
+                data=dict(raw.get("data") or {}), claims=list(raw.get("claims") or []))
+    for label, entry in task.mechanisms.items():
+        if task.name_key not in entry:
+            raise UserError(f"{path}: mechanism {label!r} has no {task.name_key!r} key")
+    unknown = [m for m in task.default_mechanisms if m not in task.mechanisms]
+    if unknown:
+        raise UserError(f"{path}: default_mechanisms lists unknown label(s) {', '.join(unknown)}")
+    return task

@@ -1,0 +1,189 @@
+"""`subquad arena` at the quick budget: leaderboard columns, resume after a kill, skips, claims, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from subquad.arena import check_claims, load_task
+from subquad.arena.report import LEADERBOARD_COLUMNS, claims_text, leaderboard_markdown
+from subquad.arena.tasks import CONFIG_DIR
+from subquad.cli.__main__ import main
+from subquad.data.fashion_mnist import DEBIAN_DIR
+
+needs_fmnist = pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian package dataset-fashion-mnist not installed")
+
+
+def _board(out: Path) -> list[dict[str, str]]:
+    with open(out / "leaderboard.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _err_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("subquad")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@needs_fmnist
+def test_quick_run_writes_the_leaderboard(tmp_path, capsys):
+    out = tmp_path / "arena"
+    t0 = time.perf_counter()
+    assert main(["arena", "run", "--task", "fmnist", "--attention", "softmax,focused_linear", "--seeds", "0",
+                 "--budget", "quick", "--out", str(out)]) == 0
+    assert time.perf_counter() - t0 < 120
+    rows = _board(out)
+    assert list(rows[0])[: len(LEADERBOARD_COLUMNS)] == LEADERBOARD_COLUMNS
+    assert [r["attention"] for r in rows] == ["softmax", "focused_linear"]
+    for r in rows:
+        assert r["task"] == "fmnist" and r["seeds"] == "0" and r["n_seeds"] == "1" and r["status"] == "ok"
+        assert 0 <= float(r["mean_acc"]) <= 100 and float(r["std_acc"]) == 0 and int(r["params"]) > 0
+        assert float(r["gmacs"]) > 0 and float(r["train_per_sec"]) > 0 and float(r["eval_per_sec"]) > 0
+    # Each cell keeps the image trainer's run directory; the test split was read once, for the selected checkpoint.
+    cell = out / "cells" / "softmax" / "seed0"
+    for f in ("args.yaml", "summary.csv", "best.safetensors", "best.json", "last_state.pth", "results.json"):
+        assert (cell / f).is_file(), f
+    assert json.loads((cell / "results.json").read_text())["selected_on"] == "val"
+    assert (out / "leaderboard.png").is_file() and (out / "curves.png").is_file()
+    out_text = capsys.readouterr().out
+    assert "done softmax seed 0" in out_text and "run ETA" in out_text
+    assert main(["arena", "report", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| `softmax` |" in table and "±" in table
+    # A rerun trains nothing.
+    stamp = (cell / "cell.json").stat().st_mtime_ns
+    assert main(["arena", "run", "--task", "fmnist", "--attention", "softmax,focused_linear", "--seeds", "0",
+                 "--budget", "quick", "--out", str(out)]) == 0
+    assert "0 to train" in capsys.readouterr().out and (cell / "cell.json").stat().st_mtime_ns == stamp
+
+
+@needs_fmnist
+def test_interrupted_run_resumes_to_the_same_leaderboard(tmp_path):
+    args = ["-m", "subquad", "arena", "run", "--task", "fmnist", "--attention", "softmax,linear_relu",
+            "--seeds", "0", "--budget", "quick", "--workers", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref = tmp_path / "ref"
+    subprocess.run([sys.executable, *args, "--out", str(ref)], check=True, env=env, capture_output=True)
+    out = tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, *args, "--out", str(out)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    first = out / "cells" / "softmax" / "seed0" / "cell.json"
+    deadline = time.time() + 120
+    while not first.is_file() and time.time() < deadline:  # kill during the second cell
+        time.sleep(0.2)
+    assert first.is_file()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0 and not (out / "cells" / "linear_relu" / "seed0" / "cell.json").is_file()
+    stamp = first.stat().st_mtime_ns
+    done = subprocess.run([sys.executable, *args, "--out", str(out)], check=True, env=env, capture_output=True,
+                          text=True)
+    assert "start softmax" not in done.stdout and first.stat().st_mtime_ns == stamp
+    keys = ["attention", "seeds", "mean_acc", "std_acc", "best_acc", "params", "gmacs"]
+    assert [{k: r[k] for k in keys} for r in _board(out)] == [{k: r[k] for k in keys} for r in _board(ref)]
+
+
+def _custom_task(tmp_path: Path, **changes) -> Path:
+    raw = yaml.safe_load((CONFIG_DIR / "fmnist.yaml").read_text())
+    for k, v in changes.items():
+        raw[k] = v
+    path = tmp_path / "custom.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_a_mechanism_the_host_cannot_take_is_skipped_with_its_reason(tmp_path, monkeypatch):
+    from subquad.arena import image
+
+    # A host with a class token cannot take LiSA's structure-aware attention: skipped at build time, not crashed.
+    raw = yaml.safe_load((CONFIG_DIR / "fmnist.yaml").read_text())
+    host = {**raw["host"], "class_token": True, "global_pool": "token"}
+    reason = image.refusal(raw["train"], {**host, "attn": "structure_aware"})
+    assert reason and "num_prefix_tokens" in reason
+    assert image.refusal(raw["train"], {**raw["host"], "attn": "softmax"}) is None
+
+
+def test_skipped_row_in_the_leaderboard(tmp_path, capsys, monkeypatch):
+
+    task_file = _custom_task(tmp_path, host={**yaml.safe_load((CONFIG_DIR / "fmnist.yaml").read_text())["host"],
+                                             "class_token": True, "global_pool": "token"})
+    out = tmp_path / "arena"
+    assert main(["arena", "run", "--task", str(task_file), "--attention", "structure_aware_d4", "--seeds", "0",
+                 "--budget", "quick", "--out", str(out)]) == 0
+    assert "skip structure_aware_d4" in capsys.readouterr().out
+    row = _board(out)[0]
+    assert row["status"] == "skipped" and "num_prefix_tokens" in row["reason"] and row["n_seeds"] == "0"
+    assert "skipped" in leaderboard_markdown(out)
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["--task", "imagenet"], "allowed: fmnist"),
+    (["--task", "fmnist", "--attention", "softmax,nope"], "allowed:"),
+    (["--task", "fmnist", "--budget", "huge"], "allowed: default, quick"),
+    (["--task", "fmnist", "--seeds", "a,b"], "comma-separated integers"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, argv, expect):
+    assert main(["arena", "run", *argv, "--out", str(tmp_path / "o")]) == 2
+    assert expect in _err_line(capsys)
+
+
+def test_out_holding_another_run_is_refused(tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "last.safetensors").write_bytes(b"x")
+    assert main(["arena", "run", "--task", "fmnist", "--budget", "quick", "--out", str(other)]) == 2
+    assert "not an arena run" in _err_line(capsys)
+    arena = tmp_path / "arena"
+    arena.mkdir()
+    (arena / "arena.json").write_text(json.dumps({"task": "fmnist", "budget": "default"}))
+    assert main(["arena", "run", "--task", "fmnist", "--budget", "quick", "--out", str(arena)]) == 2
+    assert "budget 'default'" in _err_line(capsys)
+    (arena / "arena.json").write_text(json.dumps({"task": "fmnist", "budget": "quick", "fingerprint": "old"}))
+    assert main(["arena", "run", "--task", "fmnist", "--budget", "quick", "--out", str(arena)]) == 2
+    assert "recipe" in _err_line(capsys)
+
+
+def _fake_cells(out: Path, accs: dict[str, list[float]]) -> None:
+    for label, values in accs.items():
+        for seed, acc in enumerate(values):
+            d = out / "cells" / label / f"seed{seed}"
+            d.mkdir(parents=True)
+            (d / "cell.json").write_text(json.dumps({"attention": label, "seed": seed, "test_acc": acc}))
+
+
+def test_claim_verdicts_and_interval(tmp_path):
+    task = load_task("fmnist")
+    task.claims = [{"id": "x", "source": "S", "a": "a", "b": "b"}, {"id": "y", "source": "S", "a": "b", "b": "a"},
+                   {"id": "z", "source": "S", "a": "a", "b": "c"}, {"id": "w", "source": "S", "a": "a", "b": "gone"}]
+    _fake_cells(tmp_path, {"a": [80.0, 81.0, 82.0], "b": [70.0, 70.5, 71.5], "c": [79.0, 82.0, 81.5]})
+    res = {r["id"]: r for r in check_claims(tmp_path, task)}
+    # d = a - b = (10, 10.5, 10.5): mean 10.333, sd 0.2887, t(0.975, 2) = 4.3027 -> half-width 0.7172.
+    assert res["x"]["diff"] == pytest.approx(10.3333, abs=1e-4)
+    assert res["x"]["lo"] == pytest.approx(10.3333 - 0.7172, abs=1e-3) and res["x"]["verdict"] == "holds"
+    assert res["y"]["verdict"] == "does not hold"
+    assert res["z"]["verdict"] == "inconclusive"
+    assert res["w"]["verdict"] == "inconclusive" and "gone" in res["w"]["why"]
+    text = claims_text(list(res.values()))
+    assert "95 % CI" in text and text.count("\n") == 3
+
+
+def test_shipped_tasks_load_and_name_registered_mechanisms():
+    from subquad.attention import list_attention
+
+    for name in ("fmnist",):
+        task = load_task(name)
+        assert task.seeds and task.default_mechanisms
+        for label in task.default_mechanisms:
+            assert task.mechanism(label)[task.name_key] in list_attention()
+        for claim in task.claims:
+            assert claim["a"] in task.mechanisms and claim["b"] in task.mechanisms
