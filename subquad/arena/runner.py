@@ -84,7 +84,8 @@ def mech_entry(task: Task, label: str) -> dict[str, Any]:
 
 
 def plan_cells(task: Task, labels: list[str], seeds: list[int], out: Path) -> list[Cell]:
-    return [Cell(label, seed, out / "cells" / label / f"seed{seed}") for label in labels for seed in seeds]
+    # Seed-major: every mechanism's first seed before any second seed, so a run cut short still compares them all.
+    return [Cell(label, seed, out / "cells" / label / f"seed{seed}") for seed in seeds for label in labels]
 
 
 def _check_out(out: Path, task: Task, budget: str) -> None:

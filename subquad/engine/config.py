@@ -49,7 +49,7 @@ class TrainConfig:
     weight_decay: float = _f(0.05, "weight decay (1-D parameters, biases and no_weight_decay() names excluded)")
     sched: str = _f("cosine", "learning-rate schedule (timm create_scheduler_v2: cosine, step, plateau, ...)")
     sched_on_updates: bool = _f(True, "step the schedule every optimizer update rather than every epoch")
-    warmup_epochs: int = _f(2, "linear warm-up epochs")
+    warmup_epochs: float = _f(2, "linear warm-up epochs (fractions allowed, e.g. 0.25)")
     warmup_lr: float = _f(1e-5, "learning rate at the start of warm-up")
     min_lr: float = _f(1e-5, "final learning rate of the schedule")
     cooldown_epochs: int = _f(0, "epochs at min_lr after the schedule")
