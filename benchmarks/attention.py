@@ -7,11 +7,12 @@ more than --max-time seconds (default 300) or more than --max-mem MiB (default 8
 sizes, is skipped and the row says so.
 
 Usage (from the repository root):
-    python benchmarks/attention.py                  # full protocol -> benchmarks/results/bench-attn-<hw>-pt<v>.csv
+    python benchmarks/attention.py --overwrite      # full protocol -> benchmarks/results/bench-attn-<hw>-pt<v>.csv
     python benchmarks/attention.py --names focused_linear enhanced_linear --tokens 56,112
     python benchmarks/attention.py --forward-only --plot docs/cost.png
 
 Any other `subquad bench attention` flag is passed through (later flags win); see `subquad bench attention -h`.
+An existing result file (the committed one) is replaced only with `--overwrite`.
 """
 
 from __future__ import annotations

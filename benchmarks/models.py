@@ -7,11 +7,12 @@ papers' small sizes: lisanet_i/_s, hylisanet_s, flatten_pvt_v2_b1, cvt_ls_13), s
 editing this file. `--backward` adds a training step (forward, loss, backward) per size.
 
 Usage (from the repository root):
-    python benchmarks/models.py                            # -> benchmarks/results/bench-model-<hw>-pt<v>.csv
+    python benchmarks/models.py --overwrite                # -> benchmarks/results/bench-model-<hw>-pt<v>.csv
     python benchmarks/models.py --list                     # print the selected models and exit
     python benchmarks/models.py --model l2vit_tiny flatten_swin_tiny swin_tiny_patch4_window7_224 --img-size 224,1024
 
-Any other `subquad bench model` flag is passed through (`--model` replaces the selection).
+Any other `subquad bench model` flag is passed through (`--model` replaces the selection). An existing result file
+(the committed one) is replaced only with `--overwrite`.
 """
 
 from __future__ import annotations
