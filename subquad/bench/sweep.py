@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..errors import UserError
 from .memory import peak_memory
 from .timing import time_fn
 
@@ -220,8 +221,8 @@ def sweep_attention(names: Sequence[str] | None = None, dim: int = 192, heads: i
         ATTENTION_REGISTRY.get(n)
     bad = [t for t in tokens if int(t) < 1]
     if bad or dim % heads:
-        raise ValueError(f"need positive grid sides and dim % heads == 0, got tokens={list(tokens)}, "
-                         f"dim={dim}, heads={heads}")
+        raise UserError(f"need positive grid sides and dim % heads == 0, got tokens={list(tokens)}, "
+                        f"dim={dim}, heads={heads}")
     env = _env(device)
     budget = _Budget(max_mem_mb, max_time_s, warmup + repeats + 1)
     step_budget = None if max_time_s is None else max_time_s / 2
@@ -359,7 +360,7 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
         if not timm.is_model(m.split(".")[0]):
             raise unknown_name("model", m, list_models() + timm.list_models())
     if any(int(s) < 1 for s in img_sizes) or batch_size < 1:
-        raise ValueError(f"need positive --img-size and --batch-size, got {list(img_sizes)} and {batch_size}")
+        raise UserError(f"need positive --img-size and --batch-size, got {list(img_sizes)} and {batch_size}")
     env = _env(device)
     budget = _Budget(max_mem_mb, max_time_s, warmup + repeats + 1)
     step_budget = None if max_time_s is None else max_time_s / 2

@@ -217,9 +217,9 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
     """
     import sys
 
-    from .classify import build_model, check_img_size, model_input
     from ..models import create_model
     from ..models._builder import load_into
+    from .classify import build_model, check_img_size, model_input
 
     weights = resolve_checkpoint(checkpoint)
     if use_ema:
