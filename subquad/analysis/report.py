@@ -212,7 +212,8 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
     except ValueError:
         pass
     summary = {"model": name, "image": str(shown_path), "img_size": size, "predicted_class": cls,
-               "predicted_label": label, "predicted_prob": round(float(probs[cls]), 6), "num_attention_layers": len(calls),
+               "predicted_label": label, "predicted_prob": round(float(probs[cls]), 6),
+               "num_attention_layers": len(calls),
                "layers_shown": shown, "queries": [list(q) for q in queries], "locality_k": locality_k,
                "rank_max_tokens": rank_max_tokens, "rank_heads": rank_heads, "layers": rows, "files": files}
     with open(out / "summary.json", "w") as f:
