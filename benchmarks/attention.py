@@ -29,6 +29,7 @@ DEFAULTS = ["--dim", "192", "--heads", "6", "--batch-size", "1", "--tokens", "14
 
 
 def main(argv: list[str] | None = None) -> int:
+    from subquad.bench.machine import pin_threads_like_bench
     from subquad.bench.sweep import default_result_path
     from subquad.cli.__main__ import main as cli
 
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ["bench", "attention", *DEFAULTS, *([] if forward_only else ["--backward"])]
     if "--out" not in argv:
         device = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
+        pin_threads_like_bench(argv)  # the file is named after the threads bench will use
         args += ["--out", str(default_result_path("attn", device, ROOT / "benchmarks" / "results"))]
     return cli(args + argv)
 

@@ -40,6 +40,7 @@ def selected_models() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from subquad.bench.machine import pin_threads_like_bench
     from subquad.bench.sweep import default_result_path
     from subquad.cli.__main__ import main as cli
 
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         args += ["--model", *selected_models()]
     if "--out" not in argv:
         device = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
+        pin_threads_like_bench(argv)  # the file is named after the threads bench will use
         args += ["--out", str(default_result_path("model", device, ROOT / "benchmarks" / "results"))]
     return cli(args + argv)
 

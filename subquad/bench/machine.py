@@ -13,7 +13,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["physical_cores", "load_average", "load_warning", "spread_warning", "SPREAD_LIMIT"]
+__all__ = ["physical_cores", "load_average", "load_warning", "spread_warning", "pin_threads_like_bench",
+           "SPREAD_LIMIT"]
 
 # Interquartile range / median of a step's timed repeats above which the timing is called noisy.
 SPREAD_LIMIT = 0.20
@@ -80,3 +81,18 @@ def spread_warning(spreads: Iterable[tuple[str, float]]) -> str | None:
     return (f"warning: timings spread by up to {100 * worst[1]:.0f} % ({worst[0]}; interquartile range / median of "
             f"the repeats, limit {100 * SPREAD_LIMIT:.0f} %): the machine is busy or the step too short; rerun on a "
             "quiet machine or with more --repeats")
+
+
+def pin_threads_like_bench(argv: list[str]) -> int:
+    """Set torch's threads as `subquad bench` will for these arguments (`--threads N`, else the physical cores), so
+    that a result file named before the run (`sweep.default_result_path`) carries the right thread count."""
+    import torch
+
+    n = physical_cores()
+    if "--threads" in argv[:-1]:
+        try:
+            n = max(1, int(argv[argv.index("--threads") + 1]))
+        except ValueError:
+            pass  # bench itself reports the bad value
+    torch.set_num_threads(n)
+    return n

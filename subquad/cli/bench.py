@@ -180,7 +180,7 @@ def _outputs(args: argparse.Namespace, kind: str) -> tuple[Path, Path | None]:
 
 @contextlib.contextmanager
 def _pinned_threads(args: argparse.Namespace):
-    """Pin torch's CPU threads for the run (restored after, for in-process callers); warn when loaded."""
+    """Pin torch's CPU threads for the run (restored after, for in-process callers)."""
     import torch
 
     before = torch.get_num_threads()
@@ -191,17 +191,25 @@ def _pinned_threads(args: argparse.Namespace):
 
 
 def _pin_threads(args: argparse.Namespace) -> int:
-    """Pin torch's CPU threads (--threads, default the physical cores given) and warn when the machine is loaded."""
+    """Pin torch's CPU threads: --threads, default the physical cores this process was given."""
     import torch
 
-    from subquad.bench.machine import load_warning, physical_cores
+    from subquad.bench.machine import physical_cores
 
     n = args.threads or physical_cores()
     torch.set_num_threads(n)
-    warning = load_warning(n)
+    return n
+
+
+def _warn_load() -> None:
+    """One line when the load average is above the threads in use (checked before measuring)."""
+    import torch
+
+    from subquad.bench.machine import load_warning
+
+    warning = load_warning(torch.get_num_threads())
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    return n
 
 
 def _warn_spread(rows: list[dict], label) -> None:
@@ -234,6 +242,7 @@ def _run_attention(args: argparse.Namespace) -> int:
     from subquad.bench.sweep import ATTN_COLUMNS, plot_attention, sweep_attention, write_csv
 
     out, plot = _outputs(args, "attn")
+    _warn_load()
     show = _printer(ATTN_TABLE, out, ATTN_COLUMNS)
     rows = sweep_attention(_name_list(args.names), args.dim, args.heads, args.tokens, args.backward,
                            args.batch_size, args.device, args.max_mem, args.max_time, args.warmup, args.repeats,
@@ -259,6 +268,7 @@ def _run_model(args: argparse.Namespace) -> int:
     from subquad.bench.sweep import MODEL_COLUMNS, bench_models, plot_models, write_csv
 
     out, plot = _outputs(args, "model")
+    _warn_load()
     show = _printer(MODEL_TABLE, out, MODEL_COLUMNS)
     rows = bench_models(_name_list(args.model), args.img_size, args.batch_size, args.backward, args.device,
                         args.max_mem, args.max_time, args.warmup, args.repeats, args.force, on_row=show)

@@ -140,3 +140,17 @@ def test_live_table_units_ratio_and_warnings(tmp_path, monkeypatch, capsys):
     warnings = [ln for ln in cap.err.splitlines() if ln.startswith("warning:")]
     assert len(warnings) == 2 and "load average" in warnings[0] and "spread by up to 50 %" in warnings[1]
     assert all(float(r["time_spread_pct"]) == 50.0 for r in rows.values())
+
+
+def test_scripts_name_files_after_the_threads_bench_will_use(monkeypatch):
+    from subquad.bench.sweep import default_result_path
+
+    monkeypatch.setattr(machine, "physical_cores", lambda sysfs=None: 1)
+    before = torch.get_num_threads()
+    try:
+        assert machine.pin_threads_like_bench(["--names", "linear"]) == 1
+        assert "-1t-" in default_result_path("attn", "cpu", "r").name
+        assert machine.pin_threads_like_bench(["--threads", "2"]) == 2 and torch.get_num_threads() == 2
+        assert "-2t-" in default_result_path("attn", "cpu", "r").name
+    finally:
+        torch.set_num_threads(before)
