@@ -334,6 +334,18 @@ def _model_kwargs(name: str, size: int) -> dict[str, Any]:
     return {} if native == (size, size) else {"img_size": size}
 
 
+def check_model_names(models: Sequence[str]) -> None:
+    """Raise the one-line unknown-model error for the first name neither subquad nor timm registers."""
+    import timm
+
+    from ..errors import unknown_name
+    from ..models import list_models
+
+    for m in models:
+        if not timm.is_model(m.split(".")[0]):
+            raise unknown_name("model", m, list_models() + timm.list_models())
+
+
 def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch_size: int = 1,
                  backward: bool = False, device: str | torch.device = "cpu", max_mem_mb: float | None = 8192.0,
                  max_time_s: float | None = 300.0, warmup: int = 1, repeats: int = 5, force: bool = False,
@@ -349,16 +361,11 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
     Returns:
         rows with `MODEL_COLUMNS`.
     """
-    import timm
-
-    from ..errors import unknown_name
-    from ..models import create_model, list_models
+    from ..models import create_model
     from .flops import count_macs
 
     device = torch.device(device)
-    for m in models:
-        if not timm.is_model(m.split(".")[0]):
-            raise unknown_name("model", m, list_models() + timm.list_models())
+    check_model_names(models)
     if any(int(s) < 1 for s in img_sizes) or batch_size < 1:
         raise UserError(f"need positive --img-size and --batch-size, got {list(img_sizes)} and {batch_size}")
     env = _env(device)

@@ -222,17 +222,23 @@ def _warn_spread(rows: list[dict], label) -> None:
 
 
 def run_attention(args: argparse.Namespace) -> int:
+    from subquad.attention import ATTENTION_REGISTRY
     from subquad.errors import UserError
 
     _check(args)
     if args.dim % args.heads:
         raise UserError(f"--dim {args.dim} is not divisible by --heads {args.heads}")
+    for name in _name_list(args.names) or []:
+        ATTENTION_REGISTRY.get(name)  # an unknown name: one line before anything is printed or written
     with _pinned_threads(args):
         return _run_attention(args)
 
 
 def run_model(args: argparse.Namespace) -> int:
+    from subquad.bench.sweep import check_model_names
+
     _check(args)
+    check_model_names(_name_list(args.model))
     with _pinned_threads(args):
         return _run_model(args)
 
