@@ -7,11 +7,12 @@ more than --max-time seconds (default 300) or more than --max-mem MiB (default 8
 sizes, is skipped and the row says so.
 
 Usage (from the repository root):
-    python benchmarks/attention.py                  # full protocol -> benchmarks/results/bench-attn-<hw>-pt<v>.csv
+    python benchmarks/attention.py --overwrite      # full protocol -> benchmarks/results/bench-attn-<hw>-pt<v>.csv
     python benchmarks/attention.py --names focused_linear enhanced_linear --tokens 56,112
     python benchmarks/attention.py --forward-only --plot docs/cost.png
 
 Any other `subquad bench attention` flag is passed through (later flags win); see `subquad bench attention -h`.
+An existing result file (the committed one) is replaced only with `--overwrite`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ DEFAULTS = ["--dim", "192", "--heads", "6", "--batch-size", "1", "--tokens", "14
 
 
 def main(argv: list[str] | None = None) -> int:
+    from subquad.bench.machine import pin_threads_like_bench
     from subquad.bench.sweep import default_result_path
     from subquad.cli.__main__ import main as cli
 
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ["bench", "attention", *DEFAULTS, *([] if forward_only else ["--backward"])]
     if "--out" not in argv:
         device = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
+        pin_threads_like_bench(argv)  # the file is named after the threads bench will use
         args += ["--out", str(default_result_path("attn", device, ROOT / "benchmarks" / "results"))]
     return cli(args + argv)
 

@@ -7,11 +7,12 @@ papers' small sizes: lisanet_i/_s, hylisanet_s, flatten_pvt_v2_b1, cvt_ls_13), s
 editing this file. `--backward` adds a training step (forward, loss, backward) per size.
 
 Usage (from the repository root):
-    python benchmarks/models.py                            # -> benchmarks/results/bench-model-<hw>-pt<v>.csv
+    python benchmarks/models.py --overwrite                # -> benchmarks/results/bench-model-<hw>-pt<v>.csv
     python benchmarks/models.py --list                     # print the selected models and exit
     python benchmarks/models.py --model l2vit_tiny flatten_swin_tiny swin_tiny_patch4_window7_224 --img-size 224,1024
 
-Any other `subquad bench model` flag is passed through (`--model` replaces the selection).
+Any other `subquad bench model` flag is passed through (`--model` replaces the selection). An existing result file
+(the committed one) is replaced only with `--overwrite`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def selected_models() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from subquad.bench.machine import pin_threads_like_bench
     from subquad.bench.sweep import default_result_path
     from subquad.cli.__main__ import main as cli
 
@@ -51,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         args += ["--model", *selected_models()]
     if "--out" not in argv:
         device = argv[argv.index("--device") + 1] if "--device" in argv else "cpu"
+        pin_threads_like_bench(argv)  # the file is named after the threads bench will use
         args += ["--out", str(default_result_path("model", device, ROOT / "benchmarks" / "results"))]
     return cli(args + argv)
 

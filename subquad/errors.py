@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["UserError", "closest", "unknown_name"]
+__all__ = ["UserError", "closest", "unknown_name", "unsafe_pickle"]
 
 
 class UserError(ValueError):
@@ -33,3 +33,21 @@ def unknown_name(kind: str, name: str, choices: Iterable[str]) -> UserError:
     hint = f"did you mean {', '.join(repr(c) for c in near)}?" if near else f"{len(choices)} are registered"
     return UserError(f"unknown {kind} {name!r}; {hint} (list them with `subquad models` / subquad.list_{kind}s())"
                      if kind == "model" else f"unknown {kind} {name!r}; {hint}")
+
+
+def unsafe_pickle(path: object, error: BaseException) -> UserError:
+    """The refusal of a pickle that `torch.load(weights_only=True)` would not read: the file cannot be loaded safely,
+    and a trusted one can be converted once to safetensors. Names what the pickle asked for (a global, an opcode)
+    but, unlike torch's own message, never suggests turning `weights_only` off."""
+    import re
+
+    text = str(error)
+    found = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"global '([\w.]+)'", text)
+    what = f"it refers to {found.group(1)}" if found else None
+    if what is None:
+        op = re.search(r"Unsupported operand (\d+)", text)
+        what = f"it uses pickle opcode {op.group(1)}" if op else "it holds more than tensors and plain containers"
+    return UserError(f"refusing to load {path}: it cannot be loaded safely ({what}; unpickling it could run code). "
+                     "If you trust where it came from, convert it once to tensors only: load it in Python, save its "
+                     "state dict with safetensors.torch.save_file(state_dict, 'weights.safetensors') and pass that "
+                     "file instead")

@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["structure_kernels", "plot_kernels"]
+from ..errors import UserError
+
+__all__ = ["structure_kernels", "plot_kernels", "fit_suptitle"]
 
 
 def structure_kernels(module: nn.Module, heads: Sequence[int] = (0,)) -> torch.Tensor | None:
@@ -28,11 +30,31 @@ def structure_kernels(module: nn.Module, heads: Sequence[int] = (0,)) -> torch.T
         return None
     bad = [h for h in heads if not 0 <= h < kb.shape[0]]
     if bad:
-        raise ValueError(f"kernel head(s) {bad} out of range: this layer has {kb.shape[0]} kernel head(s) "
-                         f"(0..{kb.shape[0] - 1})")
+        raise UserError(f"kernel head(s) {bad} out of range: this layer has {kb.shape[0]} kernel head(s) "
+                        f"(0..{kb.shape[0] - 1})")
     k = kb.detach().float()[list(heads)]  # (heads, D, H0, W0)
     H0, W0 = k.shape[-2:]
     return torch.roll(k, shifts=(H0 // 2, W0 // 2), dims=(-2, -1))
+
+
+def fit_suptitle(fig, title: str, fontsize: float = 10, margin: float = 0.02) -> None:
+    """Set `title` as the figure's suptitle, wrapped onto as many lines as it takes to fit the figure's width (a
+    narrow grid of a few kernels is narrower than one line of title), and lay the axes out below it."""
+    import textwrap
+
+    renderer = fig.canvas.get_renderer()
+    limit = fig.bbox.width * (1 - 2 * margin)
+    text = title
+    width = len(title)
+    t = fig.suptitle(text, fontsize=fontsize)
+    while t.get_window_extent(renderer).width > limit and width > 8:
+        width -= 2
+        text = textwrap.fill(title, width, break_long_words=False)
+        t.set_text(text)
+    fig.tight_layout()
+    # Room for the title's lines above the axes.
+    top = 1 - (t.get_window_extent(renderer).height / fig.bbox.height) - margin
+    fig.subplots_adjust(top=min(fig.subplotpars.top, top))
 
 
 def plot_kernels(kernels: torch.Tensor, path: str | Path, heads: Sequence[int], title: str = "") -> Path:
@@ -56,8 +78,7 @@ def plot_kernels(kernels: torch.Tensor, path: str | Path, heads: Sequence[int], 
                 ax.set_title(f"d={d}", fontsize=8)
             if d == 0:
                 ax.set_ylabel(f"head {heads[i]}", fontsize=8)
-    fig.suptitle(title or "LiSA kernels W^b (offset 0 at the centre)", fontsize=10)
-    fig.tight_layout()
+    fit_suptitle(fig, title or "LiSA kernels W^b (offset 0 at the centre)", fontsize=10)
     path = Path(path)
     fig.savefig(path, dpi=100)
     plt.close(fig)

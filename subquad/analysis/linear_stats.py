@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from ..errors import UserError
+
 __all__ = ["row_distribution", "attention_entropy", "attention_locality", "token_cosine", "clamp_share"]
 
 
@@ -55,7 +57,7 @@ def attention_locality(attn: torch.Tensor, hw: tuple[int, int], k: int = 3, pref
         the mean share in [0, 1], or None when the map is not token-to-token on this grid (spatial reduction).
     """
     if k < 1 or k % 2 == 0:
-        raise ValueError(f"locality window k must be a positive odd number, got {k}")
+        raise UserError(f"locality window k must be a positive odd number, got {k}")
     H, W = hw
     if attn.shape[-1] != attn.shape[-2] or attn.shape[-1] != prefix + H * W:
         return None

@@ -281,6 +281,29 @@ def load_image(path: str | Path, size: int, mean: Sequence[float], std: Sequence
     return arr, t.unsqueeze(0)
 
 
+def load_image_with(path: str | Path, transform, in_chans: int, mean: Sequence[float], std: Sequence[float]
+                    ) -> tuple[np.ndarray, torch.Tensor]:
+    """Read an image through a model's eval transform (e.g. a checkpoint sidecar's), grey for 1-channel models.
+
+    Returns:
+        (uint8 array (H, W, 3) of exactly what the model sees, un-normalised, for display; tensor (1, C, H, W)).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            x = transform(im.convert("L" if in_chans == 1 else "RGB"))
+    except FileNotFoundError:
+        raise UserError(f"cannot read image {str(path)!r}: no such file") from None
+    except (UnidentifiedImageError, OSError) as e:
+        raise UserError(f"cannot read image {str(path)!r}: {str(e).splitlines()[0] if str(e) else 'not an image'}"
+                        ) from None
+    shown = x * torch.tensor(std)[:, None, None] + torch.tensor(mean)[:, None, None]
+    shown = shown.expand(3, -1, -1) if shown.shape[0] == 1 else shown[:3]
+    arr = (shown.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy().copy()
+    return arr, x.unsqueeze(0)
+
+
 def _upsample(heat: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     t = torch.from_numpy(np.ascontiguousarray(heat, dtype=np.float32))[None, None]
     return torch.nn.functional.interpolate(t, size=size, mode="bilinear", align_corners=False)[0, 0].numpy()

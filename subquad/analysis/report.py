@@ -20,6 +20,7 @@ from .maps import (
     collect_mixer_calls,
     grad_cam,
     load_image,
+    load_image_with,
     local_matrix,
     mixer_attention,
     plot_grad_cam,
@@ -129,7 +130,8 @@ def _resolve_layers(layers: Sequence[int] | None, count: int) -> list[int]:
 def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size: int | None = None,
                   layers: Sequence[int] | None = None, queries: Sequence[tuple[float, float]] | None = None,
                   kernel_heads: Sequence[int] = (0,), locality_k: int = 3, rank_max_tokens: int = 256,
-                  rank_heads: int | None = 4, model_name: str = "") -> dict:
+                  rank_heads: int | None = 4, model_name: str = "", transform: Any = None,
+                  data_config: dict | None = None, classes: Sequence[str] | None = None) -> dict:
     """Attention maps, Grad-CAM, per-layer statistics and LiSA kernels of `model` on one image.
 
     Writes to `out`: `attention_maps.png`, `gradcam.png`, `layer_stats.png`, `layer_stats.csv`, `summary.json`, and
@@ -143,16 +145,29 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
         layers: attention layers (call order) for the maps and kernels (default: up to 4 spread over depth).
         queries: (x, y) fractions of the image (default: centre and two off-centre points).
         kernel_heads, locality_k, rank_max_tokens, rank_heads: see `kernels`, `linear_stats`, `rank`.
+        model_name: the name shown in titles.
+        transform: the model's eval transform (PIL image -> tensor), e.g. the one a checkpoint's sidecar describes,
+            with `data_config` its `img_size`, `in_chans`, `mean` and `std`; default: resize the shorter side to
+            `img_size`, centre-crop, normalise with the model's pretrained_cfg.
+        classes: class names (a sidecar's), for the predicted class.
     Returns:
         the summary dict written to summary.json.
     """
     cfg = getattr(model, "pretrained_cfg", {}) or {}
-    size = img_size or min(224, int(cfg.get("input_size", (3, 224, 224))[-1]))
+    if transform is not None:
+        size = int(data_config["img_size"])
+    else:
+        size = img_size or min(224, int(cfg.get("input_size", (3, 224, 224))[-1]))
     queries = list(queries) if queries else [(0.5, 0.5), (0.3, 0.35), (0.7, 0.7)]
     bad = [q for q in queries if not (0 <= q[0] <= 1 and 0 <= q[1] <= 1)]
     if bad:
         raise UserError(f"query point {bad[0]} is outside the image: give x,y as fractions in [0, 1]")
-    arr, x = load_image(image, size, cfg.get("mean", (0.485, 0.456, 0.406)), cfg.get("std", (0.229, 0.224, 0.225)))
+    if transform is not None:
+        arr, x = load_image_with(image, transform, int(data_config["in_chans"]), data_config["mean"],
+                                 data_config["std"])
+    else:
+        arr, x = load_image(image, size, cfg.get("mean", (0.485, 0.456, 0.406)),
+                            cfg.get("std", (0.229, 0.224, 0.225)))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
@@ -178,7 +193,9 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
         files["attention_maps"] = plot_query_maps(arr, maps, queries, out / "attention_maps.png",
                                                   f"{name}: attention of query points (mean |A| over heads)").name
     cam, cls = grad_cam(model, x)
-    files["gradcam"] = plot_grad_cam(arr, cam, out / "gradcam.png", f"Grad-CAM, class {cls}").name
+    label = classes[cls] if classes and cls < len(classes) else None
+    files["gradcam"] = plot_grad_cam(arr, cam, out / "gradcam.png",
+                                     f"Grad-CAM, class {cls}" + (f" ({label})" if label else "")).name
     files["layer_stats"] = _plot_stats(rows, out / "layer_stats.png", f"{name} on {Path(image).name} ({size}x{size})",
                                        locality_k).name
     with open(out / "layer_stats.csv", "w", newline="") as f:
@@ -195,7 +212,8 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
     except ValueError:
         pass
     summary = {"model": name, "image": str(shown_path), "img_size": size, "predicted_class": cls,
-               "predicted_prob": round(float(probs[cls]), 6), "num_attention_layers": len(calls),
+               "predicted_label": label, "predicted_prob": round(float(probs[cls]), 6),
+               "num_attention_layers": len(calls),
                "layers_shown": shown, "queries": [list(q) for q in queries], "locality_k": locality_k,
                "rank_max_tokens": rank_max_tokens, "rank_heads": rank_heads, "layers": rows, "files": files}
     with open(out / "summary.json", "w") as f:

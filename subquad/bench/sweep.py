@@ -27,22 +27,24 @@ from typing import Any
 
 import torch
 
+from ..errors import UserError
 from .memory import peak_memory
 from .timing import time_fn
 
 __all__ = ["ATTN_COLUMNS", "MODEL_COLUMNS", "attention_candidates", "sweep_attention", "bench_models",
-           "device_tag", "default_result_path", "write_csv", "read_csv", "plot_attention", "plot_models"]
+           "device_tag", "default_result_path", "new_result_path", "write_csv", "read_csv", "plot_attention",
+           "plot_models"]
 
 _log = logging.getLogger(__name__)
 
 ATTN_COLUMNS = ["name", "grid", "seq_len", "dim", "heads", "infer_batch_size", "infer_img_size", "infer_step_time",
                 "infer_samples_per_sec", "infer_gmacs", "peak_mem_mb", "infer_time_vs_softmax", "train_step_time",
                 "train_samples_per_sec", "train_peak_mem_mb", "train_time_vs_softmax", "param_count", "complexity",
-                "status", "forced", "device", "torch", "subquad"]
+                "time_spread_pct", "status", "forced", "device", "threads", "torch", "subquad"]
 MODEL_COLUMNS = ["model", "infer_img_size", "infer_batch_size", "infer_step_time", "infer_samples_per_sec",
                  "infer_gmacs", "peak_mem_mb", "train_img_size", "train_batch_size", "train_step_time",
-                 "train_samples_per_sec", "train_peak_mem_mb", "param_count", "status", "forced", "device",
-                 "torch", "subquad"]
+                 "train_samples_per_sec", "train_peak_mem_mb", "param_count", "time_spread_pct", "status", "forced",
+                 "device", "threads", "torch", "subquad"]
 
 
 def _slug(text: str) -> str:
@@ -84,10 +86,24 @@ def default_result_path(kind: str, device: torch.device | str, root: str | Path 
     return Path(root) / f"bench-{kind}-{device_tag(device)}-{torch_tag()}.csv"
 
 
-def _env(device: torch.device) -> dict[str, str]:
+def new_result_path(kind: str, device: torch.device | str, root: str | Path = "runs") -> Path:
+    """A new file `<root>/bench-<kind>-<device tag>-pt<torch>-<YYYYmmdd-HHMMSS>[-i].csv` (the default of `subquad
+    bench`: a run never replaces an existing file, committed results included)."""
+    import time
+
+    stem = f"bench-{kind}-{device_tag(device)}-{torch_tag()}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, i = Path(root) / f"{stem}.csv", 1
+    while path.exists() or path.with_suffix(".png").exists():
+        i += 1
+        path = Path(root) / f"{stem}-{i}.csv"
+    return path
+
+
+def _env(device: torch.device) -> dict[str, str | int]:
     from ..version import __version__
 
-    return {"device": device_tag(device), "torch": torch.__version__, "subquad": __version__}
+    return {"device": device_tag(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "subquad": __version__}
 
 
 def attention_candidates() -> list[str]:
@@ -155,11 +171,18 @@ MIN_TIME_S = 1.0
 
 
 def _measure(step: Callable[[], object], device: torch.device, warmup: int, repeats: int,
-             budget_s: float | None) -> tuple[float, float, float]:
-    """(median seconds, best seconds, peak MiB) of `step`."""
+             budget_s: float | None) -> tuple[float, float, float, float]:
+    """(median seconds, best seconds, peak MiB, spread of the repeats) of `step`."""
     timing = time_fn(step, device, warmup=warmup, repeats=repeats, budget_s=budget_s, min_time_s=MIN_TIME_S)
     mem = peak_memory(step, device) / 2**20
-    return timing.median, timing.best, mem
+    return timing.median, timing.best, mem, timing.spread
+
+
+def _record(row: dict[str, Any], mode: str, sec: float, mem: float, spread: float, batch_size: int) -> None:
+    """Put one measured mode into its row (times in ms, the row's spread the largest of its modes, in %)."""
+    row.update({f"{mode}_step_time": _ms(sec), f"{mode}_samples_per_sec": round(batch_size / sec, 3),
+                "peak_mem_mb" if mode == "infer" else "train_peak_mem_mb": round(mem, 3)})
+    row["time_spread_pct"] = max(float(row.get("time_spread_pct") or 0.0), round(100 * spread, 1))
 
 
 def _ms(seconds: float) -> float:
@@ -198,8 +221,8 @@ def sweep_attention(names: Sequence[str] | None = None, dim: int = 192, heads: i
         ATTENTION_REGISTRY.get(n)
     bad = [t for t in tokens if int(t) < 1]
     if bad or dim % heads:
-        raise ValueError(f"need positive grid sides and dim % heads == 0, got tokens={list(tokens)}, "
-                         f"dim={dim}, heads={heads}")
+        raise UserError(f"need positive grid sides and dim % heads == 0, got tokens={list(tokens)}, "
+                        f"dim={dim}, heads={heads}")
     env = _env(device)
     budget = _Budget(max_mem_mb, max_time_s, warmup + repeats + 1)
     step_budget = None if max_time_s is None else max_time_s / 2
@@ -256,24 +279,20 @@ def sweep_attention(names: Sequence[str] | None = None, dim: int = 192, heads: i
                         continue
                     if not finite:
                         row["forced"] = 1
-                    sec, best, mem = _measure(step, device, max(0, warmup - 1), repeats, step_budget)
+                    sec, best, mem, spread = _measure(step, device, max(0, warmup - 1), repeats, step_budget)
                 except Exception as e:  # noqa: BLE001 - report the failure in the row and go on
                     msg = str(e).splitlines()[0][:160] if str(e) else ""
                     status.append(f"{mode} error: {type(e).__name__}: {msg}")
                     budget.stopped[key] = "an error"
                     continue
                 budget.record(key, N, mem, best)
-                if mode == "infer":
-                    row.update(infer_step_time=_ms(sec), infer_samples_per_sec=round(batch_size / sec, 3),
-                               peak_mem_mb=round(mem, 3))
-                else:
-                    row.update(train_step_time=_ms(sec), train_samples_per_sec=round(batch_size / sec, 3),
-                               train_peak_mem_mb=round(mem, 3))
+                _record(row, mode, sec, mem, spread, batch_size)
             row["status"] = "; ".join(status) or "ok"
             rows.append(row)
+            # softmax is measured first, so each row's ratio is known when it is shown.
+            _ratio(row, next((r for r in rows if r["name"] == "softmax" and r["grid"] == row["grid"]), None))
             if on_row:
                 on_row(row)
-    _ratios(rows)
     return rows
 
 
@@ -289,15 +308,12 @@ def _attn_gmacs(meta: torch.nn.Module, module: torch.nn.Module, x: torch.Tensor,
     return ""
 
 
-def _ratios(rows: list[dict]) -> None:
-    """Fill `*_time_vs_softmax` = step time / softmax's step time at the same grid (< 1: faster)."""
-    base = {r["grid"]: r for r in rows if r["name"] == "softmax"}
-    for r in rows:
-        b = base.get(r["grid"])
-        for mode in ("infer", "train"):
-            t, tb = r.get(f"{mode}_step_time"), (b or {}).get(f"{mode}_step_time")
-            if t not in ("", None) and tb not in ("", None) and float(tb) > 0:
-                r[f"{mode}_time_vs_softmax"] = round(float(t) / float(tb), 4)
+def _ratio(row: dict, base: dict | None) -> None:
+    """Fill `*_time_vs_softmax` = step time / the softmax row's step time at the same grid (< 1: faster)."""
+    for mode in ("infer", "train"):
+        t, tb = row.get(f"{mode}_step_time"), (base or {}).get(f"{mode}_step_time")
+        if t not in ("", None) and tb not in ("", None) and float(tb) > 0:
+            row[f"{mode}_time_vs_softmax"] = round(float(t) / float(tb), 4)
 
 
 def _is_subquad(name: str) -> bool:
@@ -318,6 +334,18 @@ def _model_kwargs(name: str, size: int) -> dict[str, Any]:
     return {} if native == (size, size) else {"img_size": size}
 
 
+def check_model_names(models: Sequence[str]) -> None:
+    """Raise the one-line unknown-model error for the first name neither subquad nor timm registers."""
+    import timm
+
+    from ..errors import unknown_name
+    from ..models import list_models
+
+    for m in models:
+        if not timm.is_model(m.split(".")[0]):
+            raise unknown_name("model", m, list_models() + timm.list_models())
+
+
 def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch_size: int = 1,
                  backward: bool = False, device: str | torch.device = "cpu", max_mem_mb: float | None = 8192.0,
                  max_time_s: float | None = 300.0, warmup: int = 1, repeats: int = 5, force: bool = False,
@@ -333,18 +361,13 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
     Returns:
         rows with `MODEL_COLUMNS`.
     """
-    import timm
-
-    from ..errors import unknown_name
-    from ..models import create_model, list_models
+    from ..models import create_model
     from .flops import count_macs
 
     device = torch.device(device)
-    for m in models:
-        if not timm.is_model(m.split(".")[0]):
-            raise unknown_name("model", m, list_models() + timm.list_models())
+    check_model_names(models)
     if any(int(s) < 1 for s in img_sizes) or batch_size < 1:
-        raise ValueError(f"need positive --img-size and --batch-size, got {list(img_sizes)} and {batch_size}")
+        raise UserError(f"need positive --img-size and --batch-size, got {list(img_sizes)} and {batch_size}")
     env = _env(device)
     budget = _Budget(max_mem_mb, max_time_s, warmup + repeats + 1)
     step_budget = None if max_time_s is None else max_time_s / 2
@@ -405,19 +428,16 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
                     if not _finite(out):
                         row["forced"] = 1
                     del out
-                    sec, best, mem = _measure(step, device, max(0, warmup - 1), repeats, step_budget)
+                    sec, best, mem, spread = _measure(step, device, max(0, warmup - 1), repeats, step_budget)
                 except Exception as e:  # noqa: BLE001 - reported in the row
                     msg = str(e).splitlines()[0][:160] if str(e) else ""
                     status.append(f"{mode} error: {type(e).__name__}: {msg}")
                     budget.stopped[key] = "an error"
                     continue
                 budget.record(key, size * size, mem, best)
-                if mode == "infer":
-                    row.update(infer_step_time=_ms(sec), infer_samples_per_sec=round(batch_size / sec, 3),
-                               peak_mem_mb=round(mem, 3))
-                else:
-                    row.update(train_img_size=size, train_batch_size=batch_size, train_step_time=_ms(sec),
-                               train_samples_per_sec=round(batch_size / sec, 3), train_peak_mem_mb=round(mem, 3))
+                _record(row, mode, sec, mem, spread, batch_size)
+                if mode == "train":
+                    row.update(train_img_size=size, train_batch_size=batch_size)
             model.eval()
             row["status"] = "; ".join(status) or "ok"
             rows.append(row)

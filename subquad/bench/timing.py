@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Timing", "time_fn", "time_interleaved", "synchronize"]
+__all__ = ["Timing", "time_fn", "time_interleaved", "time_spread", "synchronize"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,20 @@ class Timing:
     best: float
     repeats: int
     times: tuple[float, ...]
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range of the timed calls over their median (0 with fewer than two calls); above 0.2 the
+        machine was busy or the step too short to time."""
+        return time_spread(self.times)
+
+
+def time_spread(times: tuple[float, ...] | list[float]) -> float:
+    """(upper quartile - lower quartile) / median of `times`; 0 with fewer than two."""
+    if len(times) < 2:
+        return 0.0
+    q1, med, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return (q3 - q1) / med if med > 0 else 0.0
 
 
 def synchronize(device: torch.device | str) -> None:

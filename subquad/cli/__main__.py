@@ -1,8 +1,12 @@
 """The `subquad` command: one console script with subcommands.
 
 Each subcommand lives in `subquad/cli/<name>.py` and exposes `add_parser(subparsers)`, which registers its parser
-and sets `func` to the function that runs it. A user error prints one line `subquad <cmd>: error: ...` and exits 2;
-set SUBQUAD_DEBUG=1 for the traceback.
+and sets `func` to the function that runs it. Building the parsers must not import torch or timm (a test holds every
+entry of COMMANDS to `--help` in under a second): import them inside `func`. The library is loaded after parsing,
+before `func` runs, unless the parser sets `lazy=True` (then `func` imports what it needs).
+
+A user error (`subquad.errors.UserError`, or an OSError naming a file) prints one line `subquad <cmd>: error: ...`
+and exits 2; anything else is a bug and keeps its traceback. Set SUBQUAD_DEBUG=1 for the traceback of a user error.
 """
 
 from __future__ import annotations
@@ -27,12 +31,37 @@ COMMANDS: dict[str, str] = {
     "arena": "arena",
 }
 
+# Namespace attribute naming the innermost parser that was left with unrecognised arguments.
+_EXTRAS_PARSER = "_subquad_extras_parser"
+
 
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors (unknown flag, bad value) are one line and exit 2; subparsers inherit it."""
+    """argparse whose usage errors (unknown flag, bad value) are one line and exit 2, that accepts no abbreviated
+    flags, and that reports an unknown flag with the help of the (sub)command it was given to; subparsers inherit
+    it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        # Subparsers run first (innermost first): the first parser left with extras is the one they were given to.
+        if extras and not hasattr(ns, _EXTRAS_PARSER):
+            setattr(ns, _EXTRAS_PARSER, self)
+        return ns, extras
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extras = self.parse_known_args(args, namespace)
+        owner = getattr(ns, _EXTRAS_PARSER, self)
+        if hasattr(ns, _EXTRAS_PARSER):
+            delattr(ns, _EXTRAS_PARSER)
+        if extras:
+            owner.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     for module in COMMANDS.values():
         importlib.import_module(f"subquad.cli.{module}").add_parser(sub)
     return parser
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.strerror or type(e).__name__}: {e.filename}"
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,14 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     from subquad.errors import UserError
 
     try:
+        if not getattr(args, "lazy", False):
+            import subquad
+
+            subquad._load()
         result = args.func(args)
-    except (UserError, ValueError, OSError) as e:
+    except (UserError, OSError) as e:
         if os.environ.get("SUBQUAD_DEBUG"):
             raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if isinstance(e, OSError) and e.filename:
-            msg = f"{e.strerror or type(e).__name__}: {e.filename}"
-        print(f"subquad {args.command}: error: {msg}", file=sys.stderr)
+        print(f"subquad {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"subquad {args.command}: interrupted", file=sys.stderr)

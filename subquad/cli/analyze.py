@@ -25,11 +25,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        "(overlaid), Grad-CAM of the predicted class, per-layer rank of the equivalent attention "
                        "matrix, entropy, locality and token similarity across depth (table + plot), and LiSA "
                        "kernels. Writes PNGs, layer_stats.csv and summary.json to --out.")
-    p.add_argument("--model", required=True, help="registered model name")
-    p.add_argument("--checkpoint", default=None, help="weights (.safetensors or official .pth); default: untrained")
+    p.add_argument("--model", default=None,
+                   help="registered model name (default: the checkpoint sidecar's; required without --checkpoint)")
+    p.add_argument("--checkpoint", default=None,
+                   help="weights (.safetensors or official .pth) or a run directory (its best.safetensors); "
+                   "the sidecar supplies the model, classes and eval transform (default: untrained)")
     p.add_argument("--image", default=None, help="image file (default: the bundled sample, subquad/assets)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--img-size", type=int, default=None, help="square input side (default: model's, at most 224)")
+    p.add_argument("--img-size", type=int, default=None,
+                   help="square input side (default: the training size, else the model's, at most 224)")
     p.add_argument("--layers", type=int, nargs="+", default=None, metavar="I",
                    help="attention layers (call order, negative from the end) for maps and kernels "
                    "(default: up to 4 spread over depth)")
@@ -49,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     import subquad
     from subquad.analysis.report import analyze_model
+    from subquad.engine.checkpoint import load_checkpointed_model
+    from subquad.engine.classify import eval_transform
     from subquad.errors import UserError
 
     image = Path(args.image) if args.image else sample_image()
@@ -60,11 +66,20 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--locality-k must be a positive odd number, got {args.locality_k}")
     if args.device != "cpu" and not torch.cuda.is_available():
         raise UserError(f"--device {args.device}: CUDA is not available here; use --device cpu")
-    model = subquad.create_model(args.model, checkpoint_path=args.checkpoint).to(args.device)
+    transform = dcfg = classes = None
+    if args.checkpoint is not None:
+        name, model, side, dcfg, _ = load_checkpointed_model(args.checkpoint, args.model, args.img_size,
+                                                             args.device)
+        transform, classes = eval_transform(dcfg), side.get("classes")
+    elif args.model is None:
+        raise UserError("give --checkpoint (a weights file or run directory) or --model NAME (untrained)")
+    else:
+        name, model = args.model, subquad.create_model(args.model).to(args.device)
     s = analyze_model(model, image, args.out, args.img_size, args.layers, args.queries, args.kernel_heads,
-                      args.locality_k, args.rank_max_tokens, model_name=args.model)
+                      args.locality_k, args.rank_max_tokens, model_name=name, transform=transform,
+                      data_config=dcfg, classes=classes)
     if args.checkpoint is None:
-        print(f"note: {args.model} is untrained (no --checkpoint); maps show the initialisation")
+        print(f"note: {name} is untrained (no --checkpoint); maps show the initialisation")
     print(f"{'layer':>5}  {'mechanism':<16} {'grid':>7} {'rank':>12} {'+local':>12} {'entropy':>8} "
           f"{'locality':>8} {'cosine':>7}")
     for r in s["layers"]:
@@ -77,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
           f"{args.rank_max_tokens} tokens on larger grids); +local: with the block's LCM map added; "
           f"entropy: / log(keys); locality: mass within {args.locality_k}x{args.locality_k}; "
           "cosine: mean token similarity")
-    print(f"predicted class {s['predicted_class']} (p={s['predicted_prob']:.3f}); wrote {args.out}/ "
+    label = f" {s['predicted_label']!r}" if s.get("predicted_label") else ""
+    print(f"predicted class {s['predicted_class']}{label} (p={s['predicted_prob']:.3f}); wrote {args.out}/ "
           f"({', '.join(str(v) for v in s['files'].values() if isinstance(v, str))}, summary.json)")
     return 0

@@ -1,8 +1,13 @@
 """`subquad bench attention|model`: time, peak memory and GMACs sweeps, written as CSV and plotted.
 
-Result files are named after the hardware and torch version (`bench-attn-<device>-pt<ver>.csv`,
-`bench-model-<device>-pt<ver>.csv`, in benchmarks/results/ when run from the repository root) unless `--out` is
-given; the plot is written beside the CSV with the same stem unless `--plot` names it (`--no-plot`: none).
+By default a run writes a new file under runs/, named after the hardware, torch version and time
+(`runs/bench-attn-<device>-pt<ver>-<YYYYmmdd-HHMMSS>.csv`), and never replaces an existing file: committed results
+are rewritten only with `--out FILE --overwrite` (and only by a result of the same kind). The plot is written beside
+the CSV with the same stem unless `--plot` names it (`--no-plot`: none).
+
+torch's threads are pinned to the physical cores this process was given (`--threads` changes it; the CSV's
+`threads` column records it). A one-line warning is printed when the load average is above the threads in use, or
+when the timed repeats of a step spread by more than 20 % (`time_spread_pct`).
 
 Before numbers are recorded each step's outputs (and gradients with --backward) must be finite; a mechanism or model
 that fails is refused unless --force, and forced rows are marked `forced=1`. The test suite is not run here: run
@@ -12,6 +17,7 @@ that fails is refused unless --force, and forced rows are marked `forced=1`. The
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -42,8 +48,12 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="skip a size whose measurement (warm-up + repeats + memory probe) would exceed S seconds")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing (default: 1)")
     p.add_argument("--repeats", type=int, default=5, help="timed calls; the median is reported (default: 5)")
-    p.add_argument("--out", default=None, help="CSV path (default: bench-<kind>-<device>-pt<torch>.csv in "
-                   "benchmarks/results/ if that folder exists, else here)")
+    p.add_argument("--out", default=None, help="CSV path (default: a new runs/bench-<kind>-<device>-pt<torch>-<time>"
+                   ".csv); an existing file is replaced only with --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --out (and --plot) replace an existing result of the same kind")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: the physical cores this process may use)")
     p.add_argument("--plot", default=None, help="PNG path (default: the CSV path with .png)")
     p.add_argument("--no-plot", action="store_true", help="write no plot")
     p.add_argument("--force", action="store_true",
@@ -84,6 +94,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _check(args: argparse.Namespace) -> None:
     from subquad.errors import UserError
 
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {args.threads}")
     if args.repeats < 1 or args.warmup < 0:
         raise UserError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and {args.warmup}")
     if args.max_mem is not None and args.max_mem <= 0:
@@ -105,18 +117,33 @@ def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def _printer(cols: list[str], out: Path, columns: list[str]):
-    """Print each finished row and rewrite the CSV so far (an interrupted sweep keeps its rows)."""
+# Live table: CSV column -> header with its unit.
+ATTN_TABLE = {"name": "name", "grid": "grid (t x t)", "infer_step_time": "fwd (ms)", "peak_mem_mb": "fwd peak (MiB)",
+              "infer_time_vs_softmax": "fwd / softmax (x)", "train_step_time": "fwd+bwd (ms)",
+              "train_peak_mem_mb": "fwd+bwd peak (MiB)", "infer_gmacs": "fwd GMACs"}
+MODEL_TABLE = {"model": "model", "infer_img_size": "size (px)", "infer_step_time": "fwd (ms)",
+               "infer_samples_per_sec": "fwd (img/s)", "peak_mem_mb": "fwd peak (MiB)",
+               "train_step_time": "train (ms)", "infer_gmacs": "fwd GMACs", "param_count": "params"}
+
+
+def _printer(table: dict[str, str], out: Path, columns: list[str]):
+    """Print each finished row under headers with units, and rewrite the CSV so far (an interrupted sweep keeps
+    its rows)."""
     from subquad.bench.sweep import write_csv
 
-    print("  ".join(f"{c:>14}" if i else f"{c:<18}" for i, c in enumerate(cols)))
+    cols, labels = list(table), list(table.values())
+    widths = [max(18, len(labels[0]))] + [max(10, len(h)) for h in labels[1:]]
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(zip(cells, widths)))
+
+    print(fmt(labels))
     done: list[dict] = []
 
     def show(row: dict) -> None:
         done.append(row)
         write_csv(done, out, columns)
-        cells = [_fmt(row.get(c)) for c in cols]
-        line = "  ".join(f"{c:>14}" if i else f"{c:<18}" for i, c in enumerate(cells))
+        line = fmt([_fmt(row.get(c)) for c in cols])
         status = row.get("status", "ok")
         print(line + ("" if status == "ok" else f"  [{status}]"), flush=True)
 
@@ -124,20 +151,26 @@ def _printer(cols: list[str], out: Path, columns: list[str]):
 
 
 def _outputs(args: argparse.Namespace, kind: str) -> tuple[Path, Path | None]:
-    from subquad.bench.sweep import default_result_path
+    """The CSV and plot paths: new files unless --out FILE --overwrite names an earlier result of this kind."""
+    from subquad.bench.sweep import ATTN_COLUMNS, MODEL_COLUMNS, new_result_path
     from subquad.engine.checkpoint import check_output_file
+    from subquad.errors import UserError
 
-    out = Path(args.out) if args.out else default_result_path(kind, args.device)
+    out = Path(args.out) if args.out else new_result_path(kind, args.device)
     plot = None if args.no_plot else (Path(args.plot) if args.plot else out.with_suffix(".png"))
+    columns = MODEL_COLUMNS if kind == "model" else ATTN_COLUMNS
 
     def _earlier_csv(p: Path) -> bool:
-        # Only an earlier result of the same kind (its header is exactly this kind's columns) may be replaced.
-        from subquad.bench.sweep import ATTN_COLUMNS, MODEL_COLUMNS
-
-        columns = MODEL_COLUMNS if kind == "model" else ATTN_COLUMNS
+        # A result of the same kind, possibly from before columns were added: its header is this kind's first
+        # columns and none that this kind lacks.
         with open(p, errors="replace") as f:
-            return f.readline().rstrip("\r\n") == ",".join(columns)
+            header = f.readline().rstrip("\r\n").split(",")
+        return header[:3] == columns[:3] and set(header) <= set(columns)
 
+    for path, flag in ((out, "--out"), (plot, "--plot")):
+        if path is not None and path.exists() and not path.is_dir() and not args.overwrite:
+            raise UserError(f"{flag} {path} exists; pass --overwrite to replace it, or leave {flag} out for a new "
+                            "file (nothing was written)")
     check_output_file(out, (".csv",), (), "--out", overwrite_if=_earlier_csv)
     if plot is not None:
         check_output_file(plot, (".png",), (out,), "--plot",
@@ -145,17 +178,78 @@ def _outputs(args: argparse.Namespace, kind: str) -> tuple[Path, Path | None]:
     return out, plot
 
 
+@contextlib.contextmanager
+def _pinned_threads(args: argparse.Namespace):
+    """Pin torch's CPU threads for the run (restored after, for in-process callers)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        yield _pin_threads(args)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _pin_threads(args: argparse.Namespace) -> int:
+    """Pin torch's CPU threads: --threads, default the physical cores this process was given."""
+    import torch
+
+    from subquad.bench.machine import physical_cores
+
+    n = args.threads or physical_cores()
+    torch.set_num_threads(n)
+    return n
+
+
+def _warn_load() -> None:
+    """One line when the load average is above the threads in use (checked before measuring)."""
+    import torch
+
+    from subquad.bench.machine import load_warning
+
+    warning = load_warning(torch.get_num_threads())
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+
+def _warn_spread(rows: list[dict], label) -> None:
+    from subquad.bench.machine import spread_warning
+
+    warning = spread_warning((label(r), float(r["time_spread_pct"]) / 100) for r in rows
+                             if r.get("time_spread_pct") not in ("", None))
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+
 def run_attention(args: argparse.Namespace) -> int:
-    import subquad  # noqa: F401 - registers the mechanisms
-    from subquad.bench.sweep import ATTN_COLUMNS, plot_attention, sweep_attention, write_csv
+    from subquad.attention import ATTENTION_REGISTRY
     from subquad.errors import UserError
 
     _check(args)
     if args.dim % args.heads:
         raise UserError(f"--dim {args.dim} is not divisible by --heads {args.heads}")
+    for name in _name_list(args.names) or []:
+        ATTENTION_REGISTRY.get(name)  # an unknown name: one line before anything is printed or written
+    with _pinned_threads(args):
+        return _run_attention(args)
+
+
+def run_model(args: argparse.Namespace) -> int:
+    from subquad.bench.sweep import check_model_names
+
+    _check(args)
+    check_model_names(_name_list(args.model))
+    with _pinned_threads(args):
+        return _run_model(args)
+
+
+def _run_attention(args: argparse.Namespace) -> int:
+    import subquad  # noqa: F401 - registers the mechanisms
+    from subquad.bench.sweep import ATTN_COLUMNS, plot_attention, sweep_attention, write_csv
+
     out, plot = _outputs(args, "attn")
-    show = _printer(["name", "grid", "infer_step_time", "peak_mem_mb", "infer_time_vs_softmax", "train_step_time",
-                     "train_peak_mem_mb", "infer_gmacs"], out, ATTN_COLUMNS)
+    _warn_load()
+    show = _printer(ATTN_TABLE, out, ATTN_COLUMNS)
     rows = sweep_attention(_name_list(args.names), args.dim, args.heads, args.tokens, args.backward,
                            args.batch_size, args.device, args.max_mem, args.max_time, args.warmup, args.repeats,
                            args.force, on_row=show)
@@ -166,6 +260,7 @@ def run_attention(args: argparse.Namespace) -> int:
             extra = f", forward+backward {train}" if train not in ("", None) else ""
             print(f"  {r['name']:<18} {r['grid']:>8}: forward {r['infer_time_vs_softmax']}{extra}")
     write_csv(rows, out, ATTN_COLUMNS)
+    _warn_spread(rows, lambda r: f"{r['name']} at {r['grid']}")
     print(f"wrote {out}")
     if plot is not None:
         plot_attention(rows, plot)
@@ -174,17 +269,17 @@ def run_attention(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_model(args: argparse.Namespace) -> int:
+def _run_model(args: argparse.Namespace) -> int:
     import subquad  # noqa: F401 - registers the models
     from subquad.bench.sweep import MODEL_COLUMNS, bench_models, plot_models, write_csv
 
-    _check(args)
     out, plot = _outputs(args, "model")
-    show = _printer(["model", "infer_img_size", "infer_step_time", "infer_samples_per_sec", "peak_mem_mb",
-                     "train_step_time", "infer_gmacs", "param_count"], out, MODEL_COLUMNS)
+    _warn_load()
+    show = _printer(MODEL_TABLE, out, MODEL_COLUMNS)
     rows = bench_models(_name_list(args.model), args.img_size, args.batch_size, args.backward, args.device,
                         args.max_mem, args.max_time, args.warmup, args.repeats, args.force, on_row=show)
     write_csv(rows, out, MODEL_COLUMNS)
+    _warn_spread(rows, lambda r: f"{r['model']} at {r['infer_img_size']} px")
     print(f"wrote {out}")
     if plot is not None:
         plot_models(rows, plot)

@@ -12,9 +12,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a checkpoint",
                        description="Evaluate a checkpoint (safetensors from `subquad train`, or an official .pth read "
                        "with weights_only=True) on a data split. The sidecar JSON next to the checkpoint supplies "
-                       "class names and the eval transform.")
-    p.add_argument("--model", required=True, help="registered model name")
-    p.add_argument("--checkpoint", required=True, help="weights file (.safetensors or .pth)")
+                       "the model, class names and the eval transform.")
+    p.add_argument("--checkpoint", required=True,
+                   help="weights file (.safetensors or .pth) or a run directory (its best.safetensors)")
+    p.add_argument("--model", default=None,
+                   help="registered model name (default: the checkpoint sidecar's; required without a sidecar)")
     p.add_argument("--data", default=None, help="data spec (default: the one the checkpoint was trained on)")
     p.add_argument("--split", default=None, help="split (default: the data's test split)")
     p.add_argument("--img-size", type=int, default=None, help="input side (default: the training size)")
@@ -29,9 +31,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from subquad.cli.predict import load_checkpointed_model
     from subquad.data.registry import open_source
-    from subquad.engine.checkpoint import write_json
+    from subquad.engine.checkpoint import load_checkpointed_model, write_json
     from subquad.engine.classify import eval_loader, evaluate
     from subquad.engine.distributed import DistInfo, resolve_device
     from subquad.errors import UserError
@@ -39,10 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     info = DistInfo(device=resolve_device(args.device))
-    ckpt = Path(args.checkpoint)
-    if args.use_ema:
-        ckpt = ckpt.with_name(ckpt.stem + "_ema" + ckpt.suffix)
-    model, sidecar, dcfg = load_checkpointed_model(args.model, ckpt, args.img_size, info.device)
+    name, model, sidecar, dcfg, ckpt = load_checkpointed_model(args.checkpoint, args.model, args.img_size,
+                                                               info.device, use_ema=args.use_ema)
     spec = args.data or (sidecar.get("args") or {}).get("data")
     if not spec:
         raise UserError("--data is required (the checkpoint has no sidecar naming its data)")
@@ -60,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     n = len(loader.dataset)
     n_params = sum(p.numel() for p in model.parameters())
-    row = {"model": args.model, "checkpoint": os.fspath(ckpt), "data": spec, "split": split, "images": n,
+    row = {"model": name, "checkpoint": os.fspath(ckpt), "data": spec, "split": split, "images": n,
            "top1": round(m["eval_top1"], 4), "top1_err": round(100 - m["eval_top1"], 4),
            "top5": round(m["eval_top5"], 4), "top5_err": round(100 - m["eval_top5"], 4),
            "loss": round(m["eval_loss"], 6), "param_count": round(n_params / 1e6, 4), "img_size": dcfg["img_size"],
@@ -71,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_file(out, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file")
     write_json(row, out)
-    print(f"{args.model} on {spec} [{split}, {n} images]: top-1 {m['eval_top1']:.2f} %  top-5 {m['eval_top5']:.2f} %  "
+    print(f"{name} on {spec} [{split}, {n} images]: top-1 {m['eval_top1']:.2f} %  top-5 {m['eval_top5']:.2f} %  "
           f"loss {m['eval_loss']:.4f}  ({n / dt:.0f} images/s)")
     print(f"results: {out}")
     return 0

@@ -5,7 +5,7 @@
     subquad lm generate --checkpoint PATH --prompt TEXT --max-new 200 [--temperature T] [--top-k K]
 
 Results on the linux-doc corpus are labelled `linuxdoc-bytes` / `linuxdoc-chars` and are not comparable to enwik8 /
-text8 numbers (spec data.md section 8).
+text8 numbers.
 """
 
 from __future__ import annotations
@@ -49,18 +49,23 @@ def add_parser(sub) -> argparse.ArgumentParser:
     lsub = p.add_subparsers(dest="lm_command", metavar="{prepare,train,generate}")
 
     pr = lsub.add_parser("prepare", help="split a text corpus 90/5/5 into uint8 memmaps")
-    pr.add_argument("--corpus", required=True, help="a text file (enwik8, text8) or a folder of text files")
+    pr.add_argument("--corpus", required=True,
+                    help="a text file (enwik8, text8) or a folder of text files (compressed and binary files in it "
+                    "are skipped, counted and reported)")
     pr.add_argument("--out", required=True, help="output folder (train.bin, valid.bin, test.bin, meta.json)")
     pr.add_argument("--variant", default="bytes", choices=("bytes", "chars"),
                     help="bytes (enwik8-style, 256 ids) or chars (text8-style, 27 ids)")
-    pr.add_argument("--glob", default=None, help="file pattern inside a corpus folder (linux-doc: *.rst.txt)")
+    pr.add_argument("--glob", default=None,
+                    help="file pattern inside a corpus folder: without '/' it matches base names at any depth "
+                    "(`copyright` finds */copyright; linux-doc: *.rst.txt), with '/' the relative path")
     pr.add_argument("--name", default="", help="corpus name for meta.json and result labels")
     pr.add_argument("--limit-bytes", type=int, default=0, help="keep only the first N bytes")
     pr.set_defaults(func=run_prepare)
 
     t = lsub.add_parser("train", help="train the character LM and report BPC on valid/test")
     t.add_argument("--data", required=True, help="prepared corpus folder (subquad lm prepare)")
-    t.add_argument("--attention", default="long_short", help="long_short (causal) or softmax (causal)")
+    t.add_argument("--attention", default="long_short",
+                   help="a mechanism with a causal form: long_short (default) or softmax")
     t.add_argument("-c", "--config", default=None,
                    help="YAML recipe (default subquad/configs/charlm/small.yaml; base.yaml = the paper's model)")
     t.add_argument("--attn-opt", action="append", default=[], metavar="KEY=VALUE",
@@ -90,13 +95,16 @@ def _need(p: argparse.ArgumentParser) -> int:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from subquad.data.char import prepare_corpus
+    from subquad.data.char import prepare_corpus, skipped_summary
 
     meta = prepare_corpus(args.corpus, args.out, args.variant, args.glob, args.name, args.limit_bytes)
     sizes = ", ".join(f"{k} {v['symbols']}" for k, v in meta["splits"].items())
     note = f" [{meta['note']}]" if meta["note"] else ""
     print(f"{meta['name']}: {meta['files']} file(s), {meta['source_bytes']} bytes -> {sizes} symbols "
           f"(vocab {meta['vocab_size']}){note}")
+    skipped = skipped_summary(meta)
+    if skipped:
+        print(f"{skipped} (not text)")
     return 0
 
 
@@ -128,12 +136,15 @@ def resolve_config(args: argparse.Namespace):
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import subquad
     from subquad.attention import ATTENTION_REGISTRY
     from subquad.engine.sequence import train_lm
+    from subquad.errors import UserError
 
-    if args.attention not in ATTENTION_REGISTRY:
-        subquad.build_attention(args.attention, 8, 1)  # raises the one-line unknown-attention error
+    # get() raises the one-line unknown-attention error.
+    if not ATTENTION_REGISTRY.get(args.attention).builder.caps.causal:
+        causal = [n for n in ATTENTION_REGISTRY.names() if ATTENTION_REGISTRY.get(n).builder.caps.causal]
+        raise UserError(f"--attention {args.attention}: {args.attention!r} has no causal form, which a language "
+                        f"model needs; mechanisms with one: {', '.join(causal)}")
     cfg = resolve_config(args)
     r = train_lm(cfg, log=print)
     unit = r["metric"]

@@ -1,9 +1,11 @@
 """Character-level corpora: a text file or folder -> contiguous 90/5/5 uint8 memmaps `train/valid/test.bin`.
 
-Spec data.md section 8 (register DA-2). Build: list the files (a folder: every file matching `glob`, sorted by
-relative POSIX path bytewise), read the raw bytes, make each end with a newline, concatenate, encode, split
-contiguously (first 90 % train, next 5 % valid, last 5 % test, to the byte) and write each split as raw uint8 with
-`meta.json` (sources, sizes, vocabulary, sha256 of every split).
+Build: list the files (a folder: every file matching `glob`, sorted by relative POSIX path bytewise; a pattern
+without `/` matches base names at any depth, so `copyright` finds `*/copyright`, one with `/` the relative path),
+skip the compressed and binary ones of a folder (counted in `meta.json` and reported), read the raw bytes, make
+each end with a newline, concatenate, encode, split contiguously (first 90 % train, next 5 % valid, last 5 % test,
+to the byte) and write each split as raw uint8 with `meta.json` (sources, sizes, vocabulary, sha256 of every
+split).
 
 Variants:
     bytes (enwik8-style): ids are the raw bytes; vocabulary 256; metric bits per byte.
@@ -30,7 +32,7 @@ import numpy as np
 from ..errors import UserError
 
 __all__ = ["VARIANTS", "LINUX_DOC_SOURCES", "prepare_corpus", "load_split", "read_meta", "encode_text",
-           "decode_ids", "find_linux_doc"]
+           "decode_ids", "find_linux_doc", "skipped_summary"]
 
 VARIANTS = ("bytes", "chars")
 SPLITS = ("train", "valid", "test")
@@ -45,14 +47,18 @@ def find_linux_doc() -> Path | None:
     return p if p.is_dir() and any(p.rglob("*.rst.txt")) else None
 
 
+def _matches(rel: str, pattern: str) -> bool:
+    """A pattern with a `/` matches the relative path; one without matches the base name at any depth."""
+    return fnmatch.fnmatch(rel if "/" in pattern else rel.rsplit("/", 1)[-1], pattern)
+
+
 def _list_files(corpus: Path, glob: str | None) -> list[Path]:
     if corpus.is_file():
         return [corpus]
     if not corpus.is_dir():
         raise UserError(f"corpus {corpus} does not exist (give a text file or a folder of text files)")
     pattern = glob or "*"
-    files = [p for p in corpus.rglob("*") if p.is_file() and fnmatch.fnmatch(p.relative_to(corpus).as_posix(),
-                                                                             pattern)]
+    files = [p for p in corpus.rglob("*") if p.is_file() and _matches(p.relative_to(corpus).as_posix(), pattern)]
     if glob is None:
         files = [p for p in files if not p.name.startswith(".")]
     # Bytewise order of the relative POSIX path.
@@ -62,13 +68,34 @@ def _list_files(corpus: Path, glob: str | None) -> list[Path]:
     return files
 
 
-def _check_text(path: Path, data: bytes) -> None:
+# Leading bytes of compressed and archive formats: gzip, bzip2, xz, zstd, zip, 7z, lz4, lzip.
+_COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd", b"PK\x03\x04", b"7z\xbc\xaf\x27\x1c",
+                     b"\x04\x22\x4d\x18", b"LZIP")
+
+
+def _not_text(data: bytes) -> tuple[str, str] | None:
+    """(kind, reason) when `data` is not UTF-8 text: kind 'compressed' or 'binary'; None for text."""
+    if data.startswith(_COMPRESSED_MAGIC):
+        return "compressed", "it is compressed"
     if b"\x00" in data:
-        raise UserError(f"corpus file {path} is not text (it contains NUL bytes)")
+        return "binary", "it contains NUL bytes"
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"corpus file {path} is not UTF-8 text (invalid byte at offset {e.start})") from None
+        return "binary", f"invalid byte at offset {e.start}"
+    return None
+
+
+def _check_text(path: Path, data: bytes) -> None:
+    bad = _not_text(data)
+    if bad is None:
+        return
+    kind, why = bad
+    if kind == "compressed":
+        raise UserError(f"corpus file {path} is not text ({why}; decompress it first)")
+    if why.startswith("it contains"):
+        raise UserError(f"corpus file {path} is not text ({why})")
+    raise UserError(f"corpus file {path} is not UTF-8 text ({why})")
 
 
 def _chars_encode(raw: bytes) -> np.ndarray:
@@ -144,13 +171,27 @@ def prepare_corpus(corpus: str | os.PathLike, out: str | os.PathLike, variant: s
     # Never read back what an earlier `prepare` wrote into the same folder.
     ours = {os.path.realpath(os.path.join(out, n)) for n in ("train.bin", "valid.bin", "test.bin", "meta.json")}
     files = [f for f in files if os.path.realpath(f) not in ours]
-    parts = []
+    parts, kept = [], []
+    skipped: dict[str, list[str]] = {"compressed": [], "binary": []}
     for f in files:
         data = f.read_bytes()
-        _check_text(f, data)
+        if corpus.is_file():
+            _check_text(f, data)  # the one file named: say what is wrong with it
+        else:
+            bad = _not_text(data)
+            if bad is not None:
+                skipped[bad[0]].append(f.relative_to(corpus).as_posix())
+                continue
         if data and not data.endswith(b"\n"):
             data += b"\n"
         parts.append(data)
+        kept.append(f)
+    skip = {"skipped": {k: len(v) for k, v in skipped.items()},
+            "skipped_examples": [p for v in skipped.values() for p in v[:3]]}
+    if not kept:
+        raise UserError(f"corpus folder {corpus} has no text files matching {glob or '*'!r}: "
+                        f"{skipped_summary(skip)}")
+    files = kept
     raw = b"".join(parts)
     if limit_bytes:
         raw = raw[:limit_bytes]
@@ -174,13 +215,23 @@ def prepare_corpus(corpus: str | os.PathLike, out: str | os.PathLike, variant: s
         name = f"linuxdoc-{variant}" if is_linux_doc else corpus.name
     vocab = list(range(256)) if variant == "bytes" else list(CHARS)
     meta = {"name": name, "variant": variant, "generator": "subquad.data.char", "version": VERSION,
-            "source": os.fspath(corpus), "glob": glob, "files": len(files), "source_bytes": len(raw),
+            "source": os.fspath(corpus), "glob": glob, "files": len(files), **skip, "source_bytes": len(raw),
             "source_sha256": _sha256(raw), "package": _package_version(files[0]) if is_linux_doc else "",
             "vocab_size": 256 if variant == "bytes" else 27, "vocab": vocab if variant == "chars" else "bytes 0-255",
             "splits": splits, "metric": "bpb" if variant == "bytes" else "bpc",
             "note": "not comparable to enwik8/text8" if is_linux_doc else ""}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
+
+
+def skipped_summary(meta: dict[str, Any]) -> str:
+    """The skipped-files line of a prepared corpus's meta ('' when none were skipped)."""
+    counts = {k: n for k, n in (meta.get("skipped") or {}).items() if n}
+    if not counts:
+        return ""
+    examples = ", ".join(meta.get("skipped_examples") or [])
+    return f"skipped {' and '.join(f'{n} {k}' for k, n in counts.items())} file(s)" + (
+        f", e.g. {examples}" if examples else "")
 
 
 def read_meta(root: str | os.PathLike) -> dict[str, Any]:

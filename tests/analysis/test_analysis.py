@@ -205,3 +205,37 @@ def test_every_mechanism_is_analysable(name):
         assert 0 <= r["locality"] <= 1 + 1e-9
     cam, _ = grad_cam(model, images)
     assert cam.shape == (6, 5) and math.isfinite(float(cam.sum()))
+
+
+@pytest.mark.parametrize("D", [1, 2, 6])
+def test_lisa_kernel_figure_title_fits(tmp_path, D):
+    """Issue 13 item 10: the title of a narrow kernel figure stays inside the figure and above the kernels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from subquad.analysis.kernels import plot_kernels
+
+    title = "structure_aware_micro_model layer 11: LiSA kernels W^b (offset 0 at centre)"
+    seen = {}
+    real_close = plt.close
+
+    def keep(fig=None):
+        seen["fig"] = fig
+
+    plt.close = keep
+    try:
+        p = plot_kernels(torch.randn(2, D, 5, 5), tmp_path / "k.png", [0, 1], title)
+    finally:
+        plt.close = real_close
+    fig = seen["fig"]
+    r = fig.canvas.get_renderer()
+    box = fig._suptitle.get_window_extent(r)
+    assert p.stat().st_size > 1000
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, (box, fig.bbox)
+    axes_top = max(ax.get_window_extent(r).y1 for ax in fig.axes)
+    title_row = max(ax.title.get_window_extent(r).y1 for ax in fig.axes)
+    assert box.y0 >= max(axes_top, title_row) - 1, (box, axes_top, title_row)
+    assert fig._suptitle.get_text().replace("\n", " ") == title
+    real_close(fig)

@@ -144,14 +144,18 @@ def test_cli_bench_model_rows_csv_and_png(tmp_path):
         gmacs = subquad.count_macs("vit_attn_micro", int(r["infer_img_size"]))["gmacs"]
         assert float(r["infer_gmacs"]) == pytest.approx(gmacs, rel=1e-4)
     assert out.with_suffix(".png").stat().st_size > 10_000
-    # A rerun may replace its own earlier result (and plot); an attention CSV is not a model CSV.
+    # A rerun replaces its own earlier result (and plot) only with --overwrite; an attention CSV is not a model CSV.
+    before = out.read_bytes()
     assert main(["bench", "model", "--model", "vit_attn_micro", "--img-size", "16", "--repeats", "1",
-                 "--out", str(out)]) == 0
+                 "--out", str(out)]) == 2
+    assert out.read_bytes() == before
+    assert main(["bench", "model", "--model", "vit_attn_micro", "--img-size", "16", "--repeats", "1",
+                 "--out", str(out), "--overwrite"]) == 0
     assert len(list(csv.DictReader(open(out)))) == 1
     attn = tmp_path / "a.csv"
     attn.write_text(",".join(ATTN_COLUMNS) + "\n")
     assert main(["bench", "model", "--model", "vit_attn_micro", "--img-size", "16", "--repeats", "1",
-                 "--out", str(attn), "--no-plot"]) != 0
+                 "--out", str(attn), "--no-plot", "--overwrite"]) != 0
     assert attn.read_text() == ",".join(ATTN_COLUMNS) + "\n"
 
 

@@ -67,7 +67,8 @@ def test_predict_top5_with_class_names(run_dir, tmp_path, capsys):
 def test_checkpoint_of_another_model_refused(run_dir, tmp_path, capsys):
     assert main(["eval", "--model", "vit_attn_tiny", "--checkpoint", str(run_dir / "best.safetensors"),
                  "--device", "cpu"]) == 2
-    assert "holds model 'vit_attn_micro'" in _err_line(capsys)
+    line = _err_line(capsys)
+    assert "--model vit_attn_tiny disagrees" in line and "holds model 'vit_attn_micro'" in line
     # Without the sidecar the weights themselves are checked.
     bare = tmp_path / "bare.safetensors"
     bare.write_bytes((run_dir / "best.safetensors").read_bytes())
@@ -93,7 +94,24 @@ def test_malicious_pickle_refused_nothing_run(tmp_path, monkeypatch, capsys, cmd
     save_digits_image(img, 0)
     extra = ["--data", "digits"] if cmd == "eval" else [str(img)]
     assert main([cmd, "--model", "vit_attn_micro", "--checkpoint", str(evil), *extra, "--device", "cpu"]) == 2
-    assert "refusing to load" in _err_line(capsys)
+    line = _err_line(capsys)
+    assert "refusing to load" in line and "cannot be loaded safely" in line
+    # How to convert a trusted file, and not torch's advice to switch the safety off.
+    assert "safetensors.torch.save_file" in line and "weights_only" not in line
+    assert not (tmp_path / "EVIL_MARKER").exists()
+
+
+def test_pickle_refusal_names_what_it_asked_for(tmp_path):
+    from subquad.engine.checkpoint import load_state, read_weights
+    from subquad.errors import UserError
+
+    evil = tmp_path / "evil.pth"
+    with open(evil, "wb") as f:
+        pickle.dump({"state_dict": _Evil()}, f, protocol=2)
+    for load in (read_weights, load_state):
+        with pytest.raises(UserError, match=r"cannot be loaded safely \(it refers to posix\.system") as e:
+            load(evil)
+        assert "weights_only" not in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "EVIL_MARKER").exists()
 
 
@@ -105,3 +123,51 @@ def test_predict_bad_images(run_dir, tmp_path, capsys):
     bad.write_bytes(b"nope")
     assert main(["predict", "--model", "vit_attn_micro", "--checkpoint", ck, str(bad), "--device", "cpu"]) == 2
     assert "cannot read image" in _err_line(capsys)
+
+
+# Issue 13 item 1: eval, predict and analyze take the model, classes and eval transform from the sidecar, accept a
+# run directory, and check an explicit --model against the sidecar.
+
+def test_run_directory_without_model(run_dir, tmp_path, capsys):
+    res = tmp_path / "r.json"
+    assert main(["eval", "--checkpoint", str(run_dir), "--limit", "32", "--results-file", str(res),
+                 "--device", "cpu"]) == 0
+    row = json.loads(res.read_text())
+    assert row["model"] == "vit_attn_micro" and row["checkpoint"] == str(run_dir / "best.safetensors")
+    img = tmp_path / "d.png"
+    save_digits_image(img, 7)
+    assert main(["predict", "--checkpoint", str(run_dir), str(img), "--device", "cpu", "--topk", "3"]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(str(img))][0]
+    assert line.count("%)") == 3
+
+
+def test_analyze_loads_what_train_writes(run_dir, tmp_path, capsys):
+    """The reported failure: a 10-class checkpoint analysed with --model (head 10 vs the 1000 of a fresh model)."""
+    img = tmp_path / "d.png"
+    save_digits_image(img, 3)
+    for extra in (["--model", "vit_attn_micro"], []):
+        out = tmp_path / f"a{len(extra)}"
+        assert main(["analyze", *extra, "--checkpoint", str(run_dir / "best.safetensors") if extra else str(run_dir),
+                     "--image", str(img), "--out", str(out), "--layers", "0"]) == 0
+        s = json.loads((out / "summary.json").read_text())
+        side = json.loads((run_dir / "best.json").read_text())
+        # The training size and the sidecar's class names, not the model's defaults.
+        assert s["model"] == "vit_attn_micro" and s["img_size"] == side["data_config"]["img_size"] == 16
+        assert s["predicted_label"] in side["classes"] and 0 <= s["predicted_class"] < 10
+        assert f"predicted class {s['predicted_class']} '{s['predicted_label']}'" in capsys.readouterr().out
+    assert main(["analyze", "--model", "l2vit_micro", "--checkpoint", str(run_dir), "--out",
+                 str(tmp_path / "x")]) == 2
+    line = _err_line(capsys)
+    assert "--model l2vit_micro" in line and "'vit_attn_micro'" in line
+
+
+def test_checkpoint_without_sidecar_needs_model(run_dir, tmp_path, capsys):
+    bare = tmp_path / "bare.safetensors"
+    bare.write_bytes((run_dir / "best.safetensors").read_bytes())
+    assert main(["eval", "--checkpoint", str(bare), "--data", "digits", "--device", "cpu"]) == 2
+    assert "no sidecar naming its model" in _err_line(capsys)
+    # With --model the class count comes from the classifier's weights.
+    assert main(["eval", "--checkpoint", str(bare), "--model", "vit_attn_micro", "--data", "digits", "--img-size",
+                 "16", "--limit", "16", "--results-file", str(tmp_path / "b.json"), "--device", "cpu"]) == 0
+    assert main(["eval", "--checkpoint", str(tmp_path), "--device", "cpu"]) == 2
+    assert "folder without best.safetensors" in _err_line(capsys)

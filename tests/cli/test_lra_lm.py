@@ -96,6 +96,34 @@ def test_lm_bad_input(corpus_dir, tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
 
 
+def test_lm_train_without_causal_form_lists_those_with_one(corpus_dir, capsys):
+    from subquad.attention import ATTENTION_REGISTRY
+
+    assert main(["lm", "train", "--data", str(corpus_dir), "--attention", "linear"]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "'linear' has no causal form" in lines[0]
+    causal = [n for n in ATTENTION_REGISTRY.names() if ATTENTION_REGISTRY.get(n).builder.caps.causal]
+    assert causal and lines[0].endswith("mechanisms with one: " + ", ".join(causal))
+    assert main(["lm", "train", "--data", str(corpus_dir), "--attention", "nope"]) == 2
+    assert "unknown attention 'nope'" in capsys.readouterr().err
+
+
+def test_lm_prepare_reports_skipped_files(tmp_path, capsys):
+    import gzip
+
+    src = tmp_path / "doc"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "copyright").write_text("Copyright text of the package.\n" * 10)
+    (src / "pkg" / "changelog.Debian.gz").write_bytes(gzip.compress(b"changes\n" * 50))
+    assert main(["lm", "prepare", "--corpus", str(src), "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "1 file(s)" in out and "skipped 1 compressed file(s), e.g. pkg/changelog.Debian.gz" in out
+    assert main(["lm", "prepare", "--corpus", str(src), "--glob", "copyright", "--out", str(tmp_path / "o2")]) == 0
+    assert "skipped" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("task", ["listops", "text", "retrieval", "image", "pathfinder"])
 def test_shipped_lra_recipes_load(task):
     import argparse

@@ -114,3 +114,45 @@ def test_linux_doc_corpus(tmp_path):
     n = meta["source_bytes"]
     assert meta["splits"]["train"]["symbols"] == n * 90 // 100 and meta["splits"]["valid"]["symbols"] == n * 5 // 100
     assert meta["package"].startswith("linux-doc-6.12")
+
+
+def test_folder_skips_compressed_and_binary_files_and_counts_them(tmp_path):
+    """Issue 13 item 8: a folder with a .gz (as /usr/share/doc has) is prepared from its text files."""
+    import gzip
+
+    src = _corpus(tmp_path / "src")
+    (src / "b" / "changelog.gz").write_bytes(gzip.compress(b"release notes\n" * 20))
+    (src / "blob.bin").write_bytes(b"\x00\x01" * 50)
+    (src / "latin.txt").write_bytes(b"caf\xe9\n" * 10)
+    meta = prepare_corpus(src, tmp_path / "out", "bytes")
+    assert meta["files"] == 3 and meta["skipped"] == {"compressed": 1, "binary": 2}
+    assert set(meta["skipped_examples"]) == {"b/changelog.gz", "blob.bin", "latin.txt"}
+    # The splits hold exactly the three text files.
+    assert meta["splits"] == prepare_corpus(_corpus(tmp_path / "clean"), tmp_path / "out2", "bytes")["splits"]
+    from subquad.data.char import skipped_summary
+
+    assert skipped_summary(meta).startswith("skipped 1 compressed and 2 binary file(s), e.g. b/changelog.gz")
+    # Nothing but such files: a one-line error that says what was skipped.
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "x.gz").write_bytes(gzip.compress(b"x" * 200))
+    with pytest.raises(UserError, match=r"no text files .*skipped 1 compressed file\(s\), e.g. x.gz"):
+        prepare_corpus(only, tmp_path / "o")
+    # A single file named on its own is still an error when it is not text.
+    with pytest.raises(UserError, match="compressed; decompress it first"):
+        prepare_corpus(only / "x.gz", tmp_path / "o")
+
+
+def test_glob_without_slash_matches_base_names(tmp_path):
+    src = tmp_path / "doc"
+    for pkg in ("alpha", "beta/sub"):
+        (src / pkg).mkdir(parents=True)
+        (src / pkg / "copyright").write_text(f"copyright of {pkg}\n" * 10)
+        (src / pkg / "README").write_text("readme\n" * 10)
+    meta = prepare_corpus(src, tmp_path / "o", "bytes", glob="copyright")
+    assert meta["files"] == 2
+    text = b"".join(bytes(load_split(tmp_path / "o", s)) for s in ("train", "valid", "test")).decode()
+    assert "copyright of alpha" in text and "copyright of beta/sub" in text and "readme" not in text
+    # A pattern with a slash matches the relative path.
+    assert prepare_corpus(src, tmp_path / "o2", "bytes", glob="alpha/*")["files"] == 2
+    assert prepare_corpus(src, tmp_path / "o3", "bytes", glob="*/sub/copyright")["files"] == 1

@@ -1,0 +1,156 @@
+"""bench hygiene (issue 13 items 4 and 7): committed results are never overwritten, threads pinned to the physical
+cores and recorded, one-line warnings for a loaded machine or spread timings, units in the live table, the live
+ratio column filled."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from subquad.bench import machine
+from subquad.bench.sweep import ATTN_COLUMNS, MODEL_COLUMNS
+from subquad.bench.timing import Timing, time_spread
+from subquad.cli.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--dim", "16", "--heads", "2", "--repeats", "2", "--warmup", "0"]
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in root.rglob("*") if p.is_file() and ".git" not in p.parts}
+
+
+def _copy_of_repository(dest: Path) -> Path:
+    """The repository's tracked files (as they are in the working tree) copied to `dest`."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def test_bench_from_the_repository_root_changes_no_tracked_file(tmp_path, monkeypatch, capsys):
+    """The reported defect: `bench attention --names linear --tokens 8` at the root replaced a committed CSV."""
+    repo = _copy_of_repository(tmp_path / "repo")
+    committed = sorted((repo / "benchmarks" / "results").glob("bench-attn-*.csv"))
+    assert committed, "the copy holds the committed attention results"
+    before = _digest(repo)
+    monkeypatch.chdir(repo)
+    assert main(["bench", "attention", "--names", "linear", "--tokens", "8", *TINY]) == 0
+    after = _digest(repo)
+    assert {k: v for k, v in after.items() if k in before} == before, "a tracked file changed"
+    new = sorted(set(after) - set(before))
+    assert new and all(n.startswith("runs/bench-attn-") for n in new), new
+    # Naming a committed file is refused without --overwrite, and nothing is written.
+    target = committed[0]
+    assert main(["bench", "attention", "--names", "linear", "--tokens", "8", *TINY, "--out",
+                 str(target.relative_to(repo))]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert _digest(repo) == after
+
+
+def test_overwrite_replaces_an_earlier_result_of_the_same_kind(tmp_path):
+    out = tmp_path / "a.csv"
+    # An earlier result from before the hygiene columns existed is still recognised as one.
+    old = [c for c in ATTN_COLUMNS if c not in ("threads", "time_spread_pct")]
+    out.write_text(",".join(old) + "\n")
+    assert main(["bench", "attention", "--names", "softmax", "--tokens", "4", *TINY, "--no-plot", "--out", str(out),
+                 "--overwrite", "--threads", "1"]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert list(rows[0]) == ATTN_COLUMNS and rows[0]["threads"] == "1"
+
+
+def test_physical_cores_counts_smt_siblings_once(tmp_path, monkeypatch):
+    # CPUs 0-3: two cores with two hyper-threads each; the process may use CPUs 0, 1 and 2.
+    for cpu, core in enumerate([0, 0, 1, 1]):
+        topo = tmp_path / f"cpu{cpu}" / "topology"
+        topo.mkdir(parents=True)
+        (topo / "physical_package_id").write_text("0\n")
+        (topo / "core_id").write_text(f"{core}\n")
+    monkeypatch.setattr(machine, "_allowed_cpus", lambda: [0, 1, 2])
+    monkeypatch.setattr(machine, "_cgroup_limit", lambda: None)
+    assert machine.physical_cores(tmp_path) == 2
+    monkeypatch.setattr(machine, "_allowed_cpus", lambda: [0, 1])
+    assert machine.physical_cores(tmp_path) == 1
+    monkeypatch.setattr(machine, "_cgroup_limit", lambda: 1)
+    monkeypatch.setattr(machine, "_allowed_cpus", lambda: [0, 2])
+    assert machine.physical_cores(tmp_path) == 1
+    assert machine.physical_cores() >= 1
+
+
+def test_threads_pinned_by_default_and_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(machine, "physical_cores", lambda sysfs=None: 1)
+    before = torch.get_num_threads()
+    out = tmp_path / "m.csv"
+    assert main(["bench", "model", "--model", "vit_attn_micro", "--img-size", "16", "--repeats", "1",
+                 "--no-plot", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert list(rows[0]) == MODEL_COLUMNS and rows[0]["threads"] == "1" and rows[0]["device"].endswith("-1t")
+    assert torch.get_num_threads() == before  # restored for in-process callers
+    assert main(["bench", "model", "--model", "vit_attn_micro", "--threads", "0"]) == 2
+
+
+def test_spread():
+    assert time_spread([1.0]) == 0.0
+    assert time_spread([1.0, 1.0, 1.0]) == 0.0
+    # quartiles 1.5 and 3.5 (inclusive method) around the median 2.5.
+    assert time_spread([1.0, 2.0, 3.0, 4.0]) == pytest.approx((3.25 - 1.75) / 2.5)
+    assert Timing(2.5, 1.0, 4, (1.0, 2.0, 3.0, 4.0)).spread == pytest.approx(0.6)
+
+
+def test_warnings_are_one_line_and_only_when_due():
+    assert machine.load_warning(2, load=1.5) is None
+    w = machine.load_warning(2, load=3.25)
+    assert w.startswith("warning:") and "3.25 > 2 thread(s)" in w and "\n" not in w
+    assert machine.spread_warning([("a", 0.1), ("b", 0.2)]) is None
+    w = machine.spread_warning([("a", 0.1), ("linear at 8x8", 0.35)])
+    assert "35 %" in w and "linear at 8x8" in w and "\n" not in w
+
+
+def test_live_table_units_ratio_and_warnings(tmp_path, monkeypatch, capsys):
+    import subquad.bench.timing as timing
+
+    monkeypatch.setattr(machine, "load_average", lambda: 1e3)
+    monkeypatch.setattr(timing, "time_spread", lambda times: 0.5)
+    out = tmp_path / "a.csv"
+    assert main(["bench", "attention", "--names", "linear", "--tokens", "4,6", *TINY, "--no-plot", "--out",
+                 str(out), "--threads", "1"]) == 0
+    cap = capsys.readouterr()
+    lines = cap.out.splitlines()
+    header = lines[0]
+    for unit in ("(ms)", "(MiB)", "(x)", "(t x t)"):
+        assert unit in header, header
+    rows = {r["name"] + r["grid"]: r for r in csv.DictReader(open(out))}
+    # The live row of linear shows the ratio the CSV has.
+    live = [ln for ln in lines[1:] if ln.startswith("linear ")]
+    assert len(live) == 2
+    for ln in live:
+        grid = ln.split()[1]
+        ratio = rows["linear" + grid]["infer_time_vs_softmax"]
+        assert ratio and f"{float(ratio):.4g}" in ln.split()
+    warnings = [ln for ln in cap.err.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 2 and "load average" in warnings[0] and "spread by up to 50 %" in warnings[1]
+    assert all(float(r["time_spread_pct"]) == 50.0 for r in rows.values())
+
+
+def test_scripts_name_files_after_the_threads_bench_will_use(monkeypatch):
+    from subquad.bench.sweep import default_result_path
+
+    monkeypatch.setattr(machine, "physical_cores", lambda sysfs=None: 1)
+    before = torch.get_num_threads()
+    try:
+        assert machine.pin_threads_like_bench(["--names", "linear"]) == 1
+        assert "-1t-" in default_result_path("attn", "cpu", "r").name
+        assert machine.pin_threads_like_bench(["--threads", "2"]) == 2 and torch.get_num_threads() == 2
+        assert "-2t-" in default_result_path("attn", "cpu", "r").name
+    finally:
+        torch.set_num_threads(before)
