@@ -45,6 +45,6 @@ clean:
 # README figures: the "Cost" plot (attention sweep on this machine, CSV kept in benchmarks/results/) and the
 # "What attention sees" figures (subquad analyze on the bundled sample image).
 figures: $(STAMP)
-	OMP_NUM_THREADS=2 $(BIN)/python benchmarks/attention.py --tokens 14,28,56,112,224 --repeats 3 --max-time 30 \
+	OMP_NUM_THREADS=2 $(BIN)/python benchmarks/attention.py --overwrite --tokens 14,28,56,112,224 --repeats 3 --max-time 30 \
 		--plot docs/cost.png
 	$(BIN)/python -m subquad.cli analyze --model l2vit_tiny --out docs/analyze

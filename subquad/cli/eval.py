@@ -18,7 +18,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None,
                    help="registered model name (default: the checkpoint sidecar's; required without a sidecar)")
     p.add_argument("--data", default=None, help="data spec (default: the one the checkpoint was trained on)")
-    p.add_argument("--split", default=None, help="split (default: the data's test split)")
+    p.add_argument("--split", default=None, help="split (default: the data's test split, or val when it has none)")
     p.add_argument("--img-size", type=int, default=None, help="input side (default: the training size)")
     p.add_argument("--use-ema", action="store_true", help="evaluate <name>_ema.safetensors beside the checkpoint")
     p.add_argument("-b", "--batch-size", type=int, default=256)
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if model.num_classes != len(source.classes):
         raise UserError(f"the checkpoint has {model.num_classes} outputs but {spec!r} has {len(source.classes)} "
                         "classes")
-    split = args.split or source.test_split
+    split = args.split or source.test_split or source.val_split
     loader = eval_loader(source, split, dcfg, args.batch_size, args.workers, args.limit)
     t0 = time.perf_counter()
     m = evaluate(model, loader, info.device, info)

@@ -235,7 +235,10 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
         num_classes = int(w.shape[0]) if w is not None else int(getattr(probe, "num_classes", 1000))
     dcfg = dict(side.get("data_config") or {})
     size = img_size or dcfg.get("img_size")
-    net = build_model(name, int(num_classes), size, device=device)
+    # The constructor arguments the run trained with (`--model-kwargs`, e.g. an arena host's mechanism and sizes).
+    model_kwargs = (side.get("args") or {}).get("model_kwargs") or dcfg.pop("model_kwargs", None) or {}
+    dcfg.pop("model_kwargs", None)
+    net = build_model(name, int(num_classes), size, device=device, model_kwargs=model_kwargs)
     if not side:
         remap = getattr(sys.modules.get(type(net).__module__), "remap_official", None)
         sd = remap(sd, net) if callable(remap) else sd

@@ -171,3 +171,16 @@ def test_checkpoint_without_sidecar_needs_model(run_dir, tmp_path, capsys):
                  "16", "--limit", "16", "--results-file", str(tmp_path / "b.json"), "--device", "cpu"]) == 0
     assert main(["eval", "--checkpoint", str(tmp_path), "--device", "cpu"]) == 2
     assert "folder without best.safetensors" in _err_line(capsys)
+
+
+def test_model_kwargs_of_the_run_rebuild_the_model(tmp_path, capsys):
+    # An arena-style host (--model-kwargs) is rebuilt from the sidecar: eval on the run directory needs no flags.
+    out = tmp_path / "run"
+    kw = '{"attn": "linear_relu", "patch_size": 2, "class_token": false, "global_pool": "avg", "stem": "conv"}'
+    assert main(["train", "--model", "vit_attn_micro", "--model-kwargs", kw, "--data", "digits", "--img-size", "16",
+                 "--train-limit", "64", "--eval-limit", "32", "-b", "32", "--epochs", "1", "--log-interval", "0",
+                 "--device", "cpu", "--output", str(out)]) == 0
+    res = tmp_path / "e.json"
+    assert main(["eval", "--checkpoint", str(out), "--results-file", str(res), "--device", "cpu"]) == 0
+    final = json.loads((out / "results.json").read_text())
+    assert json.loads(res.read_text())["top1"] == pytest.approx(final["top1"], abs=1e-3)
