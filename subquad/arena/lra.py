@@ -16,6 +16,7 @@ is read by `prepare_data` and ignored by `run_cell`. `mech` is a `mechanisms:` e
     attention: registered mechanism name
     attn_kw: {...}               options for build_attention (e.g. long_short: {dual_ln: false} for no DualLN)
     cls_attn_kw: {...}           options for a block that sees a class token (pool cls / cls_last only)
+    odd_attn_kw: {...}           options for the odd-numbered blocks (window: {shift_size: 4}, Swin's SW-MSA)
     lcm_kernel_size: k           the L2ViT LCM branch after each attention (enhanced linear attention, Eq. 8)
 """
 
@@ -37,7 +38,7 @@ from ..errors import UserError
 
 __all__ = ["prepare_data", "refusal", "run_cell", "MECH_KEYS", "CELL_KEYS"]
 
-MECH_KEYS = ("attention", "attn_kw", "cls_attn_kw", "lcm_kernel_size")
+MECH_KEYS = ("attention", "attn_kw", "cls_attn_kw", "odd_attn_kw", "lcm_kernel_size")
 CELL_KEYS = ("test_acc", "best_val_acc", "params", "gmacs", "train_per_sec", "train_per_wall_sec", "eval_per_sec",
              "peak_mem_mb", "wall_s", "curve")
 # Files a cell's run directory may hold (train_lra's layout); a partial run without a state file is cleared.
@@ -170,7 +171,9 @@ def _config(train: dict[str, Any], mech: dict[str, Any], seed: int = 0, out: str
         raise UserError(f"unknown train setting(s) {unknown}; allowed: {', '.join(sorted(fields))}")
     attn_kw = {**(values.get("attn_kw") or {}).get(name, {}), **(mech.get("attn_kw") or {})}
     cls_kw = {**(values.get("cls_attn_kw") or {}).get(name, {}), **(mech.get("cls_attn_kw") or {})}
+    odd_kw = {**(values.get("odd_attn_kw") or {}).get(name, {}), **(mech.get("odd_attn_kw") or {})}
     values.update(attention=name, attn_kw={name: attn_kw}, cls_attn_kw={name: cls_kw} if cls_kw else {},
+                  odd_attn_kw={name: odd_kw} if odd_kw else {},
                   seed=int(seed), output=os.fspath(out), device=values.get("device") or "cpu")
     if "lcm_kernel_size" in mech:
         values["lcm_kernel_size"] = int(mech["lcm_kernel_size"])

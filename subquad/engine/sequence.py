@@ -86,6 +86,8 @@ class LRAConfig:
     output: str = ""
     # Token grid (H, W) of image-like tasks (Pathfinder 32x32): passed to the mechanisms as hw (2-D mechanisms).
     grid: list[int] | None = None
+    # Extra options, per mechanism, for the odd-numbered blocks (window: {shift_size: w // 2}, Swin's alternation).
+    odd_attn_kw: dict[str, dict[str, Any]] = field(default_factory=dict)
     # > 0: the L2ViT LCM branch x + LCM(LN(x)) after each attention (needs grid; enhanced linear attention).
     lcm_kernel_size: int = 0
     # Continue the run in `output` from its last evaluation (last_state.pth).
@@ -211,7 +213,8 @@ def build_lra_model(cfg: LRAConfig, device: torch.device | None = None) -> nn.Mo
                                  attn_kw=dict(cfg.attn_kw.get(cfg.attention, {})),
                                  cls_attn_kw=dict(cfg.cls_attn_kw.get(cfg.attention, {})), pool=cfg.pool, drop=cfg.drop,
                                  attn_drop=cfg.attn_drop, dual=cfg.task == "retrieval", grid=cfg.grid,
-                                 lcm_kernel_size=cfg.lcm_kernel_size, device=device)
+                                 lcm_kernel_size=cfg.lcm_kernel_size,
+                                 odd_attn_kw=dict(cfg.odd_attn_kw.get(cfg.attention, {})), device=device)
 
 
 def _lra_forward(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

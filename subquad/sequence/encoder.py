@@ -167,7 +167,7 @@ class LRAEncoder(nn.Module):
                  max_len: int = 2048, attention: str = "softmax", attn_kw: dict[str, Any] | None = None,
                  cls_attn_kw: dict[str, Any] | None = None, pool: str = "cls_last", drop: float = 0.0,
                  attn_drop: float = 0.0, grid: tuple[int, int] | list[int] | None = None, lcm_kernel_size: int = 0,
-                 device=None, dtype=None) -> None:
+                 odd_attn_kw: dict[str, Any] | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if pool not in POOLING:
@@ -192,8 +192,10 @@ class LRAEncoder(nn.Module):
             _logger.warning("attention %r does not support key-padding masks: padded tokens act as keys", attention)
         for i in range(depth):
             layer_kw = kw
+            if odd_attn_kw and i % 2 == 1:
+                layer_kw = {**layer_kw, **odd_attn_kw}
             if cls_attn_kw and (pool == "cls" or (pool == "cls_last" and i == depth - 1)):
-                layer_kw = {**kw, **cls_attn_kw}
+                layer_kw = {**layer_kw, **cls_attn_kw}
             setattr(self, f"transformer_{i}", Block(dim, num_heads, mlp_dim, attention, layer_kw, drop, grid,
                                                     lcm_kernel_size, **dd))
         self.norm = nn.LayerNorm(dim, **dd)
@@ -267,6 +269,8 @@ class LRAClassifier(nn.Module):
         dual: two-tower Retrieval model.
         grid: (H, W) token grid of image-like tasks (T = H * W, row-major): passed to every block as `hw` and to
             the mechanism as `input_size`, which lets spatial mechanisms run (with mean pooling only).
+        odd_attn_kw: extra options for the odd-numbered blocks (1, 3, ...), e.g. Swin's alternating
+            `shift_size = window_size // 2` for `window`.
         lcm_kernel_size: > 0 adds the L2ViT LCM branch x + LCM(LN(x)) after each attention (L2ViT Eq. 8; needs
             `grid`), e.g. 7 to turn `enhanced_linear` into the paper's enhanced linear attention.
     """
@@ -275,8 +279,8 @@ class LRAClassifier(nn.Module):
                  num_heads: int = 2, mlp_dim: int = 128, max_len: int = 2048, attention: str = "softmax",
                  attn_kw: dict[str, Any] | None = None, cls_attn_kw: dict[str, Any] | None = None,
                  pool: str = "cls_last", drop: float = 0.0, attn_drop: float = 0.0, dual: bool = False,
-                 grid: tuple[int, int] | list[int] | None = None, lcm_kernel_size: int = 0, device=None,
-                 dtype=None) -> None:
+                 grid: tuple[int, int] | list[int] | None = None, lcm_kernel_size: int = 0,
+                 odd_attn_kw: dict[str, Any] | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if num_classes < 2:
@@ -284,7 +288,7 @@ class LRAClassifier(nn.Module):
         self.num_classes = num_classes
         self.dual = dual
         self.model = LRAEncoder(vocab_size, dim, depth, num_heads, mlp_dim, max_len, attention, attn_kw,
-                                cls_attn_kw, pool, drop, attn_drop, grid, lcm_kernel_size, **dd)
+                                cls_attn_kw, pool, drop, attn_drop, grid, lcm_kernel_size, odd_attn_kw, **dd)
         self.seq_classifer = ClassifierHead(4 * dim if dual else dim, mlp_dim, num_classes, **dd)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, tokens_1: torch.Tensor | None = None,

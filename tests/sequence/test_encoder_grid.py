@@ -76,3 +76,10 @@ def test_grid_refusals_are_one_line_at_build_time():
     assert _model("softmax", pool="cls_last")(torch.randint(0, 20, (1, 32))).shape == (1, 2)
     with pytest.raises(ValueError, match="needs sequences of 32 tokens"):
         _model("window")(torch.randint(0, 20, (1, 16)))
+
+
+def test_odd_blocks_get_their_options():
+    m = _model("window", grid=(8, 8), max_len=64, odd_attn_kw={"shift_size": 2}, depth=3)
+    shifts = [getattr(m.model, f"transformer_{i}").mha.shift_size for i in range(3)]
+    assert shifts == [0, 2, 0]
+    assert torch.isfinite(m(torch.randint(0, 20, (2, 64)))).all()
