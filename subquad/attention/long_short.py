@@ -49,6 +49,11 @@ def _check_positive(who: str, **values: int) -> None:
             raise ValueError(f"{who}: {name} must be an int >= 1, got {v!r}")
 
 
+def _dual_ln(dim: int, on: bool, dd: dict) -> nn.Module:
+    """One DualLN LayerNorm, or the identity for the no-DualLN ablation."""
+    return nn.LayerNorm(dim, **dd) if on else nn.Identity()
+
+
 @register_attention("long_short")
 class LongShortAttention(TokenMixer):
     """Bidirectional long-short attention (1-D sequences and 2-D token maps).
@@ -91,6 +96,9 @@ class LongShortAttention(TokenMixer):
         fused: SDPA tile paths (True) or the dense references (False); both compute the same function.
         group: segments per 1-D SDPA tile (default max(1, ceil(64 / w))).
         chunk_size, causal_form, clamp_len: options of the causal form (refused here).
+        dual_ln: the two DualLN LayerNorms on the local and the projected keys/values (paper Eq. 6-7; default).
+            False replaces both by the identity: the "without DualLN" ablation (Transformer-LS, arXiv 2107.02192,
+            Sec. 3, DualLN, and Fig. 2 right).
     """
 
     caps = _CAPS
@@ -106,7 +114,7 @@ class LongShortAttention(TokenMixer):
                  qk_scale: float | None = None, rpe: bool | None = None, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, input_size: tuple[int, int] | None = None, fused: bool = True,
                  group: int | None = None, chunk_size: int | None = None, causal_form: str | None = None,
-                 device=None, dtype=None) -> None:
+                 dual_ln: bool = True, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         who = "long_short attention"
@@ -148,15 +156,15 @@ class LongShortAttention(TokenMixer):
             self.proj = nn.Linear(dim, dim, **dd)
             if layout == "vision":
                 self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
-            self.dual_ln_dp = nn.LayerNorm(dim, **dd)
-            self.dual_ln_full = nn.LayerNorm(dim, **dd)
+            self.dual_ln_dp = _dual_ln(dim, dual_ln, dd)
+            self.dual_ln_full = _dual_ln(dim, dual_ln, dd)
         else:
             self.W_q = nn.Linear(dim, dim, **dd)
             self.W_k = nn.Linear(dim, dim, **dd)
             self.W_v = nn.Linear(dim, dim, **dd)
             self.W_o = nn.Linear(dim, dim, **dd)
-            self.dual_ln_s = nn.LayerNorm(dim, **dd)
-            self.dual_ln_l = nn.LayerNorm(dim, **dd)
+            self.dual_ln_s = _dual_ln(dim, dual_ln, dd)
+            self.dual_ln_l = _dual_ln(dim, dual_ln, dd)
             self.dconv_fc = nn.Linear(dim, num_heads * rank, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         if self.rpe:

@@ -5,10 +5,11 @@
     subquad lra generate pathfinder --out DIR [--size 32|64|128] [--contour-length 14] [--num-images N]
     subquad lra train --task listops|text|retrieval|image|pathfinder --data DIR --attention NAME
                       [-c YAML] [--max-steps N] [--eval-every N] [--attn-opt KEY=VALUE ...]
+    subquad lra train --resume DIR          continue an interrupted run from its last evaluation
 
 `train` starts from the task's shipped recipe (subquad/configs/lra/<task>.yaml, the official Transformer-LS
 settings), then a `-c` YAML, then the flags; it writes args.yaml, summary.csv, last/best.safetensors with JSON
-sidecars and results.json to --output.
+sidecars, results.json and (at every evaluation) the resumable last_state.pth to --output.
 """
 
 from __future__ import annotations
@@ -83,9 +84,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t = lsub.add_parser("train", help="train the LRA encoder on one task",
                         description="Train the LRA encoder classifier; writes args.yaml, summary.csv, "
                         "last/best.safetensors (+ JSON sidecars) and results.json.")
-    t.add_argument("--task", required=True, choices=TASKS, help="LRA task")
-    t.add_argument("--data", required=True, help="folder with the task's files")
-    t.add_argument("--attention", default="softmax", help="registered 1-D mechanism (softmax, linear, long_short ...)")
+    t.add_argument("--task", choices=TASKS, help="LRA task (required unless --resume)")
+    t.add_argument("--data", help="folder with the task's files (required unless --resume)")
+    t.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the run in DIR from its last evaluation, with the settings of DIR/args.yaml "
+                   "(only --device and --workers may be given besides)")
+    t.add_argument("--attention", default=None,
+                   help="registered mechanism (default softmax): any 1-D one (softmax, linear, long_short ...), and "
+                   "with --grid the 2-D ones too (structure_aware, focused_linear, window, global_filter ...)")
+    t.add_argument("--grid", default=None, metavar="H,W",
+                   help="token grid of an image-like task (pathfinder: 32,32; image: 32,32): passed to the "
+                   "mechanisms as hw, so 2-D mechanisms run; needs --pool mean or masked_mean for them")
     t.add_argument("-c", "--config", default=None, help="YAML overriding the task's shipped recipe")
     t.add_argument("--attn-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="mechanism option (YAML value), e.g. --attn-opt window_size=16 --attn-opt rank=2")
@@ -125,6 +134,19 @@ def run_generate_pathfinder(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_grid(text: str) -> list[int]:
+    from subquad.errors import UserError
+
+    parts = text.replace("x", ",").split(",")
+    try:
+        grid = [int(p) for p in parts]
+    except ValueError:
+        grid = []
+    if len(grid) != 2 or min(grid) < 1:
+        raise UserError(f"--grid expects H,W (two positive integers, e.g. 32,32), got {text!r}")
+    return grid
+
+
 def _parse_opt(text: str) -> tuple[str, Any]:
     from subquad.errors import UserError
 
@@ -134,11 +156,45 @@ def _parse_opt(text: str) -> tuple[str, Any]:
     return k.strip(), yaml.safe_load(v)
 
 
-def resolve_config(args: argparse.Namespace):
-    """Recipe of the task, then -c YAML, then the flags -> LRAConfig."""
+def _resume_config(args: argparse.Namespace):
+    """--resume DIR: the run's own args.yaml, with resume on (and --device / --workers when given)."""
     from subquad.engine.sequence import LRAConfig
     from subquad.errors import UserError
 
+    out = Path(args.resume)
+    given = [f"--{n.replace('_', '-')}" for n, _, _ in _FLAGS if n not in ("device", "workers")
+             and getattr(args, n, None) is not None]
+    given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--grid", args.grid),
+                             ("--window-size", args.window_size), ("--rank", args.rank)) if v]
+    if given:
+        raise UserError(f"--resume {out} continues the run with its own settings (args.yaml); drop {', '.join(given)}"
+                        " (only --device and --workers may be given)")
+    if not (out / "args.yaml").is_file():
+        raise UserError(f"--resume {out}: no args.yaml there (not a `subquad lra train` run directory)")
+    values = yaml.safe_load((out / "args.yaml").read_text()) or {}
+    fields = {f.name for f in dataclasses.fields(LRAConfig)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise UserError(f"--resume {out}: args.yaml has unknown key(s) {unknown}")
+    for name, given_value in (("task", args.task), ("data", args.data), ("attention", args.attention)):
+        if given_value is not None and given_value != values.get(name):
+            raise UserError(f"--resume {out}: the run has --{name} {values.get(name)!r}, not {given_value!r}")
+    values.update(resume=True, output=str(out))
+    for name in ("device", "workers"):
+        if getattr(args, name, None) is not None:
+            values[name] = getattr(args, name)
+    return LRAConfig(**values)
+
+
+def resolve_config(args: argparse.Namespace):
+    """Recipe of the task, then -c YAML, then the flags -> LRAConfig (with --resume DIR: DIR/args.yaml)."""
+    from subquad.engine.sequence import LRAConfig
+    from subquad.errors import UserError
+
+    if getattr(args, "resume", None):
+        return _resume_config(args)
+    if args.task is None or args.data is None:
+        raise UserError("--task and --data are required (unless --resume DIR)")
     if args.task not in TASKS:
         raise UserError(f"unknown LRA task {args.task!r}; allowed: {', '.join(TASKS)}")
     values: dict[str, Any] = {}
@@ -155,18 +211,21 @@ def resolve_config(args: argparse.Namespace):
         raise UserError(f"unknown LRA config key(s) {unknown}; allowed: {sorted(fields)}")
     if values.get("task", args.task) != args.task:
         raise UserError(f"config is for task {values['task']!r} but --task is {args.task!r}")
-    values.update(task=args.task, data=args.data, attention=args.attention, amp=bool(args.amp))
+    attention = args.attention or "softmax"
+    values.update(task=args.task, data=args.data, attention=attention, amp=bool(args.amp))
+    if getattr(args, "grid", None) is not None:
+        values["grid"] = _parse_grid(args.grid)
     for name, _, _ in _FLAGS:
         v = getattr(args, name, None)
         if v is not None:
             values[name] = v
-    opts = dict(values.get("attn_kw", {}).get(args.attention, {}))
+    opts = dict(values.get("attn_kw", {}).get(attention, {}))
     opts.update(_parse_opt(o) for o in args.attn_opt)
     if args.window_size is not None:
         opts["window_size"] = args.window_size
     if args.rank is not None:
         opts["rank"] = args.rank
-    values["attn_kw"] = {**values.get("attn_kw", {}), args.attention: opts}
+    values["attn_kw"] = {**values.get("attn_kw", {}), attention: opts}
     return LRAConfig(**values)
 
 
@@ -175,7 +234,7 @@ def run_train(args: argparse.Namespace) -> int:
     from subquad.attention import ATTENTION_REGISTRY
     from subquad.engine.sequence import train_lra
 
-    if args.attention not in ATTENTION_REGISTRY:
+    if args.attention is not None and args.attention not in ATTENTION_REGISTRY:
         subquad.build_attention(args.attention, 8, 1)  # raises the one-line unknown-attention error
     cfg = resolve_config(args)
     r = train_lra(cfg, log=print)

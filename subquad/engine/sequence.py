@@ -10,7 +10,8 @@ official fairseq `fixed` schedule), optional wall-clock budget; BPC (= mean NLL 
 paper's sliding-window protocol (`evaluate_bpc`: every scored token has at least `ctx - score` tokens of context).
 
 Both write the run directory like the image trainer: `args.yaml`, `summary.csv`, `last.safetensors` /
-`best.safetensors` with JSON sidecars, and `results.json`.
+`best.safetensors` with JSON sidecars, and `results.json`; the LRA loop also writes `last_state.pth` at every
+evaluation, from which `LRAConfig(resume=True)` (`subquad lra train --resume DIR`) continues exactly.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
-from .checkpoint import atomic_write, read_json, save_weights, write_json
+from .checkpoint import atomic_write, read_json, save_state, save_weights, write_json
 
 __all__ = ["LRAConfig", "LMConfig", "train_lra", "train_lm", "evaluate_lra", "evaluate_bpc", "build_lra_data",
            "build_lm", "load_lm", "one_cycle", "peak_memory_mb"]
@@ -83,6 +84,14 @@ class LRAConfig:
     device: str = ""
     workers: int = 0
     output: str = ""
+    # Token grid (H, W) of image-like tasks (Pathfinder 32x32): passed to the mechanisms as hw (2-D mechanisms).
+    grid: list[int] | None = None
+    # Extra options, per mechanism, for the odd-numbered blocks (window: {shift_size: w // 2}, Swin's alternation).
+    odd_attn_kw: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # > 0: the L2ViT LCM branch x + LCM(LN(x)) after each attention (needs grid; enhanced linear attention).
+    lcm_kernel_size: int = 0
+    # Continue the run in `output` from its last evaluation (last_state.pth).
+    resume: bool = False
 
 
 @dataclass
@@ -141,8 +150,11 @@ def peak_memory_mb(device: torch.device, rss_before: float) -> float:
 def one_cycle(optimizer: torch.optim.Optimizer, lr: float, total_steps: int,
               pct_start: float) -> torch.optim.lr_scheduler.OneCycleLR:
     """The official LRA schedule: OneCycleLR(max_lr=lr, pct_start, anneal_strategy='linear'), torch defaults."""
-    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(total_steps, 2),
-                                               pct_start=min(max(pct_start, 1e-6), 0.999), anneal_strategy="linear")
+    total = max(total_steps, 2)
+    # torch divides by each phase's length (pct_start * total - 1 and total - pct_start * total): keep both > 0.
+    pct = min(max(pct_start, 1.5 / total), 1.0 - 0.5 / total)
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total, pct_start=pct,
+                                               anneal_strategy="linear")
 
 
 def _write_run_files(out: Path, cfg: Any, rows: list[dict[str, Any]]) -> None:
@@ -158,11 +170,6 @@ def _write_run_files(out: Path, cfg: Any, rows: list[dict[str, Any]]) -> None:
 
 def _write_args(out: Path, cfg: Any) -> None:
     atomic_write(out / "args.yaml", lambda tmp: Path(tmp).write_text(yaml.safe_dump(asdict(cfg), sort_keys=False)))
-
-
-def _endless(loader: DataLoader) -> Iterator[Any]:
-    while True:
-        yield from loader
 
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -205,7 +212,9 @@ def build_lra_model(cfg: LRAConfig, device: torch.device | None = None) -> nn.Mo
                                  max_len=cfg.max_len, attention=cfg.attention,
                                  attn_kw=dict(cfg.attn_kw.get(cfg.attention, {})),
                                  cls_attn_kw=dict(cfg.cls_attn_kw.get(cfg.attention, {})), pool=cfg.pool, drop=cfg.drop,
-                                 attn_drop=cfg.attn_drop, dual=cfg.task == "retrieval", device=device)
+                                 attn_drop=cfg.attn_drop, dual=cfg.task == "retrieval", grid=cfg.grid,
+                                 lcm_kernel_size=cfg.lcm_kernel_size,
+                                 odd_attn_kw=dict(cfg.odd_attn_kw.get(cfg.attention, {})), device=device)
 
 
 def _lra_forward(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -239,8 +248,68 @@ def _autocast(device: torch.device, amp: bool):
     return contextlib.nullcontext()
 
 
-def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Train the LRA classifier of `cfg`; returns the final metrics and paths (also written to results.json)."""
+def _step_seed(seed: int, step: int) -> int:
+    """The RNG seed of the training interval that starts after step `step` (0 = the start of training)."""
+    return (seed * 1_000_003 + step * 7_919 + 12_345) % (2**31 - 1)
+
+
+def _train_batches(n: int, batch_size: int, seed: int, first_step: int) -> Iterator[list[int]]:
+    """Index batches of training steps first_step + 1, first_step + 2, ...: the order of epoch e is a permutation
+    drawn from (seed, e) (GlobalBatchSampler), `n // batch_size` full batches per epoch, so step s's batch is a
+    function of (seed, s) alone and a resumed run needs no iterator state."""
+    from .distributed import GlobalBatchSampler
+
+    per_epoch = n // batch_size
+    sampler = GlobalBatchSampler(n, batch_size, shuffle=True, seed=seed, drop_last=True)
+    epoch, j = divmod(first_step, per_epoch)
+    while True:
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        for k in range(j, per_epoch):
+            yield order[k * batch_size:(k + 1) * batch_size]
+        epoch, j = epoch + 1, 0
+
+
+# results.json / summary.csv fields that measure time or memory (they differ between an uninterrupted and a resumed
+# run; everything else is identical).
+LRA_TIMING_FIELDS = ("time", "sec_per_step", "train_seconds", "train_cpu_seconds", "eval_seconds",
+                     "eval_cpu_seconds", "wall_seconds", "peak_mem_mb")
+
+
+def _resume_state(out: Path, cfg: LRAConfig) -> dict[str, Any]:
+    from .checkpoint import load_state
+
+    for f in ("last_state.pth", "args.yaml"):
+        if not (out / f).is_file():
+            raise UserError(f"--resume {out}: {f} is missing (the run saved no evaluation to resume from)")
+    saved = yaml.safe_load((out / "args.yaml").read_text()) or {}
+    mine = asdict(cfg)
+    changed = sorted(k for k in mine if k not in ("resume", "device", "workers", "output")
+                     and k in saved and saved[k] != mine[k])
+    if changed:
+        raise UserError(f"--resume {out}: the run was started with other settings ({', '.join(changed)}); resume "
+                        "it with its own args.yaml")
+    return load_state(out / "last_state.pth")
+
+
+def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
+              on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train the LRA classifier of `cfg`; returns the final metrics and paths (also written to results.json).
+
+    Every evaluation writes `last.safetensors` (+ `best.safetensors` on a better dev accuracy), `summary.csv` and
+    `last_state.pth` (model, optimizer, OneCycle scheduler, grad scaler, step, best so far, RNG; tensors and plain
+    containers, read back with `torch.load(weights_only=True)`), each atomically, the state last. Step s trains on
+    a batch fixed by (seed, s) and every RNG is re-seeded from (seed, s) after the evaluation at step s, so
+    `cfg.resume=True` (same `output`) continues from the last evaluation and ends with the same weights,
+    summary.csv and results.json as an uninterrupted run (except the timing and memory fields,
+    `LRA_TIMING_FIELDS`). Resuming a finished run returns its results.json.
+
+    `on_eval(row)` is called after each evaluation, once its files are written, with the summary.csv row (step,
+    train_loss, train_acc, eval_loss, eval_acc, lr, ...) plus `steps`; an exception there stops the run with
+    those files intact (resumable).
+    """
+    from .classify import _rng_state, _seed_everything, _set_rng_state
+
     log = log or _logger.info
     torch.manual_seed(cfg.seed)
     device = _device(cfg.device)
@@ -248,27 +317,53 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None) -> dict[
     if steps < 1 or cfg.batch_size < 1 or cfg.eval_every < 1:
         raise UserError(f"--max-steps, --batch-size and --eval-every must be >= 1, got {steps}, {cfg.batch_size}, "
                         f"{cfg.eval_every}")
+    out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lra-{cfg.task}-{cfg.attention}")
+    state: dict[str, Any] | None = None
+    if cfg.resume:
+        if not cfg.output:
+            raise UserError("--resume needs the run directory (--output / --resume DIR)")
+        state = _resume_state(out, cfg)
+        if int(state["step"]) >= steps and (out / "results.json").is_file():
+            log(f"{out} is complete ({int(state['step'])} of {steps} steps); nothing to resume")
+            return read_json(out / "results.json")
+    else:
+        _refuse_existing_run(out)
     train_set, val_set, test_set = (build_lra_data(cfg, s) for s in ("train", "val", "test"))
     if len(train_set) < cfg.batch_size:
         raise UserError(f"the {cfg.task} training split has {len(train_set)} examples, fewer than one batch of "
                         f"{cfg.batch_size}")
     model = build_lra_model(cfg).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    g = torch.Generator().manual_seed(cfg.seed)
-    train_loader = DataLoader(train_set, cfg.batch_size, shuffle=True, generator=g, drop_last=True,
-                              num_workers=cfg.workers)
     val_loader = DataLoader(val_set, cfg.batch_size, shuffle=False, num_workers=cfg.workers)
-    test_loader = DataLoader(test_set, cfg.batch_size, shuffle=False, num_workers=cfg.workers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
     # The recipe's warm-up fraction is kept when --max-steps scales the budget down.
     scheduler = one_cycle(optimizer, cfg.lr, steps, cfg.warmup / max(cfg.steps, 1))
     scaler = torch.amp.GradScaler("cuda") if cfg.amp and device.type == "cuda" else None
 
-    out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lra-{cfg.task}-{cfg.attention}")
-    _refuse_existing_run(out)
     out.mkdir(parents=True, exist_ok=True)
-    _write_args(out, cfg)
+    rows: list[dict[str, Any]] = []
+    start = 0
+    best_acc, best_step = -1.0, -1
+    # Totals over the whole run (carried across resumes): training time (wall and CPU), evaluation time / samples.
+    tot = {"train_seconds": 0.0, "train_cpu_seconds": 0.0, "eval_seconds": 0.0, "eval_cpu_seconds": 0.0,
+           "eval_samples": 0, "wall_seconds": 0.0}
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        start = int(state["step"])
+        best_acc, best_step = float(state["best_acc"]), int(state["best_step"])
+        tot.update({k: type(tot[k])(v) for k, v in state["totals"].items() if k in tot})
+        with open(out / "summary.csv", newline="") as f:
+            rows = [r for r in csv.DictReader(f) if int(r["step"]) <= start]
+        _set_rng_state(state["rng"])
+        log(f"resuming {out} after step {start} of {steps}")
+    else:
+        _write_args(out, cfg)
+        _seed_everything(_step_seed(cfg.seed, 0))
     meta = {"arch": "lra_encoder", "task": cfg.task, "attention": cfg.attention, "encoding": cfg.encoding,
             "args": asdict(cfg)}
     log(f"lra {cfg.task}: attention={cfg.attention} params={n_params} train={len(train_set)} val={len(val_set)} "
@@ -276,14 +371,17 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None) -> dict[
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     rss0 = _rss_mb()
-    rows: list[dict[str, Any]] = []
-    best_acc, best_step = -1.0, -1
-    it = _endless(train_loader)
-    train_time, interval_time, loss_sum, acc_sum, k = 0.0, 0.0, 0.0, 0.0, 0
+    wall0 = time.perf_counter() - tot["wall_seconds"]
+    # The loader's own generator keeps DataLoader from drawing on the global RNG (it would shift dropout draws).
+    train_loader = DataLoader(train_set, batch_sampler=_train_batches(len(train_set), cfg.batch_size, cfg.seed,
+                                                                      start),
+                              num_workers=cfg.workers, generator=torch.Generator().manual_seed(cfg.seed))
+    it = iter(train_loader)
+    interval_time, loss_sum, acc_sum, k = 0.0, 0.0, 0.0, 0
     model.train()
-    for step in range(1, steps + 1):
+    for step in range(start + 1, steps + 1):
         batch = _to(next(it), device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with _autocast(device, cfg.amp):
             logits = _lra_forward(model, batch)
             loss = F.cross_entropy(logits.float(), batch["label"])
@@ -300,15 +398,20 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None) -> dict[
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
+        tot["train_cpu_seconds"] += time.process_time() - c0
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"non-finite training loss at step {step}")
-        train_time += dt
+        tot["train_seconds"] += dt
         interval_time += dt
         loss_sum += loss.item()
         acc_sum += (logits.argmax(-1) == batch["label"]).float().mean().item() * 100
         k += 1
         if step % cfg.eval_every == 0 or step == steps:
+            t_ev, c_ev = time.perf_counter(), time.process_time()
             ev = evaluate_lra(model, val_loader, device, cfg.eval_steps, cfg.amp)
+            tot["eval_seconds"] += time.perf_counter() - t_ev
+            tot["eval_cpu_seconds"] += time.process_time() - c_ev
+            tot["eval_samples"] += int(ev["samples"])
             model.train()
             row = {"step": step, "train_loss": loss_sum / k, "train_acc": acc_sum / k, "eval_loss": ev["loss"],
                    "eval_acc": ev["acc"], "lr": lr_used, "time": interval_time,
@@ -325,15 +428,29 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None) -> dict[
                 write_json(sidecar, out / "best.json")
             _write_run_files(out, cfg, rows)
             loss_sum, acc_sum, k, interval_time = 0.0, 0.0, 0, 0.0
+            # The next interval's draws depend on (seed, step) only; the state file is the resume point.
+            _seed_everything(_step_seed(cfg.seed, step))
+            tot["wall_seconds"] = time.perf_counter() - wall0
+            st = {"step": step, "best_acc": best_acc, "best_step": best_step, "model": model.state_dict(),
+                  "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
+                  "totals": dict(tot), "arch": "lra_encoder"}
+            if scaler is not None:
+                st["scaler"] = scaler.state_dict()
+            save_state(st, out / "last_state.pth")
+            if on_eval is not None:
+                on_eval({**row, "steps": steps})
     peak = peak_memory_mb(device, rss0)
     from safetensors.torch import load_file
 
     model.load_state_dict(load_file(out / "best.safetensors"))
+    test_loader = DataLoader(test_set, cfg.batch_size, shuffle=False, num_workers=cfg.workers)
     test = evaluate_lra(model, test_loader, device, 0, cfg.amp)
+    tot["wall_seconds"] = time.perf_counter() - wall0
     results = {"task": cfg.task, "attention": cfg.attention, "encoding": cfg.encoding if cfg.task == "listops"
                else "", "steps": steps, "batch_size": cfg.batch_size, "params": n_params,
                "best_val_acc": best_acc, "best_step": best_step, "test_acc": test["acc"], "test_loss": test["loss"],
-               "test_samples": test["samples"], "sec_per_step": train_time / steps, "train_seconds": train_time,
+               "test_samples": test["samples"], "sec_per_step": tot["train_seconds"] / steps,
+               "train_examples": steps * cfg.batch_size, **tot,
                "peak_mem_mb": peak, "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda"
                else "cpu_peak_rss_growth", "device": str(device), "torch": torch.__version__,
                "output": os.fspath(out), "checkpoint": os.fspath(out / "best.safetensors")}
