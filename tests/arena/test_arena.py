@@ -180,7 +180,7 @@ def test_claim_verdicts_and_interval(tmp_path):
 def test_shipped_tasks_load_and_name_registered_mechanisms():
     from subquad.attention import list_attention
 
-    for name in ("fmnist",):
+    for name in ("fmnist", "listops", "pathfinder32"):
         task = load_task(name)
         assert task.seeds and task.default_mechanisms
         for label in task.default_mechanisms:
