@@ -50,9 +50,9 @@ def gmacs(train: dict[str, Any], mech: dict[str, Any]) -> float:
     return float(count_macs(model, size)["gmacs"])
 
 
-def prepare_data(task: Any, root: Path) -> str:
+def prepare_data(task: dict[str, Any], root: Path, budget: str = "default") -> str:
     """Image tasks read the data source `train.data` names; nothing to generate."""
-    return str(task.train["data"])
+    return str(task["train"]["data"])
 
 
 def cell_config(train: dict[str, Any], mech: dict[str, Any], seed: int, out: Path):

@@ -164,7 +164,7 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
     log(f"[{task.name}] {len(cells)} cells ({len(runnable)} mechanisms x {len(seeds)} seeds, budget {budget}): "
         f"{len(cells) - len(pending)} done, {len(pending)} to train")
     if pending:
-        mod.prepare_data(task, out / "data")
+        mod.prepare_data(task.as_dict(), out / "data", budget)
     n_workers = max(1, min(workers or available_cores(), available_cores(), len(pending) or 1))
     failed = _run_pool(task, pending, out, budget, n_workers, log, poll)
     board = write_leaderboard(out, task, labels, seeds, skipped)
@@ -270,7 +270,7 @@ def run_one_cell(out: Path, label: str, seed: int) -> dict[str, Any]:
     mod = kind_module(task.kind)
     cell_dir = out / "cells" / label / f"seed{seed}"
     if task.kind == "lra":
-        train = {**train, "data": os.fspath(mod.prepare_data(task, out / "data"))}
+        train = {**train, "data": os.fspath(mod.prepare_data(task.as_dict(), out / "data", meta["budget"]))}
     entry = task.mechanism(label)
 
     def progress(p: dict[str, Any]) -> None:

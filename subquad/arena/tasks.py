@@ -88,6 +88,13 @@ class Task:
             self.mechanism(label)
         return list(dict.fromkeys(labels))
 
+    def as_dict(self) -> dict[str, Any]:
+        """The task as the mapping its YAML holds (what the kinds' `prepare_data` read)."""
+        return {"task": self.name, "kind": self.kind, "description": self.description, "seeds": list(self.seeds),
+                "data": dict(self.data), "train": dict(self.train), "host": dict(self.host),
+                "budgets": {k: dict(v) for k, v in self.budgets.items()}, "mechanisms": dict(self.mechanisms),
+                "default_mechanisms": list(self.default_mechanisms), "claims": list(self.claims)}
+
     def fingerprint(self, budget: str) -> str:
         """What a run's numbers depend on (recipe, host, data, seeds), as canonical JSON."""
         return json.dumps({"kind": self.kind, "train": self.recipe(budget), "host": self.host, "data": self.data,

@@ -187,3 +187,13 @@ def test_shipped_tasks_load_and_name_registered_mechanisms():
             assert task.mechanism(label)[task.name_key] in list_attention()
         for claim in task.claims:
             assert claim["a"] in task.mechanisms and claim["b"] in task.mechanisms
+
+
+def test_quick_listops_run_and_a_2d_mechanism_skipped(tmp_path, capsys):
+    out = tmp_path / "lo"
+    assert main(["arena", "run", "--task", "listops", "--attention", "softmax,structure_aware", "--seeds", "0",
+                 "--budget", "quick", "--out", str(out)]) == 0
+    rows = {r["attention"]: r for r in _board(out)}
+    assert rows["softmax"]["status"] == "ok" and 0 <= float(rows["softmax"]["mean_acc"]) <= 100
+    assert rows["structure_aware"]["status"] == "skipped" and "grid" in rows["structure_aware"]["reason"]
+    assert "skip structure_aware" in capsys.readouterr().out
