@@ -69,6 +69,16 @@ class WindowAttention(TokenMixer):
                          complexity="O(N w^2)", sequence=False,
                          notes="Swin W-MSA/SW-MSA (RPB, shift mask, padded keys masked) or L2ViT LWA (zero padding)")
 
+    @classmethod
+    def stage_kwargs(cls, stage: dict) -> dict:
+        """Window w = `window_size` (7), shift w // 2 on `shifted` blocks (Swin W-MSA / SW-MSA with RPB); the
+        form 'lwa' is L2ViT's local window attention (no RPB, zero-padded tokens kept as keys, no shift)."""
+        kw = super().stage_kwargs(stage)
+        w = stage.get("window_size") or 7
+        if stage.get("form") == "lwa":
+            return {**kw, "window_size": w, "shift_size": 0, "rel_pos_bias": False, "pad_mode": "zero"}
+        return {**kw, "window_size": w, "shift_size": w // 2 if stage.get("shifted") else 0}
+
     def __init__(self, dim: int, num_heads: int = 8, window_size: int = 7, shift_size: int = 0,
                  qkv_bias: bool = True, rel_pos_bias: bool = True, pad_mode: str = "mask",
                  clip_window: bool | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0,
