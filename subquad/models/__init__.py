@@ -11,7 +11,8 @@ from ._base import InputShapeError
 from ._builder import NON_STD
 from ._card import CARDS, ModelCard, get_card
 
-__all__ = ["CARDS", "NON_STD", "InputShapeError", "ModelCard", "get_card", "create_model", "list_models", "is_subquad_model"]
+__all__ = ["CARDS", "NON_STD", "InputShapeError", "ModelCard", "get_card", "create_model", "list_models",
+           "is_subquad_model"]
 
 
 def is_subquad_model(name: str) -> bool:

@@ -61,9 +61,9 @@ def check_input(x: torch.Tensor, ndim: int, in_chans: int, min_size: int, name: 
 
 
 def tokens_to_nchw(x: torch.Tensor, hw: tuple[int, int], prefix: int = 0) -> torch.Tensor:
-    """(B, prefix + H*W, C) -> (B, C, H, W), prefix tokens dropped."""
-    B, _, C = x.shape
-    return x[:, prefix:].reshape(B, hw[0], hw[1], C).permute(0, 3, 1, 2)
+    """(B, prefix + H*W, C) -> contiguous (B, C, H, W), prefix tokens dropped (the layout the official stages hand
+    to their next convolution)."""
+    return x[:, prefix:].transpose(1, 2).reshape(x.shape[0], -1, hw[0], hw[1])
 
 
 def tokens_to_nhwc(x: torch.Tensor, hw: tuple[int, int], prefix: int = 0) -> torch.Tensor:

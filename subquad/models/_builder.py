@@ -28,7 +28,7 @@ __all__ = ["build", "load_checkpoint", "read_state_dict", "unwrap_state_dict", "
 
 _logger = logging.getLogger(__name__)
 
-_WRAPPER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
+_WRAPPER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module", "net")
 
 
 def build(model_cls: type[nn.Module], variant: str, pretrained: bool = False,

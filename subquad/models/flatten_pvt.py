@@ -27,7 +27,7 @@ from ..attention.functional.focused import resize_pe
 from ..errors import UserError
 from ..layers.mlp import ConvMlp, Mlp
 from ..layers.patch_embed import PatchEmbedLN, resize_pos_embed_2d
-from ._base import Backbone, drop_path_rates
+from ._base import Backbone, drop_path_rates, tokens_to_nchw
 from ._builder import Variant, register_family, unwrap_state_dict
 
 __all__ = ["FlattenPVT", "PVTBlock", "PVTHost", "remap_official", "resize_token_grid"]
@@ -67,14 +67,6 @@ class PVTBlock(nn.Module):
         x = x + self.drop_path(self.attn(self.norm1(x), hw))
         y = self.norm2(x)
         return x + self.drop_path(self.mlp(y, hw) if self.conv_mlp else self.mlp(y))
-
-
-def pvt_tokens_to_map(x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-    """(B, H*W, C) -> contiguous (B, C, H, W), as the official PVT stages hand maps to the next embedding."""
-    return x.transpose(1, 2).reshape(x.shape[0], -1, hw[0], hw[1])
-
-
-torch.fx.wrap("pvt_tokens_to_map")
 
 
 class PVTHost(Backbone):
@@ -121,7 +113,7 @@ class PVTHost(Backbone):
 
     def _forward_level(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
         if i > 0:
-            x = pvt_tokens_to_map(x, hw)
+            x = tokens_to_nchw(x, hw)
         x, hw = getattr(self, f"patch_embed{i + 1}")(x)
         x = self._run_blocks(getattr(self, f"block{i + 1}"), self._embed(i, x, hw), hw)
         return self._stage_norm(i, x), hw

@@ -18,6 +18,7 @@ Nothing else changes: sizes, tolerances and assertions are timm's.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 
 def _narrow_list_models() -> None:
@@ -54,7 +55,8 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     _narrow_list_models()
-    return pytest.main(["-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning", "--rootdir", str(__import__("pathlib").Path(argv[0]).parent),
+    root = str(Path(argv[0]).resolve().parent)
+    return pytest.main(["-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning", "--rootdir", root,
                         *argv])
 
 
