@@ -13,7 +13,8 @@ from torch import nn
 from ..registry import Registry
 from .base import AttentionCaps, Request, TokenMixer, check
 
-__all__ = ["register_attention", "build_attention", "build_stage_attention", "list_attention", "get_attention_cls", "ATTENTION_REGISTRY",
+__all__ = ["register_attention", "build_attention", "build_stage_attention", "list_attention", "get_attention_cls",
+           "ATTENTION_REGISTRY",
            "AttentionCaps", "Request", "TokenMixer", "check"]
 
 ATTENTION_REGISTRY = Registry("attention")

@@ -111,7 +111,7 @@ class WindowAttention(TokenMixer):
             self.register_buffer("relative_position_index",
                                  relative_position_index(window_size, device=device), persistent=False)
             if not self.relative_position_bias_table.is_meta:
-                trunc_normal_(self.relative_position_bias_table, std=0.02)
+                self.reset_parameters()
         else:
             self.relative_position_bias_table = None
         self.attn_drop = nn.Dropout(attn_drop)
@@ -120,6 +120,18 @@ class WindowAttention(TokenMixer):
         # Per-geometry index maps and masks (recomputed buffers, never saved); small and bounded by the number of
         # distinct map sizes a model sees.
         self._cache: dict = {}
+
+    def reset_parameters(self) -> None:
+        """Official init of the RPB table: trunc_normal(0.02) (the Linear layers keep the host's init)."""
+        if self.relative_position_bias_table is not None:
+            trunc_normal_(self.relative_position_bias_table, std=0.02)
+
+    def init_non_persistent_buffers(self) -> None:
+        """Recompute `relative_position_index` (not saved; e.g. after `to_empty()` of a meta-device build)."""
+        if self.relative_position_bias_table is not None:
+            self.relative_position_index.copy_(relative_position_index(self.window_size,
+                                                                       device=self.relative_position_index.device))
+        self._cache.clear()
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, "

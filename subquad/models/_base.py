@@ -21,6 +21,7 @@ so symbolic tracing never branches on a traced shape.
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -128,13 +129,25 @@ class Backbone(nn.Module):
         p = self._level_prefix(i)
         return tokens_to_nchw(x, hw, p) if fmt == "NCHW" else x[:, p:]
 
-    @staticmethod
-    def _init_module(m: nn.Module) -> None:
-        """Official per-module init: trunc_normal(0.02) Linear weights, zero biases (hosts override)."""
-        if isinstance(m, nn.Linear):
+    #: Official per-module init, declared: Linear trunc_normal(0.02) with zero bias always; conv weights
+    #: `init_convs` = None (PyTorch's default), 'trunc_normal' (std 0.02, zero bias) or 'fan_out'
+    #: (normal(0, sqrt(2 / fan_out)), fan_out = prod(kernel) * out / groups, zero bias); norms (1, 0) when
+    #: `init_norms` (else PyTorch's default, which is the same for freshly built norms).
+    init_convs: str | None = None
+    init_norms: bool = False
+
+    def _init_module(self, m: nn.Module) -> None:
+        if isinstance(m, nn.Linear) or (self.init_convs == "trunc_normal" and isinstance(m, nn.Conv2d)):
             nn.init.trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
+        elif self.init_convs == "fan_out" and isinstance(m, (nn.Conv2d, nn.Conv3d)):
+            fan_out = math.prod(m.kernel_size) * m.out_channels // m.groups
+            nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / fan_out))
+        elif self.init_norms and isinstance(m, (nn.LayerNorm, nn.BatchNorm2d, nn.BatchNorm3d)):
+            nn.init.ones_(m.weight)
+        else:
+            return
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
 
     def _init_extra(self) -> None:
         """Host parameters that no module owns (position embeddings, class tokens)."""

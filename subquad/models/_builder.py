@@ -24,7 +24,7 @@ from torch import nn
 from ..errors import UserError
 
 __all__ = ["build", "load_checkpoint", "read_state_dict", "unwrap_state_dict", "load_into", "Variant",
-           "register_family", "NON_STD", "IMAGENET_CFG"]
+           "register_family", "NON_STD", "FAMILY_MODULES", "IMAGENET_CFG"]
 
 _logger = logging.getLogger(__name__)
 
@@ -170,6 +170,8 @@ REQUIRED_CFG_KEYS = ("input_size", "min_input_size", "pool_size", "crop_pct", "i
 #: Registered names whose features are not a (B, C, H, W)-style image map (prefix tokens or video): timm's tests
 #: treat them as its non-standard models.
 NON_STD: set[str] = set()
+#: timm module names (the family files' last name component) under which `register_family` registered models.
+FAMILY_MODULES: set[str] = set()
 
 IMAGENET_CFG = dict(num_classes=1000, input_size=(3, 224, 224), crop_pct=0.875, interpolation="bicubic",
                     mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), classifier="head")
@@ -216,6 +218,7 @@ def register_family(module: str, model_cls: type[nn.Module], variants: Sequence[
     from ._card import ModelCard, register_card
 
     mod = sys.modules[module]
+    FAMILY_MODULES.add(module.rsplit(".", 1)[-1])
     cfgs: dict[str, dict] = {}
     for v in variants:
         merged = {**IMAGENET_CFG, **cfg, **v.cfg}
@@ -230,7 +233,8 @@ def register_family(module: str, model_cls: type[nn.Module], variants: Sequence[
         if v.weights:
             cfgs.update({f"{v.name}.{tag}": {**merged, **w} for tag, w in v.weights.items()})
         else:
-            cfgs[v.name] = {"notes": "no released weights", **merged}
+            note = merged.get("notes")
+            cfgs[v.name] = {**merged, "notes": "no released weights" + (f"; {note}" if note else "")}
     mod.default_cfgs = {**getattr(mod, "default_cfgs", {}), **generate_default_cfgs(cfgs)}
     for v in variants:
         register_card(ModelCard(arch=v.name, **{**(card or {}), **v.card},

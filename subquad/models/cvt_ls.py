@@ -204,6 +204,8 @@ class CvTLS(Backbone):
         global_pool: 'token' (the stage-3 class token, CvT's head), 'avg' (mean of the patch tokens) or ''.
     """
 
+    init_norms = True
+
     output_fmt = "NLC"
     num_prefix_tokens = 1
     group_patterns = dict(stem=r"^stage0\.patch_embed", blocks=[(r"^stage(\d+)\.blocks\.(\d+)", None),
@@ -241,16 +243,6 @@ class CvTLS(Backbone):
         self._init_head(num_classes, global_pool, drop_rate, **dd)
         self._finish_init()
 
-    @staticmethod
-    def _init_module(m: nn.Module) -> None:
-        """CvT init: Linear trunc_normal(0.02), bias 0; LayerNorm / BatchNorm (1, 0); convs default."""
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, (nn.LayerNorm, nn.BatchNorm2d)):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
 
     def _init_extra(self) -> None:
         self.stage2.reset_parameters()
@@ -275,8 +267,10 @@ _21 = {**_13, "depths": (1, 4, 16)}
 _LS_SRC = ("Long-Short Transformer: Efficient Transformers for Language and Vision (arXiv 2107.02192) App. E / "
            "Table 5 (CvT*-LS)")
 _CVT_SRC = "CvT: Introducing Convolutions to Vision Transformers (arXiv 2103.15808) Table 2"
-_LS_NOTE = ("[unofficial] reconstruction: code never released, r and w not published (w = 7, r = 64 ours); "
-            "ref_params is our definition's count, not the paper's (see docs/deviations.md)")
+_LS_NOTE = ("[unofficial] reconstruction: code never released and the paper's r and w are not in its text; w = 7, "
+            "r = 64 are ours. ref_params / ref_gmacs are our definition's counts: the paper's smaller numbers are met "
+            "by a smaller dynamic projection and window (measured with r = 8, w = 4: 20.25 M / 4.91 GMACs for -13, "
+            "32.03 M / 7.89 GMACs for -21), so the difference is r and w, not the host (see docs/deviations.md)")
 _CVT_NOTE = "CvT host re-implemented here (softmax baseline of CvT*-LS); no weights"
 register_family(__name__, CvTLS, [
     Variant("cvt_ls_micro", dict(img_size=32, embed_dims=(16, 24, 32), depths=(1, 1, 1), num_heads=(1, 2, 2),

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from timm.layers import DropPath, register_notrace_module, trunc_normal_
+from timm.layers import DropPath, register_notrace_module
 from torch import nn
 
 from .._shapes import as_hw, map_to_tokens, tokens_to_map
@@ -142,6 +142,8 @@ class FlattenCSWin(Backbone):
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
     """
 
+    init_norms = True
+
     group_patterns = dict(stem=r"^stage1_conv_embed",
                           blocks=[(r"^stage(\d+)\.(\d+)", None), (r"^merge(\d+)", (0,)), (r"^norm", (99999,))])
 
@@ -203,17 +205,6 @@ class FlattenCSWin(Backbone):
             delattr(self, f"merge{i}")
         self.num_stages = num_stages
 
-    @staticmethod
-    def _init_module(m: nn.Module) -> None:
-        """Official init: Linear trunc_normal(0.02), zero bias; LN (1, 0); convs keep PyTorch's default (focused
-        `scale` / `positional_encoding` stay zero)."""
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
 
 
 def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize: bool = True) -> dict:

@@ -151,6 +151,8 @@ class FlattenPVT(PVTHost):
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
     """
 
+    init_norms = True
+
     stage_attrs = ("patch_embed", "pos_embed", "pos_drop", "block")
 
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 4, in_chans: int = 3,
@@ -188,16 +190,6 @@ class FlattenPVT(PVTHost):
         pos = resize_pos_embed_2d(getattr(self, f"pos_embed{i + 1}"), self.grids[i], hw)
         return getattr(self, f"pos_drop{i + 1}")(x + pos)
 
-    @staticmethod
-    def _init_module(m: nn.Module) -> None:
-        """Official PVT v1 init: Linear trunc_normal(0.02) with zero bias, LayerNorm (1, 0); convs keep defaults."""
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
 
     def _init_extra(self) -> None:
         for i in range(self.num_stages):

@@ -14,11 +14,9 @@ Symbols: C_i stage width, h heads (d = 64 for b1-b5, 32 for b0), p focusing fact
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
-from timm.layers import trunc_normal_
 from torch import nn
 
 from ..layers.patch_embed import OverlapPatchEmbed
@@ -53,6 +51,9 @@ class FlattenPVTv2(PVTHost):
         drop_rate, drop_path_rate: dropout (MLP, head) and stochastic depth (linear rule).
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
     """
+
+    init_convs = "fan_out"
+    init_norms = True
 
     stage_attrs = ("patch_embed", "block", "norm")
 
@@ -94,22 +95,6 @@ class FlattenPVTv2(PVTHost):
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
-    @staticmethod
-    def _init_module(m: nn.Module) -> None:
-        """Official PVTv2 init: Linear trunc_normal(0.02), LN (1, 0), every Conv2d normal(0, sqrt(2 / fan_out)),
-        fan_out = k_h * k_w * out / groups, zero biases."""
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Conv2d):
-            fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
-            nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / fan_out))
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
 
 
 def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize: bool = True) -> dict:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, PatchEmbed, register_notrace_module, trunc_normal_
+from timm.layers import DropPath, PatchEmbed, register_notrace_module
 from torch import nn
 
 from .._shapes import as_hw
@@ -171,6 +171,8 @@ class FlattenSwin(Backbone):
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
     """
 
+    init_norms = True
+
     group_patterns = dict(stem=r"^patch_embed", blocks=[(r"^layers\.(\d+)\.downsample", (0,)),
                                                         (r"^layers\.(\d+)\.blocks\.(\d+)", None), (r"^norm", (99999,))])
     group_patterns_coarse = dict(stem=r"^patch_embed", blocks=r"^layers\.(\d+)")
@@ -239,17 +241,6 @@ class FlattenSwin(Backbone):
         """The official keyword rule (`absolute_pos_embed` is absent; `scale` and `positional_encoding` decay)."""
         return {"relative_position_bias_table"}
 
-    @staticmethod
-    def _init_module(m: nn.Module) -> None:
-        """Official init: Linear trunc_normal(0.02), zero bias; LN (1, 0); convs keep PyTorch's default (the
-        mechanisms' own tables: RPB trunc_normal(0.02), focused `scale` / `positional_encoding` zeros)."""
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
 
 
 def _resize_rpb(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from timm.layers import DropPath, register_notrace_module, trunc_normal_
+from timm.layers import DropPath, register_notrace_module
 from torch import nn
 
 from ..attention import build_attention
@@ -127,6 +127,8 @@ class L2ViT(Backbone):
         global_pool: 'avg' (mean of the final tokens) or '' (unpooled (B, H, W, C) features).
     """
 
+    init_convs = "trunc_normal"
+
     group_patterns = dict(stem=r"^downsample_layers\.0", blocks=[(r"^stages\.(\d+)\.(\d+)", None),
                                                                  (r"^downsample_layers\.(\d+)", (0,)),
                                                                  (r"^norm", (99999,))])
@@ -178,13 +180,6 @@ class L2ViT(Backbone):
         x, hw = self.downsample_layers[i](x) if i == 0 else self.downsample_layers[i](x, hw)
         return self._run_blocks(self.stages[i], x, hw), hw
 
-    @staticmethod
-    def _init_module(m: nn.Module) -> None:
-        """Official init: trunc_normal(0.02) on every Conv2d and Linear weight, zero biases; norms keep defaults."""
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
 
     def _truncate(self, num_stages: int) -> None:
         self.downsample_layers = self.downsample_layers[:num_stages]

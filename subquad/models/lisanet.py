@@ -25,7 +25,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from timm.layers import DropPath, register_notrace_module, trunc_normal_
+from timm.layers import DropPath, register_notrace_module
 from torch import nn
 
 from .._shapes import as_hw
@@ -163,23 +163,11 @@ torch.fx.wrap("as_clip")
 class _LiSAHost(Backbone):
     """Shared parts of both LiSANet hosts: channels-first features, the official-style init and cfg patterns."""
 
+    init_convs = "fan_out"
+    init_norms = True
+
     output_fmt = "NCHW"
 
-    @staticmethod
-    def _init_module(m: nn.Module) -> None:
-        """Linear trunc_normal(0.02), bias 0; Conv normal(0, sqrt(2 / fan_out)) (PVTv2); norms (1, 0)."""
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, (nn.Conv2d, nn.Conv3d)):
-            fan_out = math.prod(m.kernel_size) * m.out_channels // m.groups
-            nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / fan_out))
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, (nn.LayerNorm, nn.BatchNorm2d, nn.BatchNorm3d)):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
 
     def _init_extra(self) -> None:
         # LiSA kernels keep their own init after the generic Linear/Conv rule.

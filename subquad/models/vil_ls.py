@@ -214,6 +214,8 @@ class ViLLS(Backbone):
         global_pool: 'auto' (the class token when the last stage has one, else the mean), 'token', 'avg' or ''.
     """
 
+    init_norms = True
+
     group_patterns = dict(stem=r"^layer1\.0\.", blocks=[(r"^layer(\d+)\.(\d+)", None), (r"^norm", (99999,))])
     no_decay = ("pos_embed", "cls_token", r"norm\.weight", r"norm\.bias", "norm_embed", r"head\.bias",
                 "relative_position")
@@ -275,16 +277,6 @@ class ViLLS(Backbone):
         self._init_head(num_classes, global_pool, drop_rate, **dd)
         self._finish_init()
 
-    @staticmethod
-    def _init_module(m: nn.Module) -> None:
-        """Official `_init_weights`: Linear trunc_normal(0.02), bias 0; LayerNorm (1, 0); convs default."""
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
 
     def _forward_level(self, s: int, x: torch.Tensor, hw):
         """Stage s: the previous stage's tokens as a map (global tokens dropped), embedding, blocks."""
