@@ -13,7 +13,8 @@ from torch import nn
 from ..registry import Registry
 from .base import AttentionCaps, Request, TokenMixer, check
 
-__all__ = ["register_attention", "build_attention", "list_attention", "get_attention_cls", "ATTENTION_REGISTRY",
+__all__ = ["register_attention", "build_attention", "build_stage_attention", "list_attention", "get_attention_cls",
+           "ATTENTION_REGISTRY",
            "AttentionCaps", "Request", "TokenMixer", "check"]
 
 ATTENTION_REGISTRY = Registry("attention")
@@ -52,6 +53,16 @@ def build_attention(name: str, dim: int, num_heads: int, **kwargs: Any) -> nn.Mo
             allowed = sorted(k for k in params if k not in ("self", "dim", "num_heads"))
             raise ValueError(f"attention {name!r} got unknown option(s) {unknown}; allowed: {allowed}")
     return cls(dim, num_heads, **kwargs)
+
+
+def build_stage_attention(name: str, dim: int, num_heads: int, stage: dict, overrides: dict | None = None,
+                          **kwargs: Any) -> nn.Module:
+    """Build mechanism `name` for one stage of a host: the mechanism's adapter (`stage_kwargs`) turns the host's
+    stage facts (grid, window, shift, spatial reduction, projection layout, ...) into its options, so a host never
+    switches on mechanism names. `overrides` (a user's `attn_kwargs`) and `kwargs` (device, dtype) are passed as
+    they are."""
+    opts = {**get_attention_cls(name).stage_kwargs(stage), **(overrides or {})}
+    return build_attention(name, dim, num_heads, **opts, **kwargs)
 
 
 def list_attention(filter: str = "") -> list[str]:  # noqa: A002 - mirrors timm.list_models(filter=...)

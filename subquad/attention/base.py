@@ -79,6 +79,32 @@ class TokenMixer(nn.Module):
     # Leading non-grid tokens (a class token) in x; spatial mechanisms that accept them set this in __init__.
     num_prefix_tokens: int = 0
 
+    @classmethod
+    def stage_kwargs(cls, stage: dict) -> dict:
+        """The mechanism's adapter: this mechanism's options from what a host knows about a stage.
+
+        `stage` may hold `grid` (construction map (H, W)), `qkv_bias`, `proj_drop`, `num_prefix_tokens`,
+        `window_size`, `shifted` (odd block of a shifted-window pair), `sr_ratio` (the host's spatial reduction),
+        `qkv_layout` (the host's projection layout: 'qkv', 'q_kv' or 'external'), `form` (a named official form,
+        e.g. 'lwa' for L2ViT's local windows) and `hints` (host options meant for whichever mechanism accepts
+        them, e.g. FLatten's `focusing_factor`). The default passes the generic ones this class accepts; mechanisms
+        with stage structure (windows, spatial reduction, projection layouts) extend it.
+        """
+        import inspect
+
+        params = inspect.signature(cls.__init__).parameters
+        kw = {"input_size": stage.get("grid"), "qkv_bias": stage.get("qkv_bias"), "proj_drop": stage.get("proj_drop"),
+              **stage.get("hints", {})}
+        if stage.get("num_prefix_tokens"):
+            # Every mechanism that can see the token grid is told about prefix (class) tokens; one that mixes the
+            # grid and cannot take them is refused when the host is built, never at the first forward.
+            if "num_prefix_tokens" in params:
+                kw["num_prefix_tokens"] = stage["num_prefix_tokens"]
+            elif cls.caps.needs_hw:
+                raise ValueError(f"attention {cls.name!r} mixes the token grid and cannot take a class token; build "
+                                 "the host with class_token=False, global_pool='avg'")
+        return {k: v for k, v in kw.items() if k in params and v is not None}
+
     def _check_input(self, x: torch.Tensor, hw=None, mask: torch.Tensor | None = None):
         """Validate x (B, N, C), hw and mask; returns (H, W) or None per `caps.needs_hw`."""
         who = f"{type(self).__name__} ({self.name!r})"

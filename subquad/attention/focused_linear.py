@@ -65,6 +65,19 @@ class FocusedLinearAttention(TokenMixer):
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False, complexity="O(N)",
                          sequence=False, notes="FLatten; DWC needs the grid; PE resized bicubically at other grids")
 
+    @classmethod
+    def stage_kwargs(cls, stage: dict) -> dict:
+        """The host's projection layout (`qkv_layout`: 'qkv', PVT's 'q_kv', or CSwin's 'external' with LePE) and
+        the spatial reduction of linear-attention stages (`la_sr_ratio`, 1 in every released FLatten model)."""
+        kw = super().stage_kwargs(stage)
+        layout = stage.get("qkv_layout", "qkv")
+        kw["qkv_layout"] = layout
+        if layout == "external":
+            kw["lepe"] = True
+        if stage.get("la_sr_ratio", 1) != 1 or layout == "q_kv":
+            kw["sr_ratio"] = stage.get("la_sr_ratio", 1)
+        return kw
+
     def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
                  qkv_layout: str = "qkv", qkv_bias: bool = True, focusing_factor: float = 3,
                  kernel_size: int = 5, sr_ratio: int = 1, linear_sr: bool = False, sr_mode: str = "bilinear",

@@ -87,7 +87,10 @@ class GlobalFilter(TokenMixer):
         self.complex_weight = nn.Parameter(torch.empty(H0, W0 // 2 + 1, dim, 2, device=device, dtype=dtype))
         self.proj_drop = nn.Dropout(proj_drop)
         if not self.complex_weight.is_meta:
-            nn.init.normal_(self.complex_weight, std=0.02)
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.complex_weight, std=0.02)
 
     def filter_for(self, hw: Sequence[int]) -> torch.Tensor:
         """The half-spectrum filter (H, W//2+1, C, 2) for grid hw (resampled when hw differs from input_size)."""

@@ -79,10 +79,13 @@ class LinearAttention(TokenMixer):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
         self.proj = nn.Linear(dim, dim, **dd)
         if not self.qkv.weight.is_meta:
-            for lin in (self.qkv, self.proj):
-                trunc_normal_(lin.weight, std=0.02)
-                if lin.bias is not None:
-                    nn.init.zeros_(lin.bias)
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lin in (self.qkv, self.proj):
+            trunc_normal_(lin.weight, std=0.02)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
 
     def _qkv(self, x: torch.Tensor):
         B, N, C = x.shape

@@ -114,12 +114,12 @@ class LongShortAttention(TokenMixer):
                  qk_scale: float | None = None, rpe: bool | None = None, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, input_size: tuple[int, int] | None = None, fused: bool = True,
                  group: int | None = None, chunk_size: int | None = None, causal_form: str | None = None,
-                 dual_ln: bool = True, device=None, dtype=None) -> None:
+                 dual_ln: bool = True, clamp_len: int | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         who = "long_short attention"
-        if chunk_size is not None or causal_form is not None:
-            raise ValueError(f"{who}: chunk_size / causal_form apply to causal=True only")
+        if chunk_size is not None or causal_form is not None or clamp_len is not None:
+            raise ValueError(f"{who}: chunk_size / causal_form / clamp_len apply to causal=True only")
         if dims not in (None, 1, 2):
             raise ValueError(f"{who}: dims must be None, 1 or 2, got {dims!r}")
         if layout not in ("vision", "lra", "external"):
@@ -173,7 +173,18 @@ class LongShortAttention(TokenMixer):
             self.register_buffer("relative_position_index", rpe_index_tile(window_size, device=device),
                                  persistent=False)
             if not self.local_relative_position_bias_table.is_meta:
-                trunc_normal_(self.local_relative_position_bias_table, std=0.02)
+                self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Official init of the ViL window RPB table: trunc_normal(0.02)."""
+        if self.rpe:
+            trunc_normal_(self.local_relative_position_bias_table, std=0.02)
+
+    def init_non_persistent_buffers(self) -> None:
+        """Recompute `relative_position_index` (not saved; e.g. after `to_empty()` of a meta-device build)."""
+        if self.rpe:
+            idx = self.relative_position_index
+            idx.copy_(rpe_index_tile(self.window_size, device=idx.device))
 
     # Parameter access shared by both layouts.
     def _qkv(self, x: torch.Tensor):

@@ -56,6 +56,14 @@ class MultiHeadAttention(TokenMixer):
     caps = AttentionCaps(bidirectional=True, causal=True, needs_hw=False, supports_mask=True,
                          complexity="O(N^2)", sequence=True)
 
+    @classmethod
+    def stage_kwargs(cls, stage: dict) -> dict:
+        """PVT's spatial-reduction attention takes the host's `sr_ratio` (keys and values on a map reduced by it)."""
+        kw = super().stage_kwargs(stage)
+        if stage.get("sr_ratio", 1) > 1 or kw.get("linear_sr"):
+            kw["sr_ratio"] = stage.get("sr_ratio", 1)
+        return kw
+
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, input_size: tuple[int, int] | None = None, fused: bool = True,
                  causal: bool = False, sr_ratio: int = 1, linear_sr: bool = False, pool_size: int = 7,

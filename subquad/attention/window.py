@@ -69,6 +69,16 @@ class WindowAttention(TokenMixer):
                          complexity="O(N w^2)", sequence=False,
                          notes="Swin W-MSA/SW-MSA (RPB, shift mask, padded keys masked) or L2ViT LWA (zero padding)")
 
+    @classmethod
+    def stage_kwargs(cls, stage: dict) -> dict:
+        """Window w = `window_size` (7), shift w // 2 on `shifted` blocks (Swin W-MSA / SW-MSA with RPB); the
+        form 'lwa' is L2ViT's local window attention (no RPB, zero-padded tokens kept as keys, no shift)."""
+        kw = super().stage_kwargs(stage)
+        w = stage.get("window_size") or 7
+        if stage.get("form") == "lwa":
+            return {**kw, "window_size": w, "shift_size": 0, "rel_pos_bias": False, "pad_mode": "zero"}
+        return {**kw, "window_size": w, "shift_size": w // 2 if stage.get("shifted") else 0}
+
     def __init__(self, dim: int, num_heads: int = 8, window_size: int = 7, shift_size: int = 0,
                  qkv_bias: bool = True, rel_pos_bias: bool = True, pad_mode: str = "mask",
                  clip_window: bool | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0,
@@ -101,7 +111,7 @@ class WindowAttention(TokenMixer):
             self.register_buffer("relative_position_index",
                                  relative_position_index(window_size, device=device), persistent=False)
             if not self.relative_position_bias_table.is_meta:
-                trunc_normal_(self.relative_position_bias_table, std=0.02)
+                self.reset_parameters()
         else:
             self.relative_position_bias_table = None
         self.attn_drop = nn.Dropout(attn_drop)
@@ -110,6 +120,18 @@ class WindowAttention(TokenMixer):
         # Per-geometry index maps and masks (recomputed buffers, never saved); small and bounded by the number of
         # distinct map sizes a model sees.
         self._cache: dict = {}
+
+    def reset_parameters(self) -> None:
+        """Official init of the RPB table: trunc_normal(0.02) (the Linear layers keep the host's init)."""
+        if self.relative_position_bias_table is not None:
+            trunc_normal_(self.relative_position_bias_table, std=0.02)
+
+    def init_non_persistent_buffers(self) -> None:
+        """Recompute `relative_position_index` (not saved; e.g. after `to_empty()` of a meta-device build)."""
+        if self.relative_position_bias_table is not None:
+            self.relative_position_index.copy_(relative_position_index(self.window_size,
+                                                                       device=self.relative_position_index.device))
+        self._cache.clear()
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, window_size={self.window_size}, "

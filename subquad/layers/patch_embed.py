@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from timm.layers import register_notrace_module
 from torch import nn
 
 from .._shapes import map_to_tokens, pad_to_multiple, tokens_to_map
@@ -46,6 +47,7 @@ class ConvStem(nn.Module):
         return self.proj(x)
 
 
+@register_notrace_module
 class L2ViTStem(nn.Module):
     """L2ViT patch embedding of stage 1: zero-pad to the stride, ConvStem, tokens, LayerNorm.
 
@@ -68,6 +70,7 @@ class L2ViTStem(nn.Module):
         return self.norm(map_to_tokens(x)), hw
 
 
+@register_notrace_module
 class PreNormDownsample(nn.Module):
     """LayerNorm on tokens, then a k=s=2 conv on the map (zero-padded to even sizes). (B, H*W, C_in) -> (B, N', C_out).
 
@@ -89,6 +92,7 @@ class PreNormDownsample(nn.Module):
         return map_to_tokens(x), (x.shape[2], x.shape[3])
 
 
+@register_notrace_module
 class PatchEmbedLN(nn.Module):
     """Non-overlapping patch embedding: Conv k=s=p, tokens, LayerNorm (eps 1e-5). Sizes are floored (no padding).
 
@@ -109,6 +113,7 @@ class PatchEmbedLN(nn.Module):
         return self.norm(map_to_tokens(x)), (x.shape[2], x.shape[3])
 
 
+@register_notrace_module
 class OverlapPatchEmbed(nn.Module):
     """Overlapping patch embedding: Conv k, stride s, padding k // 2, tokens, LayerNorm (eps 1e-5).
 

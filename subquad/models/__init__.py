@@ -7,24 +7,30 @@ One import per family file; each file holds its classes, `remap_official`, `@reg
 from __future__ import annotations
 
 from . import vit  # noqa: F401
+from ._base import InputShapeError
+from ._builder import NON_STD
 from ._card import CARDS, ModelCard, get_card
 
-__all__ = ["CARDS", "ModelCard", "get_card", "create_model", "list_models", "is_subquad_model"]
+__all__ = ["CARDS", "NON_STD", "InputShapeError", "ModelCard", "get_card", "create_model", "list_models",
+           "is_subquad_model"]
 
 
 def is_subquad_model(name: str) -> bool:
-    return name.split(".")[0] in CARDS
+    return name.split(".")[0] in set(list_models())
 
 
 def list_models(filter: str = "") -> list[str]:  # noqa: A002 - mirrors timm.list_models(filter=...)
-    """Models registered by subquad (tiny `*_micro` variants included), optionally filtered by a glob/substring."""
-    import fnmatch
+    """Models registered by subquad (tiny `*_micro` variants included), optionally filtered by a glob/substring.
 
-    names = sorted(CARDS)
-    if not filter:
-        return names
-    pat = filter if any(c in filter for c in "*?[") else f"*{filter}*"
-    return [n for n in names if fnmatch.fnmatch(n, pat)]
+    The list is timm's registry restricted to subquad's family modules (not the cards: a card without a model, or
+    a model without a card, is then a test failure rather than invisible)."""
+    import timm
+
+    from ._builder import FAMILY_MODULES
+
+    if filter and not any(c in filter for c in "*?["):
+        filter = f"*{filter}*"  # noqa: A001
+    return timm.list_models(filter or "", module=sorted(FAMILY_MODULES))
 
 
 def create_model(name: str, pretrained: bool = False, checkpoint_path: str | None = None, **kwargs):

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,38 +23,63 @@ from torch import nn
 
 from ..errors import UserError
 
-__all__ = ["build", "load_checkpoint", "read_state_dict", "unwrap_state_dict", "load_into"]
+__all__ = ["build", "load_checkpoint", "read_state_dict", "unwrap_state_dict", "load_into", "Variant",
+           "register_family", "NON_STD", "FAMILY_MODULES", "IMAGENET_CFG"]
 
 _logger = logging.getLogger(__name__)
 
-_WRAPPER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module")
+_WRAPPER_KEYS = ("model_ema", "state_dict_ema", "model", "state_dict", "module", "net")
 
 
 def build(model_cls: type[nn.Module], variant: str, pretrained: bool = False,
           remap: Callable[[dict, nn.Module], dict] | None = None, default_out_indices: Sequence[int] = (0, 1, 2, 3),
           **kwargs: Any) -> nn.Module:
-    """Build a registered variant through timm (features via `forward_intermediates`)."""
+    """Build a registered variant through timm (features via `forward_intermediates`).
+
+    `pretrained=True` (or a tagged name such as `l2vit_tiny.in1k`) loads the weights that timm's pretrained cfg
+    names: `file` (e.g. `pretrained_cfg_overlay=dict(file=...)`) or the official release `url` (downloaded into
+    timm's cache). Either is read without unpickling objects and mapped strictly through `remap`; a head of another
+    size than the checkpoint's is left freshly initialised. A variant without released weights says so.
+    """
     checkpoint_path = kwargs.pop("subquad_checkpoint", None)
     # A caller's out_indices (features_only=True) overrides the family default.
     out_indices = kwargs.pop("out_indices", default_out_indices)
     features = bool(kwargs.get("features_only", False))
     model = build_model_with_cfg(
-        model_cls, variant, pretrained, pretrained_filter_fn=remap,
-        feature_cfg=dict(feature_cls="getter",
-                         out_indices=out_indices if isinstance(out_indices, int) else tuple(out_indices)), **kwargs)
+        model_cls, variant, False, feature_cfg=dict(
+            feature_cls="getter", out_indices=out_indices if isinstance(out_indices, int) else tuple(out_indices)),
+        **kwargs)
+    skip_head = False
+    if pretrained:
+        cfg = model.pretrained_cfg
+        checkpoint_path = cfg.get("file") or _download(cfg.get("url"), variant, cfg)
+        backbone = model.model if features else model
+        skip_head = getattr(backbone, "num_classes", cfg.get("num_classes")) != cfg.get("num_classes")
     if checkpoint_path:
+        backbone = model.model if features else model
+        sd = read_state_dict(checkpoint_path)
+        sd = remap(sd, backbone) if remap is not None else sd
+        own = backbone.state_dict()
         if features:
-            # A feature extractor wraps the backbone (`.model`) and has pruned its head: load the keys it kept
-            # (every one must be in the checkpoint, with its shape).
-            backbone = model.model
-            sd = read_state_dict(checkpoint_path)
-            sd = remap(sd, backbone) if remap is not None else sd
-            own = backbone.state_dict()
-            load_into(backbone, {k: v for k, v in sd.items() if k in own}, strict=True,
-                      what=f"checkpoint {os.fspath(checkpoint_path)!r}")
-        else:
-            load_checkpoint(model, checkpoint_path, remap=remap)
+            # A feature extractor has pruned its head (and maybe late stages): load the keys it kept (every one must
+            # be in the checkpoint, with its shape).
+            sd = {k: v for k, v in sd.items() if k in own}
+        if skip_head:
+            # A head of another size keeps its fresh init.
+            head = (model.pretrained_cfg.get("classifier") or "head") + "."
+            sd = {**{k: v for k, v in sd.items() if not k.startswith(head)},
+                  **{k: v for k, v in own.items() if k.startswith(head)}}
+        load_into(backbone, sd, strict=True, what=f"checkpoint {os.fspath(checkpoint_path)!r}")
     return model
+
+
+def _download(url: str | None, variant: str, cfg: dict) -> str:
+    if not url:
+        raise UserError(f"{variant}: no released weights exist ({cfg.get('notes') or 'none published'}); pass "
+                        "checkpoint_path=... or pretrained_cfg_overlay=dict(file=...)")
+    from timm.models._hub import download_cached_file
+
+    return download_cached_file(url, check_hash=False, progress=True)
 
 
 def unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> dict[str, torch.Tensor]:
@@ -133,3 +160,98 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike,
     if remap is not None:
         sd = remap(sd, model)
     return load_into(model, sd, strict=strict, what=f"checkpoint {os.fspath(path)!r}")
+
+
+# ----- one registration helper for every family -----
+
+#: Keys every pretrained cfg must carry (`pool_size` except for token-output hosts, whose features are not a map).
+REQUIRED_CFG_KEYS = ("input_size", "min_input_size", "pool_size", "crop_pct", "interpolation", "mean", "std",
+                     "first_conv", "classifier", "license", "paper_ids", "origin_url")
+#: Registered names whose features are not a (B, C, H, W)-style image map (prefix tokens or video): timm's tests
+#: treat them as its non-standard models.
+NON_STD: set[str] = set()
+#: timm module names (the family files' last name component) under which `register_family` registered models.
+FAMILY_MODULES: set[str] = set()
+
+IMAGENET_CFG = dict(num_classes=1000, input_size=(3, 224, 224), crop_pct=0.875, interpolation="bicubic",
+                    mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), classifier="head")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One registered model: its constructor arguments, its card, its cfg overrides and its released weights.
+
+    Attributes:
+        name: the registered name.
+        args: constructor arguments (a caller's kwargs override them).
+        card: `ModelCard` fields other than `arch` (family defaults are merged in).
+        cfg: pretrained-cfg overrides for every tag (input_size, crop_pct, ...).
+        weights: tag -> cfg of a released checkpoint (`url`, `notes` with the claimed top-1, ...); empty when
+            nothing was released (the cfg then says so).
+    """
+
+    name: str
+    args: dict
+    card: dict
+    cfg: dict = field(default_factory=dict)
+    weights: dict = field(default_factory=dict)
+
+
+def register_family(module: str, model_cls: type[nn.Module], variants: Sequence[Variant], cfg: dict,
+                    stride: Callable[[dict], int], remap: Callable | None = None, card: dict | None = None,
+                    out_indices: Callable[[dict], Sequence[int]] | None = None, non_std: bool = False) -> None:
+    """Register a family's variants into timm: entry points, complete `default_cfgs` and model cards.
+
+    Args:
+        module: the family module's `__name__` (timm files the entry points and cfgs under it).
+        model_cls: the host class.
+        variants: the variant table.
+        cfg: the family's pretrained-cfg fields (merged over `IMAGENET_CFG`).
+        stride: total stride of a variant from its arguments (sets `min_input_size` and `pool_size`).
+        remap: official checkpoint -> our state dict (strict), for `pretrained=True` and `checkpoint_path=`.
+        card: `ModelCard` defaults of the family.
+        out_indices: default `features_only` levels from the merged arguments (four stages when None).
+        non_std: features are prefix tokens or video maps (no `pool_size`; timm's non-standard tests).
+    """
+    from timm.models import generate_default_cfgs, register_model
+
+    from ._card import ModelCard, register_card
+
+    mod = sys.modules[module]
+    FAMILY_MODULES.add(module.rsplit(".", 1)[-1])
+    cfgs: dict[str, dict] = {}
+    for v in variants:
+        merged = {**IMAGENET_CFG, **cfg, **v.cfg}
+        size = tuple(merged["input_size"])
+        s = stride(v.args)
+        merged.setdefault("min_input_size", (size[0], *([1] * (len(size) - 3)), s, s))
+        if not non_std:
+            merged.setdefault("pool_size", tuple(-(-n // s) for n in size[-2:]))
+        missing = [k for k in REQUIRED_CFG_KEYS if merged.get(k) is None and not (non_std and k == "pool_size")]
+        if missing:
+            raise ValueError(f"{v.name}: pretrained cfg lacks {missing}")
+        if v.weights:
+            cfgs.update({f"{v.name}.{tag}": {**merged, **w} for tag, w in v.weights.items()})
+        else:
+            note = merged.get("notes")
+            cfgs[v.name] = {**merged, "notes": "no released weights" + (f"; {note}" if note else "")}
+    mod.default_cfgs = {**getattr(mod, "default_cfgs", {}), **generate_default_cfgs(cfgs)}
+    for v in variants:
+        register_card(ModelCard(arch=v.name, **{**(card or {}), **v.card},
+                                tags=("non-std",) if non_std else ()))
+        if non_std:
+            NON_STD.add(v.name)
+        fn = _entry_point(model_cls, v, remap, out_indices)
+        fn.__module__ = module
+        setattr(mod, v.name, register_model(fn))
+
+
+def _entry_point(model_cls, v: Variant, remap, out_indices) -> Callable[..., nn.Module]:
+    def entry(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+        merged = {**v.args, **kwargs}
+        default = tuple(out_indices(merged)) if out_indices else (0, 1, 2, 3)
+        return build(model_cls, v.name, pretrained, remap=remap, default_out_indices=default, **merged)
+
+    entry.__name__ = entry.__qualname__ = v.name
+    entry.__doc__ = f"{v.name}: {model_cls.__name__}({', '.join(f'{k}={a!r}' for k, a in v.args.items())})."
+    return entry

@@ -22,7 +22,7 @@ class ModelCard:
         params_m: published parameter count in millions (None: not published).
         gmacs: published "FLOPs" (MACs) in G at `img_size` (None: not published).
         top1: published ImageNet-1k top-1 (%) (None: not published).
-        source: where the numbers come from (seed file + table, or the official README).
+        source: where the numbers come from (paper title or arXiv id with its table, or the official README).
         status: 'official-arch' (architecture follows released code) or 'unofficial' (reconstructed by us).
         ref_params: exact parameter count our model must match within 1 % (official code, measured; else our
             definition's count as stated in the spec). None: no count to hold (tiny test variants).
@@ -71,14 +71,17 @@ def _fmt(v, spec: str) -> str:
 
 
 def cards_table(names: list[str]) -> str:
-    """Markdown table of the cards of `names` (the README models table)."""
-    rows = ["| model | family | status | res | params (M) paper | GMACs paper | top-1 paper | source |",
-            "|---|---|---|---|---|---|---|---|"]
+    """Markdown table of the cards of `names` (the README models table), with the official release tags."""
+    import timm
+
+    rows = ["| model | family | status | res | params (M) paper | GMACs paper | top-1 paper | official weights "
+            "| source |", "|---|---|---|---|---|---|---|---|---|"]
     for n in names:
         c = CARDS.get(n)
         if c is None:
-            rows.append(f"| `{n}` | - | - | - | - | - | - | - |")
+            rows.append(f"| `{n}` | - | - | - | - | - | - | - | - |")
             continue
+        tags = ", ".join(f"`{t}`" for t in timm.list_pretrained(f"{n}.*")) or "-"
         rows.append(f"| `{n}` | {c.family} | {c.status} | {c.img_size} | {_fmt(c.params_m, '.1f')} | "
-                    f"{_fmt(c.gmacs, '.2f')} | {_fmt(c.top1, '.1f')} | {c.source or '-'} |")
+                    f"{_fmt(c.gmacs, '.2f')} | {_fmt(c.top1, '.1f')} | {tags} | {c.source or '-'} |")
     return "\n".join(rows)

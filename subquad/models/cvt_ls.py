@@ -27,18 +27,15 @@ from collections.abc import Sequence
 
 import torch
 import torch.utils.checkpoint
-from timm.layers import DropPath, StdConv2d, trunc_normal_
-from timm.models import generate_default_cfgs, register_model
-from timm.models._features import feature_take_indices
+from timm.layers import DropPath, StdConv2d, register_notrace_module, trunc_normal_
 from torch import nn
 
 from .._shapes import as_hw, merge_heads, split_heads
 from ..attention import build_attention
 from ..attention.functional.softmax import softmax_attention
-from ..errors import UserError
 from ..layers.mlp import Mlp
-from ._builder import build
-from ._card import ModelCard, register_card
+from ._base import Backbone, drop_path_rates, tokens_to_nchw
+from ._builder import Variant, register_family
 
 __all__ = ["CvTLS", "ConvProjAttention"]
 
@@ -158,6 +155,7 @@ class ConvEmbed(nn.Module):
         return self.norm(x.flatten(2).transpose(1, 2)), hw
 
 
+@register_notrace_module
 class Stage(nn.Module):
     """Conv embedding, optional class token, blocks. Map (B, C_in, H, W) -> tokens (B, P + h*w, C), (h, w)."""
 
@@ -174,6 +172,10 @@ class Stage(nn.Module):
                   mlp_ratio, dpr[j], drop, **dd) for j in range(depth)])
         self.grad_checkpointing = False
 
+    def reset_parameters(self) -> None:
+        if self.cls_token is not None:
+            trunc_normal_(self.cls_token, std=0.02)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         x, hw = self.patch_embed(x)
         if self.cls_token is not None:
@@ -186,7 +188,7 @@ class Stage(nn.Module):
         return x, hw
 
 
-class CvTLS(nn.Module):
+class CvTLS(Backbone):
     """CvT host with long-short (CvT*-LS) or softmax (CvT) attention.
 
     Shapes: images (B, in_chans, H, W), any H and W -> logits (B, num_classes); stage maps NCHW at strides
@@ -199,202 +201,94 @@ class CvTLS(nn.Module):
         attn: "long_short" or "softmax" in every stage.
         window_size, rank: w and r of the long-short core (every stage).
         mlp_ratio, drop_rate, attn_drop_rate, drop_path_rate: the usual (drop path linear over all blocks).
+        global_pool: 'token' (the stage-3 class token, CvT's head), 'avg' (mean of the patch tokens) or ''.
     """
+
+    init_norms = True
+
+    output_fmt = "NLC"
+    num_prefix_tokens = 1
+    group_patterns = dict(stem=r"^stage0\.patch_embed", blocks=[(r"^stage(\d+)\.blocks\.(\d+)", None),
+                                                                 (r"^norm", (99999,))])
+    no_decay = (r"^stage2\.cls_token$",)
 
     def __init__(self, img_size: int | tuple[int, int] = 224, in_chans: int = 3, num_classes: int = 1000,
                  embed_dims: Sequence[int] = (64, 192, 384), depths: Sequence[int] = (1, 2, 10),
                  num_heads: Sequence[int] = (1, 3, 6), attn: str = "long_short", window_size: int = 7,
                  rank: int = 64, mlp_ratio: float = 4.0, drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.1, device=None, dtype=None) -> None:
+                 drop_path_rate: float = 0.1, global_pool: str = "token", device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if not (len(embed_dims) == len(depths) == len(num_heads) == 3):
             raise ValueError(f"CvTLS: embed_dims, depths and num_heads need 3 entries each, got {embed_dims}, "
                              f"{depths}, {num_heads}")
         self.img_size = as_hw(img_size)
-        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.total_stride = 16
+        self.grad_checkpointing = False
         self.num_features = self.head_hidden_size = embed_dims[-1]
         embeds = [(7, 4, 2), (3, 2, 1), (3, 2, 1)]
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).split(list(depths))
+        dpr = drop_path_rates(drop_path_rate, depths)
         in_dim, stride = in_chans, 1
         self.feature_info = []
         for i in range(3):
             stride *= embeds[i][1]
             self.add_module(f"stage{i}", Stage(in_dim, embed_dims[i], depths[i], num_heads[i], embeds[i], attn,
-                                               i == 2, window_size, rank, mlp_ratio, dpr[i].tolist(), drop_rate,
+                                               i == 2, window_size, rank, mlp_ratio, dpr[i], drop_rate,
                                                attn_drop_rate, **dd))
             self.feature_info.append(dict(num_chs=embed_dims[i], reduction=stride, module=f"stage{i}"))
             in_dim = embed_dims[i]
         self.num_stages = 3
         self.norm = nn.LayerNorm(embed_dims[-1], **dd)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dims[-1], num_classes, **dd) if num_classes > 0 else nn.Identity()
-        if not self.norm.weight.is_meta:
-            self.apply(self._init_module)
-            trunc_normal_(self.stage2.cls_token, std=0.02)
-
-    @staticmethod
-    def _init_module(m: nn.Module) -> None:
-        """CvT init: Linear trunc_normal(0.02), bias 0; LayerNorm / BatchNorm (1, 0); convs default."""
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, (nn.LayerNorm, nn.BatchNorm2d)):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-
-    def stages(self) -> list[Stage]:
-        return [getattr(self, f"stage{i}") for i in range(self.num_stages)]
-
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        return {"stage2.cls_token"}
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(stem=r"^stage0\.patch_embed", blocks=[(r"^stage(\d+)\.blocks\.(\d+)", None),
-                                                          (r"^norm", (99999,))])
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        for s in self.stages():
-            s.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
-        ref = self.stage0.patch_embed.proj.weight
-        self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype) \
-            if num_classes > 0 else nn.Identity()
-
-    def _check_images(self, x: torch.Tensor) -> None:
-        in_chans = self.stage0.patch_embed.proj.in_channels
-        if x.dim() != 4 or x.shape[1] != in_chans:
-            raise ValueError(f"{type(self).__name__}: expected images (B, {in_chans}, H, W) with {in_chans} input "
-                             f"channels, got shape {tuple(x.shape)}")
-
-    @staticmethod
-    def _to_map(stage: Stage, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        P = int(stage.cls_token is not None)
-        return x[:, P:].transpose(1, 2).reshape(x.shape[0], -1, *hw)
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C_in, H, W) -> normalised stage-3 tokens (B, 1 + h*w, C) (class token first)."""
-        self._check_images(x)
-        stages = self.stages()
-        for i, st in enumerate(stages):
-            x, hw = st(x)
-            if i < len(stages) - 1:
-                x = self._to_map(st, x, hw)
-        return self.norm(x)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.head_drop(x[:, 0])
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None, norm: bool = False,
-                              stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False):
-        """Stage outputs as maps (B, C_s, h_s, w_s) (class token dropped)."""
-        if output_fmt != "NCHW":
-            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
-        self._check_images(x)
-        take, max_index = feature_take_indices(self.num_stages, indices)
-        stages = self.stages()[: (max_index + 1 if stop_early else self.num_stages)]
-        inter = []
-        for i, st in enumerate(stages):
-            x, hw = st(x)
-            if i in take:
-                y = self.norm(x) if norm and i == self.num_stages - 1 else x
-                inter.append(self._to_map(st, y, hw))
-            if i < len(stages) - 1:
-                x = self._to_map(st, x, hw)
-        if intermediates_only:
-            return inter
-        return self.norm(x), inter
-
-    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> list[int]:
-        take, max_index = feature_take_indices(self.num_stages, indices)
-        self.num_stages = max_index + 1
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.reset_classifier(0)
-        return take
+        self._init_head(num_classes, global_pool, drop_rate, **dd)
+        self._finish_init()
 
 
-def _cfg(**kwargs) -> dict:
-    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.875,
-            "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-            "first_conv": "stage0.patch_embed.proj", "classifier": "head", "license": "mit",
-            "paper_ids": "arXiv:2107.02192", **kwargs}
+    def _init_extra(self) -> None:
+        self.stage2.reset_parameters()
 
+    def _level_prefix(self, i: int) -> int:
+        return int(getattr(self, f"stage{i}").cls_token is not None)
 
-default_cfgs = generate_default_cfgs({
-    "cvt_ls_micro": _cfg(input_size=(3, 32, 32), crop_pct=1.0, notes="tiny test/demo variant [unofficial]"),
-    "cvt_ls_13": _cfg(notes="[unofficial] reconstruction of CvT*-LS-13 (code never released; w = 7, r = 64 ours)"),
-    "cvt_ls_21": _cfg(notes="[unofficial] reconstruction of CvT*-LS-21 (code never released; w = 7, r = 64 ours)"),
-    "cvt_13": _cfg(paper_ids="arXiv:2103.15808", notes="CvT-13 host with softmax attention (kv stride 2)"),
-    "cvt_21": _cfg(paper_ids="arXiv:2103.15808", notes="CvT-21 host with softmax attention (kv stride 2)"),
-})
+    def _forward_level(self, i: int, x: torch.Tensor, hw):
+        """Stage i: the previous stage's tokens as a map (class token dropped), then the stage."""
+        if i:
+            x = tokens_to_nchw(x, hw, self._level_prefix(i - 1))
+        return getattr(self, f"stage{i}")(x)
 
-
-def _create(variant: str, pretrained: bool = False, **kwargs) -> CvTLS:
-    if pretrained and not kwargs.get("pretrained_cfg_overlay"):
-        raise UserError(f"{variant}: no weights exist; pass checkpoint_path=... of your own training")
-    return build(CvTLS, variant, pretrained, default_out_indices=(0, 1, 2), **kwargs)
+    def _truncate(self, num_levels: int) -> None:
+        for i in range(num_levels, self.num_stages):
+            delattr(self, f"stage{i}")
+        self.num_stages = num_levels
 
 
 _13 = dict(embed_dims=(64, 192, 384), depths=(1, 2, 10), num_heads=(1, 3, 6))
 _21 = {**_13, "depths": (1, 4, 16)}
-
-
-@register_model
-def cvt_ls_micro(pretrained: bool = False, **kwargs) -> CvTLS:
-    args = dict(img_size=32, embed_dims=(16, 24, 32), depths=(1, 1, 1), num_heads=(1, 2, 2), window_size=2,
-                rank=4)
-    return _create("cvt_ls_micro", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def cvt_ls_13(pretrained: bool = False, **kwargs) -> CvTLS:
-    return _create("cvt_ls_13", pretrained, **{**_13, "attn": "long_short", **kwargs})
-
-
-@register_model
-def cvt_ls_21(pretrained: bool = False, **kwargs) -> CvTLS:
-    return _create("cvt_ls_21", pretrained, **{**_21, "attn": "long_short", **kwargs})
-
-
-@register_model
-def cvt_13(pretrained: bool = False, **kwargs) -> CvTLS:
-    return _create("cvt_13", pretrained, **{**_13, "attn": "softmax", **kwargs})
-
-
-@register_model
-def cvt_21(pretrained: bool = False, **kwargs) -> CvTLS:
-    return _create("cvt_21", pretrained, **{**_21, "attn": "softmax", **kwargs})
-
-
-_LS_SRC = "seed 003 App. E / Table 5 (CvT*-LS); #P and FLOPs [unverified]"
-_CVT_SRC = "CvT paper (arXiv 2103.15808) Table 2 [unverified]"
-_LS_NOTE = ("[unofficial] reconstruction: code never released, r and w lost (w = 7, r = 64 ours); ref_params is "
-            "our definition's count, not the paper's")
-register_card(ModelCard("cvt_ls_micro", "long_short", img_size=32, source="test/demo variant", status="unofficial"))
-register_card(ModelCard("cvt_ls_13", "long_short", 224, 20.3, 4.9, 81.9, _LS_SRC, status="unofficial",
-                        ref_params=21_609_896, ref_gmacs=5.73, notes=_LS_NOTE))
-register_card(ModelCard("cvt_ls_21", "long_short", 224, 32.1, 7.9, 82.7, _LS_SRC, status="unofficial",
-                        ref_params=34_231_208, ref_gmacs=9.23, notes=_LS_NOTE))
-register_card(ModelCard("cvt_13", "long_short", 224, 20.0, 4.5, 81.6, _CVT_SRC, status="unofficial",
-                        ref_params=19_997_480, ref_gmacs=4.57, code="microsoft/CvT",
-                        notes="CvT-13 host re-implemented here (softmax baseline of CvT*-LS); no weights"))
-register_card(ModelCard("cvt_21", "long_short", 224, 31.6, 7.1, 82.5, _CVT_SRC, status="unofficial",
-                        ref_params=31_622_696, ref_gmacs=7.18, code="microsoft/CvT",
-                        notes="CvT-21 host re-implemented here (softmax baseline of CvT*-LS); no weights"))
+_LS_SRC = ("Long-Short Transformer: Efficient Transformers for Language and Vision (arXiv 2107.02192) App. E / "
+           "Table 5 (CvT*-LS)")
+_CVT_SRC = "CvT: Introducing Convolutions to Vision Transformers (arXiv 2103.15808) Table 2"
+_LS_NOTE = ("[unofficial] reconstruction: code never released and the paper's r and w are not in its text; w = 7, "
+            "r = 64 are ours. ref_params / ref_gmacs are our definition's counts: the paper's smaller numbers are met "
+            "by a smaller dynamic projection and window (measured with r = 8, w = 4: 20.25 M / 4.91 GMACs for -13, "
+            "32.03 M / 7.89 GMACs for -21), so the difference is r and w, not the host (see docs/deviations.md)")
+_CVT_NOTE = "CvT host re-implemented here (softmax baseline of CvT*-LS); no weights"
+register_family(__name__, CvTLS, [
+    Variant("cvt_ls_micro", dict(img_size=32, embed_dims=(16, 24, 32), depths=(1, 1, 1), num_heads=(1, 2, 2),
+                                 window_size=2, rank=4),
+            dict(img_size=32, source="test/demo variant", notes="not a paper model"),
+            cfg=dict(input_size=(3, 32, 32), crop_pct=1.0)),
+    Variant("cvt_ls_13", {**_13, "attn": "long_short"},
+            dict(params_m=20.3, gmacs=4.9, top1=81.9, ref_params=21_609_896, ref_gmacs=5.73)),
+    Variant("cvt_ls_21", {**_21, "attn": "long_short"},
+            dict(params_m=32.1, gmacs=7.9, top1=82.7, ref_params=34_231_208, ref_gmacs=9.23)),
+    Variant("cvt_13", {**_13, "attn": "softmax"},
+            dict(params_m=20.0, gmacs=4.5, top1=81.6, ref_params=19_997_480, ref_gmacs=4.57, source=_CVT_SRC,
+                 code="microsoft/CvT", notes=_CVT_NOTE), cfg=dict(paper_ids="arXiv:2103.15808")),
+    Variant("cvt_21", {**_21, "attn": "softmax"},
+            dict(params_m=31.6, gmacs=7.1, top1=82.5, ref_params=31_622_696, ref_gmacs=7.18, source=_CVT_SRC,
+                 code="microsoft/CvT", notes=_CVT_NOTE), cfg=dict(paper_ids="arXiv:2103.15808")),
+], cfg=dict(first_conv="stage0.patch_embed.proj", license="mit", paper_ids="arXiv:2107.02192",
+            origin_url="https://github.com/NVIDIA/transformer-ls",
+            notes="unofficial reconstruction; no released code or weights"),
+    stride=lambda a: 16, card=dict(family="long_short", source=_LS_SRC, status="unofficial", notes=_LS_NOTE),
+    out_indices=lambda a: (0, 1, 2), non_std=True)

@@ -21,25 +21,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from timm.layers import DropPath, trunc_normal_
-from timm.models import generate_default_cfgs, register_model
+from timm.layers import DropPath, register_notrace_module
 from torch import nn
 
 from .._shapes import as_hw, map_to_tokens, tokens_to_map
-from ..attention import build_attention
+from ..attention import build_stage_attention
 from ..attention.cswin import LePEAttention, cswin_branches
 from ..errors import UserError
 from ..layers.mlp import Mlp
-from ._builder import build, unwrap_state_dict
-from ._card import ModelCard, register_card
-from ._pyramid import PyramidBackbone
-from .flatten_pvt import _resize_tables
+from ._base import Backbone, drop_path_rates
+from ._builder import Variant, register_family, unwrap_state_dict
+from .flatten_pvt import FLATTEN_CARD, FLATTEN_CFG, _resize_tables, flatten_release
 
 __all__ = ["FlattenCSWin", "CSWinBlock", "MergeBlock", "remap_official"]
 
 STAGE_ATTNS = ("focused_linear", "cswin")
 
 
+@register_notrace_module
 class CSWinBlock(nn.Module):
     """CSwin block: x + DropPath(proj(attention(qkv(LN(x))))), then x + DropPath(MLP(LN(x))).
 
@@ -57,13 +56,13 @@ class CSWinBlock(nn.Module):
         split_size: 'S' stripe width sw.
         last_stage: one global 'S' branch.
         mlp_ratio, qkv_bias, drop, drop_path: the usual block options.
-        attn_kwargs: extra options for the focused attention ('L' blocks).
+        attn_kwargs: the user's options for the focused attention ('L' blocks); hints: the host's (p, k).
     """
 
     def __init__(self, dim: int, num_heads: int, input_size: tuple[int, int], attn: str = "cswin",
                  split_size: int = 7, last_stage: bool = False, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  drop: float = 0.0, drop_path: float = 0.0, attn_kwargs: dict | None = None,
-                 device=None, dtype=None) -> None:
+                 hints: dict | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if attn not in STAGE_ATTNS:
@@ -72,8 +71,8 @@ class CSWinBlock(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
         self.norm1 = nn.LayerNorm(dim, **dd)
         if attn == "focused_linear":
-            branches = [build_attention("focused_linear", dim, num_heads, input_size=input_size,
-                                        qkv_layout="external", lepe=True, **(attn_kwargs or {}), **dd)]
+            stage = dict(grid=input_size, qkv_layout="external", hints=hints or {})
+            branches = [build_stage_attention(attn, dim, num_heads, stage, attn_kwargs, **dd)]
         elif last_stage or tuple(input_size) == (split_size, split_size):
             branches = [LePEAttention(dim, num_heads, -1, split_size, **dd)]
         else:
@@ -98,6 +97,7 @@ class CSWinBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
+@register_notrace_module
 class MergeBlock(nn.Module):
     """`merge{i}`: Conv2d(C, C_out, 3, stride 2, padding 1) on the map, then LN. (B, H*W, C) -> (B, H'*W', C_out)
     with H' = ceil(H / 2). Official: FLatten `flatten_cswin.Merge_Block`."""
@@ -119,13 +119,14 @@ class _ToTokens(nn.Module):
         return map_to_tokens(x)
 
 
-class FlattenCSWin(PyramidBackbone):
+class FlattenCSWin(Backbone):
     """CSwin host with a mechanism per stage ('focused_linear' or 'cswin').
 
     Shapes: images (B, in_chans, H, W), any H, W >= 32; stage-1 grid H_0 = floor((H - 3) / 4) + 1 (conv 7, stride 4,
     padding 2), then H_{i+1} = ceil(H_i / 2); tokens (B, H_i * W_i, C * 2^i).
 
-    Paper: FLatten (seed 001) Tab. 2. Official: FLatten `flatten_cswin.CSWinTransformer`.
+    Paper: FLatten Transformer (arXiv 2308.00442) Tab. 2; CSWin (arXiv 2107.00652). Official:
+    LeapLabTHU/FLatten-Transformer `models/flatten_cswin.py` `CSWinTransformer`.
 
     Args:
         img_size: construction resolution (sets the 'L' PE grids and the single-branch rule).
@@ -138,9 +139,13 @@ class FlattenCSWin(PyramidBackbone):
         attn_kwargs: extra options for the focused attention.
         drop_rate, drop_path_rate: dropout (MLP, head) and stochastic depth (linear over all blocks; the official
             recipes use 0.2 / 0.4 / 0.5 for T / S / B).
+        global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
     """
 
-    arch_name = "flatten_cswin"
+    init_norms = True
+
+    group_patterns = dict(stem=r"^stage1_conv_embed",
+                          blocks=[(r"^stage(\d+)\.(\d+)", None), (r"^merge(\d+)", (0,)), (r"^norm", (99999,))])
 
     def __init__(self, img_size: int | tuple[int, int] = 224, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 64, depths: Sequence[int] = (2, 4, 18, 1), num_heads: Sequence[int] = (2, 4, 8, 16),
@@ -148,7 +153,7 @@ class FlattenCSWin(PyramidBackbone):
                  stage_attn: Sequence[str] = ("focused_linear", "focused_linear", "cswin", "cswin"),
                  split_size: Sequence[int] = (1, 2, 7, 7), focusing_factor: float = 3, kernel_size: int = 5,
                  qkv_bias: bool = True, attn_kwargs: dict | None = None, drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, device=None, dtype=None) -> None:
+                 drop_path_rate: float = 0.0, global_pool: str = "avg", device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if isinstance(stage_attn, str) or not all(isinstance(a, str) for a in stage_attn):
@@ -160,7 +165,6 @@ class FlattenCSWin(PyramidBackbone):
                             f"split_size {split_size} must have one entry per stage")
         self.img_size = as_hw(img_size, "img_size")
         self.in_chans = in_chans
-        self.num_classes = num_classes
         self.num_stages = len(depths)
         self.stage_attn = stage_attn
         self.num_features = self.head_hidden_size = embed_dim * 2 ** (self.num_stages - 1)
@@ -169,36 +173,31 @@ class FlattenCSWin(PyramidBackbone):
         self.stage1_conv_embed = nn.Sequential(nn.Conv2d(in_chans, embed_dim, 7, 4, 2, **dd), _ToTokens(),
                                                nn.LayerNorm(embed_dim, **dd))
         grid = tuple((s - 3) // 4 + 1 for s in self.img_size)
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
-        self.feature_info, cur = [], 0
-        fl_kw = dict(focusing_factor=focusing_factor, kernel_size=kernel_size, **(attn_kwargs or {}))
+        dpr = drop_path_rates(drop_path_rate, depths)
+        self.feature_info = []
+        hints = dict(focusing_factor=focusing_factor, kernel_size=kernel_size)
         for i in range(self.num_stages):
             dim = embed_dim * 2 ** i
             if i > 0:
                 setattr(self, f"merge{i}", MergeBlock(dim // 2, dim, **dd))
                 grid = tuple(-(-s // 2) for s in grid)
             blocks = [CSWinBlock(dim, num_heads[i], grid, stage_attn[i], split_size[i], i == self.num_stages - 1,
-                                 mlp_ratio, qkv_bias, drop_rate, dpr[cur + j], fl_kw, **dd) for j in range(depths[i])]
+                                 mlp_ratio, qkv_bias, drop_rate, dpr[i][j], attn_kwargs, hints, **dd)
+                      for j in range(depths[i])]
             setattr(self, f"stage{i + 1}", nn.ModuleList(blocks))
             self.feature_info.append(dict(num_chs=dim, reduction=4 * 2 ** i, module=f"stage{i + 1}"))
-            cur += depths[i]
         self.norm = nn.LayerNorm(self.num_features, **dd)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(self.num_features, num_classes, **dd) if num_classes > 0 else nn.Identity()
-        if not self.norm.weight.is_meta:
-            self.apply(_init_cswin)
+        self._init_head(num_classes, global_pool, drop_rate, **dd)
+        self._finish_init()
 
-    def _forward_stage(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
+    def _forward_level(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
         if i == 0:
             conv, to_tokens, norm = self.stage1_conv_embed
             y = conv(x)
-            x, hw = norm(to_tokens(y)), tuple(y.shape[-2:])
+            x, hw = norm(to_tokens(y)), (y.shape[-2], y.shape[-1])
         else:
             x, hw = getattr(self, f"merge{i}")(x, hw)
         return self._run_blocks(getattr(self, f"stage{i + 1}"), x, hw), hw
-
-    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x)
 
     def _truncate(self, num_stages: int) -> None:
         for i in range(num_stages, self.num_stages):
@@ -206,28 +205,6 @@ class FlattenCSWin(PyramidBackbone):
             delattr(self, f"merge{i}")
         self.num_stages = num_stages
 
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Official exclusions: `pos_embed` and `cls_token`, neither of which exists (`scale` and
-        `positional_encoding` decay, as in the official training)."""
-        return set()
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(stem=r"^stage1_conv_embed",
-                    blocks=[(r"^stage(\d+)\.(\d+)", None), (r"^merge(\d+)", (0,)), (r"^norm", (99999,))])
-
-
-def _init_cswin(m: nn.Module) -> None:
-    """Official init: Linear trunc_normal(0.02), zero bias; LN (1, 0); convs keep PyTorch's default (focused
-    `scale` / `positional_encoding` stay zero)."""
-    if isinstance(m, nn.Linear):
-        trunc_normal_(m.weight, std=0.02)
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
-    elif isinstance(m, nn.LayerNorm):
-        nn.init.ones_(m.weight)
-        nn.init.zeros_(m.bias)
 
 
 def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize: bool = True) -> dict:
@@ -245,72 +222,23 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize
     return _resize_tables(sd, model) if resize else sd
 
 
-def _cfg(**kwargs) -> dict:
-    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.9,
-            "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-            "first_conv": "stage1_conv_embed.0", "classifier": "head", "license": "mit",
-            "origin_url": "https://github.com/LeapLabTHU/FLatten-Transformer", "paper_ids": "arXiv:2308.00442",
-            **kwargs}
-
-
-default_cfgs = generate_default_cfgs({
-    "flatten_cswin_micro": _cfg(input_size=(3, 64, 64), crop_pct=1.0, notes="tiny test/demo variant"),
-    "flatten_cswin_tiny.in1k": _cfg(notes="official README: FLatten-CSwin-T weights (83.130 top-1)"),
-    "flatten_cswin_small": _cfg(),
-    "flatten_cswin_base": _cfg(),
-    "flatten_cswin_base_384": _cfg(input_size=(3, 384, 384), crop_pct=1.0),
-})
-
-
-def _create(variant: str, pretrained: bool = False, **kwargs) -> FlattenCSWin:
-    if pretrained and not kwargs.get("pretrained_cfg_overlay"):
-        raise UserError(f"{variant}: no weights are bundled; pass checkpoint_path=... or "
-                        "pretrained_cfg_overlay=dict(file=...)")
-    return build(FlattenCSWin, variant, pretrained, remap=remap_official, **kwargs)
-
-
-@register_model
-def flatten_cswin_micro(pretrained: bool = False, **kwargs) -> FlattenCSWin:
-    """Tiny variant on 64 x 64 images: stage grids 16/8/4/2, 'S' stripes of width 3 in stage 3 (padded, masked)."""
-    args = dict(img_size=64, embed_dim=32, depths=(1, 1, 2, 1), num_heads=(2, 2, 4, 8), mlp_ratio=2.0,
-                split_size=(1, 2, 3, 3))
-    return _create("flatten_cswin_micro", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def flatten_cswin_tiny(pretrained: bool = False, **kwargs) -> FlattenCSWin:
-    args = dict(embed_dim=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16))
-    return _create("flatten_cswin_tiny", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def flatten_cswin_small(pretrained: bool = False, **kwargs) -> FlattenCSWin:
-    args = dict(embed_dim=64, depths=(2, 4, 32, 2), num_heads=(2, 4, 8, 16))
-    return _create("flatten_cswin_small", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def flatten_cswin_base(pretrained: bool = False, **kwargs) -> FlattenCSWin:
-    args = dict(embed_dim=96, depths=(3, 6, 29, 2), num_heads=(4, 8, 16, 32))
-    return _create("flatten_cswin_base", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def flatten_cswin_base_384(pretrained: bool = False, **kwargs) -> FlattenCSWin:
-    args = dict(img_size=384, embed_dim=96, depths=(3, 6, 29, 2), num_heads=(4, 8, 16, 32), split_size=(1, 2, 12, 12))
-    return _create("flatten_cswin_base_384", pretrained, **{**args, **kwargs})
-
-
-_SRC = "FLatten paper main table (arXiv 2308.00442) and official README"
-_CODE = "LeapLabTHU/FLatten-Transformer"
-_MEAS = "ref_* measured from the official classes at abdb115 (fvcore GMACs)"
-register_card(ModelCard("flatten_cswin_micro", "flatten", img_size=64, source="test/demo variant",
-                        status="official-arch", notes="not a paper model"))
-register_card(ModelCard("flatten_cswin_tiny", "flatten", 224, 21.0, 4.3, 83.1, _SRC + " (README eval 83.130)",
-                        ref_params=21_201_768, ref_gmacs=4.34, code=_CODE, notes=_MEAS))
-register_card(ModelCard("flatten_cswin_small", "flatten", 224, 35.0, 6.9, 83.8, _SRC, ref_params=35_451_752,
-                        ref_gmacs=6.81, code=_CODE, notes=_MEAS))
-register_card(ModelCard("flatten_cswin_base", "flatten", 224, 75.0, 15.0, 84.5, _SRC, ref_params=74_867_032,
-                        ref_gmacs=14.96, code=_CODE, notes=_MEAS))
-register_card(ModelCard("flatten_cswin_base_384", "flatten", 384, 78.0, 46.4, 85.5, _SRC, ref_params=78_369_112,
-                        ref_gmacs=46.43, code=_CODE, notes=_MEAS))
+register_family(__name__, FlattenCSWin, [
+    Variant("flatten_cswin_micro", dict(img_size=64, embed_dim=32, depths=(1, 1, 2, 1), num_heads=(2, 2, 4, 8),
+                                        mlp_ratio=2.0, split_size=(1, 2, 3, 3)),
+            dict(img_size=64, source="test/demo variant (stage grids 16/8/4/2, 'S' stripes of width 3 in stage 3: "
+                                     "padded, masked)", notes="not a paper model"),
+            cfg=dict(input_size=(3, 64, 64), crop_pct=1.0)),
+    Variant("flatten_cswin_tiny", dict(embed_dim=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16)),
+            dict(params_m=21.0, gmacs=4.3, top1=83.1, ref_params=21_201_768, ref_gmacs=4.34,
+                 source=FLATTEN_CARD["source"] + " (README eval 83.130)"),
+            weights={"in1k": flatten_release("48ba765ba8b0451d9d5a", 83.1)}),
+    Variant("flatten_cswin_small", dict(embed_dim=64, depths=(2, 4, 32, 2), num_heads=(2, 4, 8, 16)),
+            dict(params_m=35.0, gmacs=6.9, top1=83.8, ref_params=35_451_752, ref_gmacs=6.81)),
+    Variant("flatten_cswin_base", dict(embed_dim=96, depths=(3, 6, 29, 2), num_heads=(4, 8, 16, 32)),
+            dict(params_m=75.0, gmacs=15.0, top1=84.5, ref_params=74_867_032, ref_gmacs=14.96)),
+    Variant("flatten_cswin_base_384", dict(img_size=384, embed_dim=96, depths=(3, 6, 29, 2), num_heads=(4, 8, 16, 32),
+                                           split_size=(1, 2, 12, 12)),
+            dict(img_size=384, params_m=78.0, gmacs=46.4, top1=85.5, ref_params=78_369_112, ref_gmacs=46.43),
+            cfg=dict(input_size=(3, 384, 384), crop_pct=1.0)),
+], cfg=dict(first_conv="stage1_conv_embed.0", crop_pct=0.9, **FLATTEN_CFG), stride=lambda a: 32,
+    remap=remap_official, card=FLATTEN_CARD)

@@ -21,14 +21,12 @@ import math
 
 import torch
 from timm.layers import resample_abs_pos_embed
-from timm.models import generate_default_cfgs, register_model
 from torch import nn
 
 from ..errors import UserError
-from ._builder import build, unwrap_state_dict
-from ._card import ModelCard, register_card
-from .flatten_pvt import _resize_tables
-from .vit import VisionTransformerAttn, _check_out_indices
+from ._builder import Variant, register_family, unwrap_state_dict
+from .flatten_pvt import FLATTEN_CFG, FLATTEN_PAPER, _resize_tables
+from .vit import VisionTransformerAttn, vit_out_indices
 
 __all__ = ["remap_official"]
 
@@ -58,78 +56,34 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dic
     return _resize_tables(sd, model)
 
 
-def _cfg(**kwargs) -> dict:
-    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.875,
-            "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-            "first_conv": "patch_embed.proj", "classifier": "head", "license": "apache-2.0", **kwargs}
-
-
-_FL = dict(paper_ids="arXiv:2308.00442", origin_url="https://github.com/LeapLabTHU/FLatten-Transformer",
-           notes="unofficial: no official code or weights (spec flatten.md 5.1)")
-default_cfgs = generate_default_cfgs({
-    "flatten_deit_micro": _cfg(input_size=(3, 32, 32), crop_pct=1.0, notes="tiny test/demo variant (patch 4)"),
-    "flatten_deit_tiny": _cfg(**_FL),
-    "flatten_deit_small": _cfg(**_FL),
-    "flatten_deit_base": _cfg(**_FL),
-    "l2vit_deit_tiny": _cfg(origin_url="https://github.com/ChuanyangZheng/L2ViT",
-                            notes="unofficial: L2ViT Tab. 11 ablation, no released code or weights"),
-})
-
-
-def _create(variant: str, pretrained: bool = False, **kwargs) -> VisionTransformerAttn:
-    if pretrained and not kwargs.get("pretrained_cfg_overlay"):
-        raise UserError(f"{variant}: no weights are bundled; pass checkpoint_path=... or "
-                        "pretrained_cfg_overlay=dict(file=...)")
-    depth = kwargs.get("depth", 12)
-    return build(VisionTransformerAttn, variant, pretrained, remap=remap_official,
-                 default_out_indices=_check_out_indices(depth), **kwargs)
-
-
 def _alternate(depth: int) -> tuple[str, ...]:
     """L2ViT Tab. 11: enhanced linear in blocks 2, 4, ... (1-based), softmax elsewhere."""
     return tuple("enhanced_linear" if j % 2 == 1 else "softmax" for j in range(depth))
 
 
-@register_model
-def flatten_deit_micro(pretrained: bool = False, **kwargs) -> VisionTransformerAttn:
-    args = dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2, mlp_ratio=2.0, attn="focused_linear")
-    return _create("flatten_deit_micro", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def flatten_deit_tiny(pretrained: bool = False, **kwargs) -> VisionTransformerAttn:
-    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, attn="focused_linear")
-    return _create("flatten_deit_tiny", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def flatten_deit_small(pretrained: bool = False, **kwargs) -> VisionTransformerAttn:
-    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, attn="focused_linear")
-    return _create("flatten_deit_small", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def flatten_deit_base(pretrained: bool = False, **kwargs) -> VisionTransformerAttn:
-    args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, attn="focused_linear")
-    return _create("flatten_deit_base", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def l2vit_deit_tiny(pretrained: bool = False, **kwargs) -> VisionTransformerAttn:
-    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, attn=_alternate(12))
-    return _create("l2vit_deit_tiny", pretrained, **{**args, **kwargs})
-
-
+_DEIT = dict(patch_size=16, depth=12)
 _OURS = ("unofficial; ref_params is this definition's count (DeiT + per block scale C, PE (1 + 196) C, DWC "
-         "64 x 25 + 64), spec flatten.md 5.1; paper numbers not reproduced")
-register_card(ModelCard("flatten_deit_micro", "flatten", img_size=32, source="test/demo variant (patch 4)",
-                        status="unofficial", notes="not a paper model"))
-register_card(ModelCard("flatten_deit_tiny", "flatten", 224, 6.1, 1.1, 74.1, "FLatten paper Tab. 2 (arXiv 2308.00442)",
-                        status="unofficial", ref_params=6_193_576, notes=_OURS))
-register_card(ModelCard("flatten_deit_small", "flatten", 224, None, None, None, "not published", status="unofficial",
-                        ref_params=22_983_016, notes=_OURS))
-register_card(ModelCard("flatten_deit_base", "flatten", 224, None, None, None, "not published", status="unofficial",
-                        ref_params=88_412_392, notes=_OURS))
-register_card(ModelCard("l2vit_deit_tiny", "l2vit", 224, 5.7, 1.3, 72.8, "L2ViT paper Tab. 11 (seed 000)",
-                        status="unofficial", ref_params=5_717_434,
-                        notes="ref_params: DeiT-T + 6 blocks x temperature (3); paper numbers not reproduced"))
+         "64 x 25 + 64; see docs/deviations.md); paper numbers not reproduced")
+_FL = dict(notes="unofficial: no official code or weights (FLatten issue #12); see docs/deviations.md")
+register_family(__name__, VisionTransformerAttn, [
+    Variant("flatten_deit_micro", dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2, mlp_ratio=2.0,
+                                       attn="focused_linear"),
+            dict(img_size=32, source="test/demo variant (patch 4)", notes="not a paper model"),
+            cfg=dict(input_size=(3, 32, 32), crop_pct=1.0)),
+    Variant("flatten_deit_tiny", dict(**_DEIT, embed_dim=192, num_heads=3, attn="focused_linear"),
+            dict(params_m=6.1, gmacs=1.1, top1=74.1, source=FLATTEN_PAPER + " Tab. 2", ref_params=6_193_576),
+            cfg=_FL),
+    Variant("flatten_deit_small", dict(**_DEIT, embed_dim=384, num_heads=6, attn="focused_linear"),
+            dict(source="not published", ref_params=22_983_016), cfg=_FL),
+    Variant("flatten_deit_base", dict(**_DEIT, embed_dim=768, num_heads=12, attn="focused_linear"),
+            dict(source="not published", ref_params=88_412_392), cfg=_FL),
+    Variant("l2vit_deit_tiny", dict(**_DEIT, embed_dim=192, num_heads=3, attn=_alternate(12)),
+            dict(family="l2vit", params_m=5.7, gmacs=1.3, top1=72.8, ref_params=5_717_434,
+                 source="The Linear Attention Resurrection in Vision Transformer (L2ViT paper) Tab. 11",
+                 notes="ref_params: DeiT-T + 6 blocks x temperature (3); paper numbers not reproduced"),
+            cfg=dict(origin_url="https://github.com/ChuanyangZheng/L2ViT", license="mit",
+                     paper_ids="The Linear Attention Resurrection in Vision Transformer",
+                     notes="unofficial: L2ViT Tab. 11 ablation, no released code or weights")),
+], cfg=dict(first_conv="patch_embed.proj", **FLATTEN_CFG), stride=lambda a: a.get("patch_size", 16),
+    remap=remap_official, card=dict(family="flatten", status="unofficial", code="", notes=_OURS),
+    out_indices=vit_out_indices, non_std=True)

@@ -18,49 +18,24 @@ import math
 from collections.abc import Sequence
 
 import torch
-from timm.layers import DropPath, trunc_normal_
-from timm.models import generate_default_cfgs, register_model
+import torch.fx
+from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from torch import nn
 
-from ..attention import build_attention
+from ..attention import build_stage_attention
 from ..attention.functional.focused import resize_pe
 from ..errors import UserError
 from ..layers.mlp import ConvMlp, Mlp
 from ..layers.patch_embed import PatchEmbedLN, resize_pos_embed_2d
-from ._builder import build, unwrap_state_dict
-from ._card import ModelCard, register_card
-from ._pyramid import PyramidBackbone
+from ._base import Backbone, drop_path_rates, tokens_to_nchw
+from ._builder import Variant, register_family, unwrap_state_dict
 
-__all__ = ["FlattenPVT", "PVTBlock", "remap_official", "stage_attn_kwargs", "resize_token_grid"]
+__all__ = ["FlattenPVT", "PVTBlock", "PVTHost", "remap_official", "resize_token_grid"]
 
-
-def stage_attn_kwargs(name: str, grid: tuple[int, int], qkv_bias: bool, sr_ratio: int, la_sr_ratio: int,
-                      focusing_factor: int, kernel_size: int, linear_sr: bool = False, dwc_init: str = "default",
-                      extra: dict | None = None) -> dict:
-    """Options of a PVT-style stage for mechanism `name`.
-
-    'focused_linear': the FLatten settings (`q`/`kv` projections, PE at the construction grid, sr = la_sr_ratio);
-    'softmax': the PVT spatial-reduction attention (sr = sr_ratio); any other mechanism gets `input_size` and
-    `qkv_bias`. `extra` (the host's `attn_kwargs`) overrides these.
-    """
-    if name == "focused_linear":
-        kw = dict(input_size=grid, qkv_layout="q_kv", qkv_bias=qkv_bias, focusing_factor=focusing_factor,
-                  kernel_size=kernel_size, sr_ratio=la_sr_ratio)
-        if linear_sr:
-            kw["linear_sr"] = True
-        if dwc_init != "default":
-            kw["dwc_init"] = dwc_init
-    elif name == "softmax":
-        kw = dict(qkv_bias=qkv_bias, input_size=grid)
-        if sr_ratio > 1 or linear_sr:
-            kw["sr_ratio"] = sr_ratio
-        if linear_sr:
-            kw["linear_sr"] = True
-    else:
-        kw = dict(qkv_bias=qkv_bias, input_size=grid)
-    return {**kw, **(extra or {})}
+torch.fx.wrap("resize_pos_embed_2d")
 
 
+@register_notrace_module
 class PVTBlock(nn.Module):
     """Pre-norm PVT block: x + attn(LN1(x), hw), then x + MLP(LN2(x)). x: (B, H*W, C) -> (B, H*W, C).
 
@@ -69,17 +44,19 @@ class PVTBlock(nn.Module):
 
     Args:
         dim, num_heads, mlp_ratio: sizes.
-        attn: mechanism name; attn_kwargs: its options.
+        attn: mechanism name; stage: the stage facts its adapter reads (`build_stage_attention`);
+            attn_kwargs: the user's options for it.
         conv_mlp: PVTv2 MLP with a depthwise 3x3 conv after fc1.
         drop: MLP dropout; drop_path: stochastic depth.
     """
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, attn: str, attn_kwargs: dict,
-                 conv_mlp: bool = False, drop: float = 0.0, drop_path: float = 0.0, device=None, dtype=None) -> None:
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, attn: str, stage: dict,
+                 attn_kwargs: dict | None = None, conv_mlp: bool = False, drop: float = 0.0, drop_path: float = 0.0,
+                 device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.norm1 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.attn = build_attention(attn, dim, num_heads, **attn_kwargs, **dd)
+        self.attn = build_stage_attention(attn, dim, num_heads, stage, attn_kwargs, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)
         hidden = int(dim * mlp_ratio)
@@ -92,16 +69,63 @@ class PVTBlock(nn.Module):
         return x + self.drop_path(self.mlp(y, hw) if self.conv_mlp else self.mlp(y))
 
 
-def _check_stages(**lists: Sequence) -> None:
-    bad = {k: tuple(v) for k, v in lists.items() if len(v) != 4}
-    if bad:
-        raise UserError(f"PVT hosts need 4 stages; got {bad}")
-    for a in lists.get("stage_attn", ()):
-        if not isinstance(a, str):
-            raise UserError(f"stage_attn must hold 4 mechanism names, got {tuple(lists['stage_attn'])!r}")
+class PVTHost(Backbone):
+    """Shared body of the PVT v1 / v2 hosts: stage i owns `patch_embed{i+1}` and `block{i+1}` plus the host's extras
+    (`pos_embed{i+1}` / `pos_drop{i+1}` in v1, `norm{i+1}` in v2), listed in `stage_attrs`."""
+
+    stage_attrs: tuple[str, ...] = ("patch_embed", "block")
+    group_patterns = dict(stem=r"^patch_embed1|^pos_embed1",
+                          blocks=[(r"^block(\d+)\.(\d+)", None), (r"^(?:patch_embed|pos_embed|norm)(\d+)", (0,))])
+
+    def _setup(self, img_size, in_chans: int, total_stride: int, stage_attn, drop_path_rate: float,
+               **lists: Sequence) -> tuple[tuple[int, int], tuple[str, ...], list[list[float]]]:
+        """Validate the four-stage lists; set the common attributes; return (img_hw, stage_attn, drop-path rates)."""
+        stage_attn = (stage_attn,) * 4 if isinstance(stage_attn, str) else tuple(stage_attn)
+        bad = {k: tuple(v) for k, v in {**lists, "stage_attn": stage_attn}.items() if len(v) != 4}
+        if bad:
+            raise UserError(f"PVT hosts need 4 stages; got {bad}")
+        if not all(isinstance(a, str) for a in stage_attn):
+            raise UserError(f"stage_attn must hold 4 mechanism names, got {stage_attn!r}")
+        self.in_chans = in_chans
+        self.num_stages = 4
+        self.total_stride = total_stride
+        self.num_features = self.head_hidden_size = lists["embed_dims"][-1]
+        self.stage_attn = stage_attn
+        self.grad_checkpointing = False
+        self.feature_info = []
+        self.grids: list[tuple[int, int]] = []
+        return (img_size, img_size) if isinstance(img_size, int) else tuple(img_size), stage_attn, \
+            drop_path_rates(drop_path_rate, lists["depths"])
+
+    def _add_blocks(self, i: int, depth: int, dim: int, heads: int, mlp_ratio: float, attn: str, stage: dict,
+                    attn_kwargs: dict | None, conv_mlp: bool, drop: float, dpr: list[float], stride: int,
+                    feature_module: str, dd: dict) -> None:
+        setattr(self, f"block{i + 1}", nn.ModuleList([
+            PVTBlock(dim, heads, mlp_ratio, attn, stage, attn_kwargs, conv_mlp, drop, dpr[j], **dd)
+            for j in range(depth)]))
+        self.feature_info.append(dict(num_chs=dim, reduction=stride, module=f"{feature_module}{i + 1}"))
+
+    def _embed(self, i: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        return x
+
+    def _stage_norm(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def _forward_level(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
+        if i > 0:
+            x = tokens_to_nchw(x, hw)
+        x, hw = getattr(self, f"patch_embed{i + 1}")(x)
+        x = self._run_blocks(getattr(self, f"block{i + 1}"), self._embed(i, x, hw), hw)
+        return self._stage_norm(i, x), hw
+
+    def _truncate(self, num_stages: int) -> None:
+        for i in range(num_stages, self.num_stages):
+            for name in self.stage_attrs:
+                delattr(self, f"{name}{i + 1}")
+        self.num_stages = num_stages
 
 
-class FlattenPVT(PyramidBackbone):
+class FlattenPVT(PVTHost):
     """PVT v1 host (FLatten layout: no cls token, no final norm), any mechanism per stage.
 
     Shapes: images (B, in_chans, H, W) with H, W >= 8 * patch_size; stage i tokens (B, H_i * W_i, C_i) with
@@ -109,7 +133,8 @@ class FlattenPVT(PyramidBackbone):
     The learned `pos_embed{i}` (1, h_i * w_i, C_i) is bilinearly resized (align_corners False) to the runtime grid
     when it differs, as PVT's `_get_pos_embed` does.
 
-    Paper: FLatten (seed 001) Tab. 2; PVT v1. Official: FLatten `flatten_pvt.PyramidVisionTransformer`.
+    Paper: FLatten Transformer (arXiv 2308.00442) Tab. 2; PVT v1 (arXiv 2102.12122). Official:
+    LeapLabTHU/FLatten-Transformer `models/flatten_pvt.py` `PyramidVisionTransformer`.
 
     Args:
         img_size: construction resolution (sets the pos-embed and focused-attention PE grids).
@@ -123,9 +148,12 @@ class FlattenPVT(PyramidBackbone):
         qkv_bias: bias of the q/kv projections.
         attn_kwargs: extra options passed to every stage's mechanism.
         drop_rate, drop_path_rate: dropout (pos embed, MLP, head) and stochastic depth (linear rule).
+        global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
     """
 
-    arch_name = "flatten_pvt"
+    init_norms = True
+
+    stage_attrs = ("patch_embed", "pos_embed", "pos_drop", "block")
 
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 4, in_chans: int = 3,
                  num_classes: int = 1000, embed_dims: Sequence[int] = (64, 128, 320, 512),
@@ -134,26 +162,13 @@ class FlattenPVT(PyramidBackbone):
                  stage_attn: Sequence[str] = ("focused_linear",) * 4, sr_ratios: Sequence[int] = (8, 4, 2, 1),
                  la_sr_ratios: Sequence[int] = (1, 1, 1, 1), focusing_factor: int = 3, kernel_size: int = 5,
                  qkv_bias: bool = True, attn_kwargs: dict | None = None, drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, device=None, dtype=None) -> None:
+                 drop_path_rate: float = 0.0, global_pool: str = "avg", device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        if isinstance(stage_attn, str):
-            stage_attn = (stage_attn,) * 4
-        _check_stages(embed_dims=embed_dims, num_heads=num_heads, mlp_ratios=mlp_ratios, depths=depths,
-                      stage_attn=stage_attn, sr_ratios=sr_ratios, la_sr_ratios=la_sr_ratios)
-        img_hw = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-        self.in_chans = in_chans
-        self.num_classes = num_classes
-        self.num_stages = 4
-        self.total_stride = patch_size * 8
-        self.num_features = self.head_hidden_size = embed_dims[-1]
-        self.stage_attn = tuple(stage_attn)
-        self.grad_checkpointing = False
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
-        grid = (img_hw[0] // patch_size, img_hw[1] // patch_size)
-        self.grids: list[tuple[int, int]] = []
-        self.feature_info = []
-        cur, stride = 0, patch_size
+        img_hw, stage_attn, dpr = self._setup(
+            img_size, in_chans, patch_size * 8, stage_attn, drop_path_rate, embed_dims=embed_dims,
+            num_heads=num_heads, mlp_ratios=mlp_ratios, depths=depths, sr_ratios=sr_ratios, la_sr_ratios=la_sr_ratios)
+        grid, stride = (img_hw[0] // patch_size, img_hw[1] // patch_size), patch_size
         for i in range(4):
             if i > 0:
                 grid, stride = (grid[0] // 2, grid[1] // 2), stride * 2
@@ -163,54 +178,22 @@ class FlattenPVT(PyramidBackbone):
                     PatchEmbedLN(in_chans if i == 0 else embed_dims[i - 1], embed_dims[i], p, **dd))
             setattr(self, f"pos_embed{i + 1}", nn.Parameter(torch.zeros(1, grid[0] * grid[1], embed_dims[i], **dd)))
             setattr(self, f"pos_drop{i + 1}", nn.Dropout(drop_rate))
-            kw = stage_attn_kwargs(stage_attn[i], grid, qkv_bias, sr_ratios[i], la_sr_ratios[i], focusing_factor,
-                                   kernel_size, extra=attn_kwargs)
-            setattr(self, f"block{i + 1}", nn.ModuleList([
-                PVTBlock(embed_dims[i], num_heads[i], mlp_ratios[i], stage_attn[i], kw, False, drop_rate,
-                         dpr[cur + j], **dd) for j in range(depths[i])]))
-            self.feature_info.append(dict(num_chs=embed_dims[i], reduction=stride, module=f"block{i + 1}"))
-            cur += depths[i]
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dims[-1], num_classes, **dd) if num_classes > 0 else nn.Identity()
-        if not self.pos_embed1.is_meta:
-            for i in range(4):
-                trunc_normal_(getattr(self, f"pos_embed{i + 1}"), std=0.02)
-            self.apply(_init_pvt)
+            stage = dict(grid=grid, qkv_bias=qkv_bias, qkv_layout="q_kv", sr_ratio=sr_ratios[i],
+                         la_sr_ratio=la_sr_ratios[i], hints=dict(focusing_factor=focusing_factor,
+                                                                 kernel_size=kernel_size))
+            self._add_blocks(i, depths[i], embed_dims[i], num_heads[i], mlp_ratios[i], stage_attn[i], stage,
+                             attn_kwargs, False, drop_rate, dpr[i], stride, "block", dd)
+        self._init_head(num_classes, global_pool, drop_rate, **dd)
+        self._finish_init()
 
-    def _forward_stage(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
-        if i > 0:
-            x = x.transpose(1, 2).reshape(x.shape[0], -1, *hw)
-        x, hw = getattr(self, f"patch_embed{i + 1}")(x)
+    def _embed(self, i: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         pos = resize_pos_embed_2d(getattr(self, f"pos_embed{i + 1}"), self.grids[i], hw)
-        x = getattr(self, f"pos_drop{i + 1}")(x + pos)
-        return self._run_blocks(getattr(self, f"block{i + 1}"), x, hw), hw
-
-    def _truncate(self, num_stages: int) -> None:
-        for i in range(num_stages, self.num_stages):
-            for name in (f"patch_embed{i + 1}", f"pos_embed{i + 1}", f"pos_drop{i + 1}", f"block{i + 1}"):
-                delattr(self, name)
-        self.num_stages = num_stages
-
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Official exclusions: only `cls_token`, which FLatten-PVT does not have (so `pos_embed{i}` decay)."""
-        return set()
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(stem=r"^patch_embed1|^pos_embed1",
-                    blocks=[(r"^block(\d+)\.(\d+)", None), (r"^(?:patch_embed|pos_embed)(\d+)", (0,))])
+        return getattr(self, f"pos_drop{i + 1}")(x + pos)
 
 
-def _init_pvt(m: nn.Module) -> None:
-    """Official PVT v1 init: Linear trunc_normal(0.02) with zero bias, LayerNorm (1, 0); convs keep defaults."""
-    if isinstance(m, nn.Linear):
-        trunc_normal_(m.weight, std=0.02)
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
-    elif isinstance(m, nn.LayerNorm):
-        nn.init.ones_(m.weight)
-        nn.init.zeros_(m.bias)
+    def _init_extra(self) -> None:
+        for i in range(self.num_stages):
+            trunc_normal_(getattr(self, f"pos_embed{i + 1}"), std=0.02)
 
 
 def resize_token_grid(t: torch.Tensor, dst_hw: tuple[int, int], prefix: int = 0, what: str = "tensor",
@@ -269,71 +252,38 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize
     return _resize_tables(sd, model) if resize else sd
 
 
-def _cfg(**kwargs) -> dict:
-    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.875,
-            "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-            "first_conv": "patch_embed1.proj", "classifier": "head", "license": "mit",
-            "origin_url": "https://github.com/LeapLabTHU/FLatten-Transformer", "paper_ids": "arXiv:2308.00442",
-            **kwargs}
+FLATTEN_CODE = "LeapLabTHU/FLatten-Transformer"
+FLATTEN_PAPER = "FLatten Transformer: Vision Transformer using Focused Linear Attention (arXiv 2308.00442)"
+#: The pretrained-cfg fields of every FLatten family (no LICENSE file is published in the official repository).
+FLATTEN_CFG = dict(license="unknown (the official repository publishes no license)", paper_ids="arXiv:2308.00442",
+                   origin_url="https://github.com/" + FLATTEN_CODE)
+FLATTEN_CARD = dict(family="flatten", source=FLATTEN_PAPER + " Tab. 2 and the official README", code=FLATTEN_CODE,
+                    notes="ref_* measured from the official classes at abdb115 (fvcore GMACs)")
 
 
-default_cfgs = generate_default_cfgs({
-    "flatten_pvt_micro": _cfg(input_size=(3, 32, 32), crop_pct=1.0, notes="tiny test/demo variant (patch 2)"),
-    "flatten_pvt_tiny.in1k": _cfg(notes="official README: FLatten-PVT-T weights (TsinghuaCloud link, 77.758 top-1)"),
-    "flatten_pvt_small": _cfg(),
-    "flatten_pvt_medium": _cfg(),
-    "flatten_pvt_large": _cfg(),
-})
-
-
-def _create(variant: str, pretrained: bool = False, **kwargs) -> FlattenPVT:
-    if pretrained and not kwargs.get("pretrained_cfg_overlay"):
-        raise UserError(f"{variant}: no weights are bundled; pass checkpoint_path=... or "
-                        "pretrained_cfg_overlay=dict(file=...)")
-    return build(FlattenPVT, variant, pretrained, remap=remap_official, **kwargs)
+def flatten_release(key: str, top1: float) -> dict:
+    """The cfg of a checkpoint linked from the official README (TsinghuaCloud, `?dl=1`)."""
+    return dict(url=f"https://cloud.tsinghua.edu.cn/f/{key}/?dl=1",
+                notes=f"official release ({FLATTEN_CODE} README, TsinghuaCloud): {top1} top-1")
 
 
 _PVT = dict(embed_dims=(64, 128, 320, 512), num_heads=(1, 2, 5, 8), mlp_ratios=(8, 8, 4, 4))
-
-
-@register_model
-def flatten_pvt_micro(pretrained: bool = False, **kwargs) -> FlattenPVT:
-    args = dict(img_size=32, patch_size=2, embed_dims=(32, 64, 96, 128), num_heads=(1, 2, 3, 4),
-                mlp_ratios=(2, 2, 2, 2), depths=(1, 1, 1, 1))
-    return _create("flatten_pvt_micro", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def flatten_pvt_tiny(pretrained: bool = False, **kwargs) -> FlattenPVT:
-    return _create("flatten_pvt_tiny", pretrained, **{**_PVT, "depths": (2, 2, 2, 2), **kwargs})
-
-
-@register_model
-def flatten_pvt_small(pretrained: bool = False, **kwargs) -> FlattenPVT:
-    return _create("flatten_pvt_small", pretrained, **{**_PVT, "depths": (3, 4, 6, 3), **kwargs})
-
-
-@register_model
-def flatten_pvt_medium(pretrained: bool = False, **kwargs) -> FlattenPVT:
-    return _create("flatten_pvt_medium", pretrained, **{**_PVT, "depths": (3, 4, 18, 3), **kwargs})
-
-
-@register_model
-def flatten_pvt_large(pretrained: bool = False, **kwargs) -> FlattenPVT:
-    return _create("flatten_pvt_large", pretrained, **{**_PVT, "depths": (3, 8, 27, 3), **kwargs})
-
-
-_SRC = "FLatten paper main table (arXiv 2308.00442) and official README"
-_CODE = "LeapLabTHU/FLatten-Transformer"
 _MEAS = ("ref_* measured from the official classes at abdb115 minus the unused final norm (2 x 512 = 1024 params, "
-         "dropped here; spec flatten.md 5.2)")
-register_card(ModelCard("flatten_pvt_micro", "flatten", img_size=32, source="test/demo variant (patch 2)",
-                        status="official-arch", notes="not a paper model"))
-register_card(ModelCard("flatten_pvt_tiny", "flatten", 224, 12.2, 2.0, 77.8, _SRC, ref_params=12_150_504 - 1024,
-                        ref_gmacs=2.05, code=_CODE, notes=_MEAS))
-register_card(ModelCard("flatten_pvt_small", "flatten", 224, 21.7, 4.0, 81.7, _SRC, ref_params=21_670_248 - 1024,
-                        ref_gmacs=4.05, code=_CODE, notes=_MEAS))
-register_card(ModelCard("flatten_pvt_medium", "flatten", 224, None, 7.0, 83.0, _SRC + " (read off Fig. 6, approx.)",
-                        ref_params=37_242_216 - 1024, ref_gmacs=7.06, code=_CODE, notes=_MEAS))
-register_card(ModelCard("flatten_pvt_large", "flatten", 224, None, None, None, "paper appendix only (not available)",
-                        ref_params=50_649_192 - 1024, ref_gmacs=10.41, code=_CODE, notes=_MEAS))
+         "dropped here; see docs/deviations.md)")
+register_family(__name__, FlattenPVT, [
+    Variant("flatten_pvt_micro", dict(img_size=32, patch_size=2, embed_dims=(32, 64, 96, 128), num_heads=(1, 2, 3, 4),
+                                      mlp_ratios=(2, 2, 2, 2), depths=(1, 1, 1, 1)),
+            dict(img_size=32, source="test/demo variant (patch 2)", notes="not a paper model"),
+            cfg=dict(input_size=(3, 32, 32), crop_pct=1.0)),
+    Variant("flatten_pvt_tiny", dict(**_PVT, depths=(2, 2, 2, 2)),
+            dict(params_m=12.2, gmacs=2.0, top1=77.8, ref_params=12_150_504 - 1024, ref_gmacs=2.05),
+            weights={"in1k": flatten_release("3ab1d773f19d45648690", 77.8)}),
+    Variant("flatten_pvt_small", dict(**_PVT, depths=(3, 4, 6, 3)),
+            dict(params_m=21.7, gmacs=4.0, top1=81.7, ref_params=21_670_248 - 1024, ref_gmacs=4.05)),
+    Variant("flatten_pvt_medium", dict(**_PVT, depths=(3, 4, 18, 3)),
+            dict(gmacs=7.0, top1=83.0, ref_params=37_242_216 - 1024, ref_gmacs=7.06,
+                 source=FLATTEN_CARD["source"] + " (read off Fig. 6, approx.)")),
+    Variant("flatten_pvt_large", dict(**_PVT, depths=(3, 8, 27, 3)),
+            dict(ref_params=50_649_192 - 1024, ref_gmacs=10.41, source="paper appendix only (not available)")),
+], cfg=dict(first_conv="patch_embed1.proj", **FLATTEN_CFG), stride=lambda a: a.get("patch_size", 4) * 8,
+    remap=remap_official, card={**FLATTEN_CARD, "notes": _MEAS})

@@ -22,25 +22,24 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, PatchEmbed, trunc_normal_
-from timm.models import generate_default_cfgs, register_model
+from timm.layers import DropPath, PatchEmbed, register_notrace_module
 from torch import nn
 
 from .._shapes import as_hw
-from ..attention import build_attention, get_attention_cls
+from ..attention import build_stage_attention, get_attention_cls
 from ..attention.functional.window import window_geometry, window_partition, window_reverse
 from ..errors import UserError
 from ..layers.mlp import Mlp
-from ._builder import build, unwrap_state_dict
-from ._card import ModelCard, register_card
-from ._pyramid import PyramidBackbone
-from .flatten_pvt import _resize_tables
+from ._base import Backbone, drop_path_rates
+from ._builder import Variant, register_family, unwrap_state_dict
+from .flatten_pvt import FLATTEN_CARD, FLATTEN_CFG, _resize_tables, flatten_release
 
 __all__ = ["FlattenSwin", "SwinBlock", "PatchMerging", "remap_official"]
 
 _DROPPED_SUFFIXES = (".relative_position_index", ".attn_mask", ".relative_coords_table")
 
 
+@register_notrace_module
 class SwinBlock(nn.Module):
     """Pre-norm Swin block with any mechanism: x + DropPath(attn(LN(x), hw)), then x + DropPath(MLP(LN(x))).
 
@@ -62,36 +61,27 @@ class SwinBlock(nn.Module):
         la_window: None (global 'L' attention) or the 'L' window w_L.
         la_shift: shift windowed 'L' blocks on odd blocks (official behaviour).
         mlp_ratio, qkv_bias, drop, drop_path: the usual block options.
-        attn_kwargs: extra mechanism options.
+        attn_kwargs: the user's mechanism options; hints: host options for whichever mechanism takes them.
     """
 
     def __init__(self, dim: int, num_heads: int, input_size: tuple[int, int], attn: str = "window",
                  window_size: int = 7, shifted: bool = False, la_window: int | None = None, la_shift: bool = True,
                  mlp_ratio: float = 4.0, qkv_bias: bool = True, drop: float = 0.0, drop_path: float = 0.0,
-                 attn_kwargs: dict | None = None, device=None, dtype=None) -> None:
+                 attn_kwargs: dict | None = None, hints: dict | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        kw = dict(attn_kwargs or {})
         self.attn_name = attn
         self.la_window = None
         self.la_shift = 0
         self.norm1 = nn.LayerNorm(dim, **dd)
-        if attn == "window":
-            self.attn = build_attention("window", dim, num_heads, window_size=window_size,
-                                        shift_size=window_size // 2 if shifted else 0, qkv_bias=qkv_bias,
-                                        proj_drop=drop, input_size=input_size, **kw, **dd)
-        elif attn == "focused_linear":
-            grid = input_size
-            if la_window is not None:
-                geo = window_geometry(input_size, la_window, la_window // 2 if (shifted and la_shift) else 0)
-                self.la_window, self.la_shift = geo.window, geo.shift
-                grid = (geo.window, geo.window)
-            self.attn = build_attention("focused_linear", dim, num_heads, input_size=grid, qkv_layout="qkv",
-                                        qkv_bias=qkv_bias, proj_drop=drop, **kw, **dd)
-        else:
-            if "qkv_bias" in _init_params(attn):
-                kw.setdefault("qkv_bias", qkv_bias)
-            self.attn = build_attention(attn, dim, num_heads, input_size=input_size, **kw, **dd)
+        stage = dict(grid=input_size, qkv_bias=qkv_bias, proj_drop=drop, window_size=window_size, shifted=shifted,
+                     qkv_layout="qkv", hints=hints or {})
+        if la_window is not None and "window_size" not in get_attention_cls(attn).stage_kwargs(stage):
+            # A global mechanism in a windowed-'L' model: the host windows it (the official ablation).
+            geo = window_geometry(input_size, la_window, la_window // 2 if (shifted and la_shift) else 0)
+            self.la_window, self.la_shift = geo.window, geo.shift
+            stage["grid"] = (geo.window, geo.window)
+        self.attn = build_stage_attention(attn, dim, num_heads, stage, attn_kwargs, **dd)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop, **dd)
@@ -120,12 +110,7 @@ class SwinBlock(nn.Module):
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
-def _init_params(name: str) -> set[str]:
-    import inspect
-
-    return set(inspect.signature(get_attention_cls(name).__init__).parameters)
-
-
+@register_notrace_module
 class PatchMerging(nn.Module):
     """Swin patch merging: 2 x 2 gather in the order (0,0), (1,0), (0,1), (1,1), LN(4C), Linear(4C, 2C, no bias).
 
@@ -159,13 +144,14 @@ class SwinStage(nn.Module):
         self.downsample = downsample
 
 
-class FlattenSwin(PyramidBackbone):
+class FlattenSwin(Backbone):
     """Swin-v1 host with a mechanism per stage.
 
     Shapes: images (B, in_chans, H, W), any H, W >= 32 (padded to the patch size); stage i tokens
     (B, H_i * W_i, C * 2^i) with H_0 = ceil(H / 4) and H_{i+1} = ceil(H_i / 2). No absolute position embedding.
 
-    Paper: FLatten (seed 001) Tab. 2. Official: FLatten `flatten_swin.FLattenSwinTransformer`.
+    Paper: FLatten Transformer (arXiv 2308.00442) Tab. 2; Swin (arXiv 2103.14030). Official:
+    LeapLabTHU/FLatten-Transformer `models/flatten_swin.py` `FLattenSwinTransformer`.
 
     Args:
         img_size: construction resolution (sets 'L' PE grids and 'S' clipping as the official code does).
@@ -182,9 +168,15 @@ class FlattenSwin(PyramidBackbone):
         attn_kwargs: extra options for every stage's mechanism.
         drop_rate, drop_path_rate: dropout (MLP, head) and stochastic depth (linear over all blocks; the official
             recipes use 0.2 / 0.3 / 0.5 for T / S / B).
+        global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
     """
 
-    arch_name = "flatten_swin"
+    init_norms = True
+
+    group_patterns = dict(stem=r"^patch_embed", blocks=[(r"^layers\.(\d+)\.downsample", (0,)),
+                                                        (r"^layers\.(\d+)\.blocks\.(\d+)", None), (r"^norm", (99999,))])
+    group_patterns_coarse = dict(stem=r"^patch_embed", blocks=r"^layers\.(\d+)")
+    no_decay = (r"relative_position_bias_table$",)
 
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 4, in_chans: int = 3,
                  num_classes: int = 1000, embed_dim: int = 96, depths: Sequence[int] = (2, 2, 6, 2),
@@ -193,7 +185,7 @@ class FlattenSwin(PyramidBackbone):
                  window_size: int = 7, la_window: int | None = None, la_shift: bool = True,
                  focusing_factor: float = 3, kernel_size: int = 5, qkv_bias: bool = True,
                  attn_kwargs: dict | None = None, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 device=None, dtype=None) -> None:
+                 global_pool: str = "avg", device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if isinstance(stage_attn, str) or not all(isinstance(a, str) for a in stage_attn):
@@ -204,7 +196,6 @@ class FlattenSwin(PyramidBackbone):
                             "have one entry per stage")
         self.img_size = as_hw(img_size, "img_size")
         self.in_chans = in_chans
-        self.num_classes = num_classes
         self.num_stages = len(depths)
         self.stage_attn = stage_attn
         self.embed_dim = embed_dim
@@ -214,27 +205,24 @@ class FlattenSwin(PyramidBackbone):
         self.patch_embed = PatchEmbed(self.img_size, patch_size, in_chans, embed_dim, norm_layer=nn.LayerNorm,
                                       strict_img_size=False, dynamic_img_pad=True, output_fmt="NHWC", **dd)
         grid = tuple(-(-s // patch_size) for s in self.img_size)
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
-        stages, self.feature_info, cur = [], [], 0
+        dpr = drop_path_rates(drop_path_rate, depths)
+        hints = dict(focusing_factor=focusing_factor, kernel_size=kernel_size)
+        stages, self.feature_info = [], []
         for i, (depth, heads, attn) in enumerate(zip(depths, num_heads, stage_attn)):
             dim = embed_dim * 2 ** i
-            fl_kw = dict(focusing_factor=focusing_factor, kernel_size=kernel_size) if attn == "focused_linear" else {}
             blocks = [SwinBlock(dim, heads, grid, attn, window_size, j % 2 == 1, la_window, la_shift, mlp_ratio,
-                                qkv_bias, drop_rate, dpr[cur + j], {**fl_kw, **(attn_kwargs or {})}, **dd)
+                                qkv_bias, drop_rate, dpr[i][j], attn_kwargs, hints, **dd)
                       for j in range(depth)]
             last = i == self.num_stages - 1
             stages.append(SwinStage(blocks, None if last else PatchMerging(dim, **dd)))
             self.feature_info.append(dict(num_chs=dim, reduction=patch_size * 2 ** i, module=f"layers.{i}"))
             grid = tuple(-(-s // 2) for s in grid)
-            cur += depth
         self.layers = nn.ModuleList(stages)
         self.norm = nn.LayerNorm(self.num_features, **dd)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(self.num_features, num_classes, **dd) if num_classes > 0 else nn.Identity()
-        if not self.norm.weight.is_meta:
-            self.apply(_init_swin)
+        self._init_head(num_classes, global_pool, drop_rate, **dd)
+        self._finish_init()
 
-    def _forward_stage(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
+    def _forward_level(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
         if i == 0:
             x = self.patch_embed(x)  # (B, H0, W0, C)
             B, H, W, C = x.shape
@@ -243,42 +231,16 @@ class FlattenSwin(PyramidBackbone):
             x, hw = self.layers[i - 1].downsample(x, hw)
         return self._run_blocks(self.layers[i].blocks, x, hw), hw
 
-    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x)
-
     def _truncate(self, num_stages: int) -> None:
         self.layers = self.layers[:num_stages]
         self.layers[-1].downsample = None
         self.num_stages = num_stages
 
     @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Official exclusions: `absolute_pos_embed` (absent) and every `relative_position_bias_table` (the
-        official keyword rule); `scale` and `positional_encoding` decay, as in the official training."""
-        return {n for n, _ in self.named_parameters() if n.endswith("relative_position_bias_table")}
-
-    @torch.jit.ignore
     def no_weight_decay_keywords(self) -> set[str]:
+        """The official keyword rule (`absolute_pos_embed` is absent; `scale` and `positional_encoding` decay)."""
         return {"relative_position_bias_table"}
 
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(stem=r"^patch_embed",
-                    blocks=r"^layers\.(\d+)" if coarse else [(r"^layers\.(\d+)\.downsample", (0,)),
-                                                             (r"^layers\.(\d+)\.blocks\.(\d+)", None),
-                                                             (r"^norm", (99999,))])
-
-
-def _init_swin(m: nn.Module) -> None:
-    """Official init: Linear trunc_normal(0.02), zero bias; LN (1, 0); convs keep PyTorch's default (the
-    mechanisms' own tables: RPB trunc_normal(0.02), focused `scale` / `positional_encoding` zeros)."""
-    if isinstance(m, nn.Linear):
-        trunc_normal_(m.weight, std=0.02)
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
-    elif isinstance(m, nn.LayerNorm):
-        nn.init.ones_(m.weight)
-        nn.init.zeros_(m.bias)
 
 
 def _resize_rpb(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -315,75 +277,28 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize
     return _resize_rpb(_resize_tables(sd, model), model) if resize else sd
 
 
-def _cfg(**kwargs) -> dict:
-    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.875,
-            "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-            "first_conv": "patch_embed.proj", "classifier": "head", "license": "mit",
-            "origin_url": "https://github.com/LeapLabTHU/FLatten-Transformer", "paper_ids": "arXiv:2308.00442",
-            **kwargs}
-
-
-default_cfgs = generate_default_cfgs({
-    "flatten_swin_micro": _cfg(input_size=(3, 64, 64), crop_pct=1.0, notes="tiny test/demo variant"),
-    "flatten_swin_tiny.in1k": _cfg(notes="official README: FLatten-Swin-T weights (82.106 top-1)"),
-    "flatten_swin_small.in1k": _cfg(notes="official README: FLatten-Swin-S weights"),
-    "flatten_swin_base.in1k": _cfg(notes="official README: FLatten-Swin-B weights"),
-    "flatten_swin_base_384.in1k": _cfg(input_size=(3, 384, 384), crop_pct=1.0,
-                                       notes="official README: FLatten-Swin-B-384 weights (TEST.CROP=False)"),
-})
-
-
-def _create(variant: str, pretrained: bool = False, **kwargs) -> FlattenSwin:
-    if pretrained and not kwargs.get("pretrained_cfg_overlay"):
-        raise UserError(f"{variant}: no weights are bundled; pass checkpoint_path=... or "
-                        "pretrained_cfg_overlay=dict(file=...)")
-    return build(FlattenSwin, variant, pretrained, remap=remap_official, **kwargs)
-
-
 _T = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
 _S = dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24))
 _B = dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))
-
-
-@register_model
-def flatten_swin_micro(pretrained: bool = False, **kwargs) -> FlattenSwin:
-    """Tiny variant on 64 x 64 images: stage grids 16/8/4/2, 'S' window 3 (stage 3 is padded, shifted and masked)."""
-    args = dict(img_size=64, embed_dim=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8), mlp_ratio=2.0,
-                window_size=3)
-    return _create("flatten_swin_micro", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def flatten_swin_tiny(pretrained: bool = False, **kwargs) -> FlattenSwin:
-    return _create("flatten_swin_tiny", pretrained, **{**_T, **kwargs})
-
-
-@register_model
-def flatten_swin_small(pretrained: bool = False, **kwargs) -> FlattenSwin:
-    return _create("flatten_swin_small", pretrained, **{**_S, **kwargs})
-
-
-@register_model
-def flatten_swin_base(pretrained: bool = False, **kwargs) -> FlattenSwin:
-    return _create("flatten_swin_base", pretrained, **{**_B, **kwargs})
-
-
-@register_model
-def flatten_swin_base_384(pretrained: bool = False, **kwargs) -> FlattenSwin:
-    return _create("flatten_swin_base_384", pretrained,
-                   **{**_B, "img_size": 384, "window_size": 12, **kwargs})
-
-
-_SRC = "FLatten paper main table (arXiv 2308.00442) and official README"
-_CODE = "LeapLabTHU/FLatten-Transformer"
-_MEAS = "ref_* measured from the official classes at abdb115 (fvcore GMACs)"
-register_card(ModelCard("flatten_swin_micro", "flatten", img_size=64, source="test/demo variant",
-                        status="official-arch", notes="not a paper model"))
-register_card(ModelCard("flatten_swin_tiny", "flatten", 224, 29.0, 4.5, 82.1, _SRC + " (README eval 82.106)",
-                        ref_params=29_192_384, ref_gmacs=4.50, code=_CODE, notes=_MEAS))
-register_card(ModelCard("flatten_swin_small", "flatten", 224, 51.0, 8.7, 83.5, _SRC, ref_params=50_510_288,
-                        ref_gmacs=8.76, code=_CODE, notes=_MEAS))
-register_card(ModelCard("flatten_swin_base", "flatten", 224, 89.0, 15.4, 83.8, _SRC, ref_params=88_972_488,
-                        ref_gmacs=15.46, code=_CODE, notes=_MEAS))
-register_card(ModelCard("flatten_swin_base_384", "flatten", 384, 91.0, 46.5, 85.0, _SRC, ref_params=91_433_928,
-                        ref_gmacs=46.49, code=_CODE, notes=_MEAS))
+register_family(__name__, FlattenSwin, [
+    Variant("flatten_swin_micro", dict(img_size=64, embed_dim=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8),
+                                       mlp_ratio=2.0, window_size=3),
+            dict(img_size=64, source="test/demo variant (stage grids 16/8/4/2, 'S' window 3: padded, shifted, "
+                                     "masked)", notes="not a paper model"),
+            cfg=dict(input_size=(3, 64, 64), crop_pct=1.0)),
+    Variant("flatten_swin_tiny", _T,
+            dict(params_m=29.0, gmacs=4.5, top1=82.1, ref_params=29_192_384, ref_gmacs=4.50,
+                 source=FLATTEN_CARD["source"] + " (README eval 82.106)"),
+            weights={"in1k": flatten_release("e1518e76703e4e57a7f2", 82.1)}),
+    Variant("flatten_swin_small", _S,
+            dict(params_m=51.0, gmacs=8.7, top1=83.5, ref_params=50_510_288, ref_gmacs=8.76),
+            weights={"in1k": flatten_release("94188e52af354bf4a88b", 83.5)}),
+    Variant("flatten_swin_base", _B,
+            dict(params_m=89.0, gmacs=15.4, top1=83.8, ref_params=88_972_488, ref_gmacs=15.46),
+            weights={"in1k": flatten_release("7a9e5186bad04e7fb3a9", 83.8)}),
+    Variant("flatten_swin_base_384", dict(**_B, img_size=384, window_size=12),
+            dict(img_size=384, params_m=91.0, gmacs=46.5, top1=85.0, ref_params=91_433_928, ref_gmacs=46.49),
+            cfg=dict(input_size=(3, 384, 384), crop_pct=1.0),
+            weights={"in1k": flatten_release("0d0330cf2e5249f1abb6", 85.0)}),
+], cfg=dict(first_conv="patch_embed.proj", **FLATTEN_CFG), stride=lambda a: 32, remap=remap_official,
+    card=FLATTEN_CARD)

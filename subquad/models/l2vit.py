@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from timm.layers import DropPath, trunc_normal_
-from timm.models import generate_default_cfgs, register_model
+from timm.layers import DropPath, register_notrace_module
 from torch import nn
 
 from ..attention import build_attention
@@ -25,9 +24,8 @@ from ..errors import UserError
 from ..layers.mlp import Mlp
 from ..layers.patch_embed import L2ViTStem, PreNormDownsample
 from ..layers.pos_embed import ConvPosEnc
-from ._builder import build, unwrap_state_dict
-from ._card import ModelCard, register_card
-from ._pyramid import PyramidBackbone
+from ._base import Backbone, drop_path_rates
+from ._builder import Variant, register_family, unwrap_state_dict
 
 __all__ = ["L2ViT", "LWABlock", "LGABlock", "remap_official"]
 
@@ -40,6 +38,7 @@ def _attn_kwargs(name: str, window_size: int, input_size: tuple[int, int] | None
     return dict(qkv_bias=True, input_size=input_size)
 
 
+@register_notrace_module
 class LWABlock(nn.Module):
     """Local window attention block (two CPEs). x: (B, H*W, C) with hw -> (B, H*W, C).
 
@@ -69,6 +68,7 @@ class LWABlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
+@register_notrace_module
 class LGABlock(nn.Module):
     """Linear global attention block with LCM (one CPE). x: (B, H*W, C) with hw -> (B, H*W, C).
 
@@ -100,7 +100,7 @@ class LGABlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-class L2ViT(PyramidBackbone):
+class L2ViT(Backbone):
     """L2ViT backbone: conv stem, 4 stages of alternating LWA (even j) / LGA (odd j) blocks, LN + mean + Linear.
 
     Shapes: images (B, in_chans, H, W), any H, W >= the total stride (padded internally as the official code
@@ -124,23 +124,28 @@ class L2ViT(PyramidBackbone):
         drop_rate: dropout before the head.
         drop_path_rate: stochastic depth, linear over all blocks.
         img_size: nominal resolution (timm's cfg); the model runs at any size.
+        global_pool: 'avg' (mean of the final tokens) or '' (unpooled (B, H, W, C) features).
     """
 
-    arch_name = "l2vit"
+    init_convs = "trunc_normal"
+
+    group_patterns = dict(stem=r"^downsample_layers\.0", blocks=[(r"^stages\.(\d+)\.(\d+)", None),
+                                                                 (r"^downsample_layers\.(\d+)", (0,)),
+                                                                 (r"^norm", (99999,))])
+    group_patterns_coarse = dict(stem=r"^downsample_layers\.0", blocks=r"^stages\.(\d+)")
 
     def __init__(self, in_chans: int = 3, num_classes: int = 1000, dims: Sequence[int] = (96, 192, 384, 768),
                  depths: Sequence[int] = (2, 2, 6, 2), num_heads: Sequence[int] = (3, 6, 12, 24),
                  mlp_ratio: float = 4.0, window_size: int = 7, stem_stride: int = 4, lwa_attn: str = "window",
                  lga_attn: str = "enhanced_linear", lcm_kernel_size: int = 7, drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, img_size: int | tuple[int, int] = 224, device=None,
-                 dtype=None) -> None:
+                 drop_path_rate: float = 0.0, img_size: int | tuple[int, int] = 224, global_pool: str = "avg",
+                 device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if not (len(dims) == len(depths) == len(num_heads) == 4):
             raise UserError(f"L2ViT needs 4 stages: got dims={tuple(dims)}, depths={tuple(depths)}, "
                             f"num_heads={tuple(num_heads)}")
         self.in_chans = in_chans
-        self.num_classes = num_classes
         self.num_stages = 4
         self.total_stride = stem_stride * 8
         self.num_features = self.head_hidden_size = dims[-1]
@@ -150,61 +155,36 @@ class L2ViT(PyramidBackbone):
         self.downsample_layers = nn.ModuleList([L2ViTStem(in_chans, dims[0], stem_stride, **dd)])
         for i in range(1, 4):
             self.downsample_layers.append(PreNormDownsample(dims[i - 1], dims[i], 2, **dd))
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        dpr = drop_path_rates(drop_path_rate, depths)
         self.stages = nn.ModuleList()
         self.feature_info = []
-        cur, stride = 0, stem_stride
+        stride = stem_stride
         for i in range(4):
             grid = (-(-img_hw[0] // stride), -(-img_hw[1] // stride))
             blocks = []
             for j in range(depths[i]):
                 if j % 2 == 0:
-                    blocks.append(LWABlock(dims[i], num_heads[i], window_size, mlp_ratio, dpr[cur + j], lwa_attn,
+                    blocks.append(LWABlock(dims[i], num_heads[i], window_size, mlp_ratio, dpr[i][j], lwa_attn,
                                            grid, **dd))
                 else:
-                    blocks.append(LGABlock(dims[i], num_heads[i], mlp_ratio, dpr[cur + j], lga_attn,
+                    blocks.append(LGABlock(dims[i], num_heads[i], mlp_ratio, dpr[i][j], lga_attn,
                                            lcm_kernel_size, grid, **dd))
             self.stages.append(nn.ModuleList(blocks))
             self.feature_info.append(dict(num_chs=dims[i], reduction=stride, module=f"stages.{i}"))
-            cur += depths[i]
             stride *= 2
         self.norm = nn.LayerNorm(dims[-1], **dd)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(dims[-1], num_classes, **dd) if num_classes > 0 else nn.Identity()
-        if not self.norm.weight.is_meta:
-            self.apply(_init_weights)
+        self._init_head(num_classes, global_pool, drop_rate, **dd)
+        self._finish_init()
 
-    def _forward_stage(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
+    def _forward_level(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
         x, hw = self.downsample_layers[i](x) if i == 0 else self.downsample_layers[i](x, hw)
         return self._run_blocks(self.stages[i], x, hw), hw
 
-    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x)
 
     def _truncate(self, num_stages: int) -> None:
         self.downsample_layers = self.downsample_layers[:num_stages]
         self.stages = self.stages[:num_stages]
         self.num_stages = num_stages
-
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Official exclusions: none by name (the optimiser skips 1-D tensors and biases; `temperature` decays)."""
-        return set()
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(stem=r"^downsample_layers\.0",
-                    blocks=r"^stages\.(\d+)" if coarse else [(r"^stages\.(\d+)\.(\d+)", None),
-                                                             (r"^downsample_layers\.(\d+)", (0,)),
-                                                             (r"^norm", (99999,))])
-
-
-def _init_weights(m: nn.Module) -> None:
-    """Official init: trunc_normal(0.02) on every Conv2d and Linear weight, zero biases; norms keep defaults."""
-    if isinstance(m, (nn.Conv2d, nn.Linear)):
-        trunc_normal_(m.weight, std=0.02)
-        if m.bias is not None:
-            nn.init.zeros_(m.bias)
 
 
 def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
@@ -217,75 +197,41 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dic
     return dict(unwrap_state_dict(state_dict))
 
 
-def _cfg(**kwargs) -> dict:
-    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.875,
-            "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-            "first_conv": "downsample_layers.0.proj.proj.0", "classifier": "head", "license": "mit",
-            "origin_url": "https://github.com/ChuanyangZheng/L2ViT",
-            "paper_ids": "The Linear Attention Resurrection in Vision Transformer (seed 000)", **kwargs}
-
-
-_REL = "GitHub release v1.0 of ChuanyangZheng/L2ViT: "
-default_cfgs = generate_default_cfgs({
-    "l2vit_micro": _cfg(input_size=(3, 32, 32), crop_pct=1.0, notes="tiny test/demo variant (stem stride 2)"),
-    "l2vit_tiny.in1k": _cfg(notes=_REL + "L2ViT-Tiny-checkpoint-best-ema.pth"),
-    "l2vit_small.in1k": _cfg(notes=_REL + "L2ViT-Small-checkpoint-best-ema.pth"),
-    "l2vit_base.in1k": _cfg(notes=_REL + "L2ViT-Base-checkpoint-best-ema.pth"),
-    "l2vit_base.in22k_ft_in1k": _cfg(notes=_REL + "L2ViT-Base-22k21k-finetune-224-checkpoint-best.pth"),
-    "l2vit_base_384.in22k_ft_in1k": _cfg(input_size=(3, 384, 384), crop_pct=1.0, crop_mode="squash",
-                                         notes=_REL + "L2ViT-Base-22k21k-finetune-384-checkpoint-best.pth"),
-})
-
-
-def _create(variant: str, pretrained: bool = False, **kwargs) -> L2ViT:
-    if pretrained and not kwargs.get("pretrained_cfg_overlay"):
-        raise UserError(f"{variant}: no weights are bundled; pass checkpoint_path=... or "
-                        "pretrained_cfg_overlay=dict(file=...)")
-    return build(L2ViT, variant, pretrained, remap=remap_official, **kwargs)
-
-
-@register_model
-def l2vit_micro(pretrained: bool = False, **kwargs) -> L2ViT:
-    args = dict(dims=(32, 64, 96, 128), depths=(2, 2, 2, 2), num_heads=(1, 2, 3, 4), mlp_ratio=2.0,
-                window_size=4, stem_stride=2, img_size=32)
-    return _create("l2vit_micro", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def l2vit_tiny(pretrained: bool = False, **kwargs) -> L2ViT:
-    args = dict(dims=(96, 192, 384, 768), depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
-    return _create("l2vit_tiny", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def l2vit_small(pretrained: bool = False, **kwargs) -> L2ViT:
-    args = dict(dims=(96, 192, 384, 768), depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24))
-    return _create("l2vit_small", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def l2vit_base(pretrained: bool = False, **kwargs) -> L2ViT:
-    args = dict(dims=(128, 256, 512, 1024), depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))
-    return _create("l2vit_base", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def l2vit_base_384(pretrained: bool = False, **kwargs) -> L2ViT:
-    args = dict(dims=(128, 256, 512, 1024), depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32), window_size=12,
-                img_size=384)
-    return _create("l2vit_base_384", pretrained, **{**args, **kwargs})
-
-
-_SRC = "L2ViT paper Tab. 2/3 and official README (seed 000)"
+_REL = "https://github.com/ChuanyangZheng/L2ViT/releases/download/v1.0/"
+_PAPER = "The Linear Attention Resurrection in Vision Transformer"
+_SRC = f"{_PAPER} (L2ViT paper) Tab. 2/3 and the official README"
 _CODE = "ChuanyangZheng/L2ViT"
 _MEAS = "ref_* measured from the official classes at fad0341 (fvcore GMACs)"
-register_card(ModelCard("l2vit_micro", "l2vit", img_size=32, source="test/demo variant (stem stride 2, window 4)",
-                        status="official-arch", notes="not a paper model"))
-register_card(ModelCard("l2vit_tiny", "l2vit", 224, 29.0, 4.7, 83.1, _SRC, ref_params=28_596_781, ref_gmacs=4.71,
-                        code=_CODE, notes=_MEAS))
-register_card(ModelCard("l2vit_small", "l2vit", 224, 50.0, 9.0, 84.1, _SRC, ref_params=50_199_157,
-                        ref_gmacs=9.02, code=_CODE, notes=_MEAS))
-register_card(ModelCard("l2vit_base", "l2vit", 224, 89.0, 15.9, 84.4, _SRC, ref_params=88_577_188,
-                        ref_gmacs=15.86, code=_CODE, notes=_MEAS + "; 86.0 top-1 with IN-22k pre-training"))
-register_card(ModelCard("l2vit_base_384", "l2vit", 384, 89.0, 47.5, 87.0, _SRC + " (IN-22k -> 1k, 384)",
-                        ref_params=88_577_188, ref_gmacs=47.47, code=_CODE, notes=_MEAS))
+_T, _B = dict(dims=(96, 192, 384, 768), num_heads=(3, 6, 12, 24)), dict(dims=(128, 256, 512, 1024),
+                                                                         num_heads=(4, 8, 16, 32))
+
+
+def _release(file: str, top1: float, **cfg) -> dict:
+    return dict(url=_REL + file, notes=f"official release (GitHub release v1.0 of {_CODE}): {top1} top-1", **cfg)
+
+
+register_family(__name__, L2ViT, [
+    Variant("l2vit_micro", dict(dims=(32, 64, 96, 128), depths=(2, 2, 2, 2), num_heads=(1, 2, 3, 4), mlp_ratio=2.0,
+                                window_size=4, stem_stride=2, img_size=32),
+            dict(img_size=32, source="test/demo variant (stem stride 2, window 4)", notes="not a paper model"),
+            cfg=dict(input_size=(3, 32, 32), crop_pct=1.0)),
+    Variant("l2vit_tiny", dict(**_T, depths=(2, 2, 6, 2)),
+            dict(params_m=29.0, gmacs=4.7, top1=83.1, ref_params=28_596_781, ref_gmacs=4.71),
+            weights={"in1k": _release("L2ViT-Tiny-checkpoint-best-ema.pth", 83.1)}),
+    Variant("l2vit_small", dict(**_T, depths=(2, 2, 18, 2)),
+            dict(params_m=50.0, gmacs=9.0, top1=84.1, ref_params=50_199_157, ref_gmacs=9.02),
+            weights={"in1k": _release("L2ViT-Small-checkpoint-best-ema.pth", 84.1)}),
+    Variant("l2vit_base", dict(**_B, depths=(2, 2, 18, 2)),
+            dict(params_m=89.0, gmacs=15.9, top1=84.4, ref_params=88_577_188, ref_gmacs=15.86,
+                 notes=_MEAS + "; 86.0 top-1 with IN-22k pre-training"),
+            weights={"in1k": _release("L2ViT-Base-checkpoint-best-ema.pth", 84.4),
+                     "in22k_ft_in1k": _release("L2ViT-Base-22k21k-finetune-224-checkpoint-best.pth", 86.0)}),
+    Variant("l2vit_base_384", dict(**_B, depths=(2, 2, 18, 2), window_size=12, img_size=384),
+            dict(img_size=384, params_m=89.0, gmacs=47.5, top1=87.0, ref_params=88_577_188, ref_gmacs=47.47,
+                 source=_SRC + " (IN-22k -> 1k, 384)"),
+            cfg=dict(input_size=(3, 384, 384), crop_pct=1.0, crop_mode="squash"),
+            weights={"in22k_ft_in1k": _release("L2ViT-Base-22k21k-finetune-384-checkpoint-best.pth", 87.0)}),
+], cfg=dict(first_conv="downsample_layers.0.proj.proj.0", license="mit", origin_url="https://github.com/" + _CODE,
+            paper_ids=_PAPER, paper_name=_PAPER),
+    stride=lambda a: a.get("stem_stride", 4) * 8, remap=remap_official,
+    card=dict(family="l2vit", source=_SRC, code=_CODE, notes=_MEAS))

@@ -30,10 +30,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
-from timm.layers import DropPath, trunc_normal_
-from timm.models import generate_default_cfgs, register_model
-from timm.models._features import feature_take_indices
+from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from torch import nn
 
 from .._shapes import as_hw, merge_heads
@@ -41,8 +38,8 @@ from ..attention import build_attention
 from ..attention.functional.softmax import softmax_attention, softmax_attention_ref
 from ..errors import UserError
 from ..layers.mlp import Mlp
-from ._builder import build
-from ._card import ModelCard, register_card
+from ._base import Backbone, drop_path_rates, tokens_to_nchw
+from ._builder import Variant, register_family
 
 __all__ = ["ViLLS", "ViLFullAttention", "remap_official"]
 
@@ -69,6 +66,7 @@ def resize_rel_table(table: torch.Tensor, src: tuple[int, int], dst: tuple[int, 
     return t.reshape(h, -1).transpose(0, 1)
 
 
+@register_notrace_module
 class ViLFullAttention(nn.Module):
     """ViL full attention with relative-position biases (stages 3-4 of ViL-LS), through SDPA.
 
@@ -101,9 +99,13 @@ class ViLFullAttention(nn.Module):
             self.g2l_relative_position_bias = nn.Parameter(torch.zeros(2, num_heads, nglo, **dd))
             self.g2g_relative_position_bias = nn.Parameter(torch.zeros(num_heads, nglo, nglo, **dd))
         if not self.qkv.weight.is_meta:
-            for p in self.parameters():
-                if p.dim() >= 2 and p is not self.qkv.weight and p is not self.proj.weight:
-                    trunc_normal_(p, std=0.02)
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Official init of the bias tables: trunc_normal(0.02) (the Linear layers keep the host's init)."""
+        for p in self.parameters():
+            if p.dim() >= 2 and p is not self.qkv.weight and p is not self.proj.weight:
+                trunc_normal_(p, std=0.02)
 
     def bias(self, hw: tuple[int, int]) -> torch.Tensor:
         """(h, N, N) relative-position bias at grid hw (table resized when hw differs from input_size)."""
@@ -132,6 +134,7 @@ class ViLFullAttention(nn.Module):
         return self.proj_drop(self.proj(merge_heads(o)))
 
 
+@register_notrace_module
 class PatchEmbed(nn.Module):
     """Conv p x p stride p (input padded to a multiple of p), LN `norm_embed`, optional class token.
 
@@ -147,6 +150,10 @@ class PatchEmbed(nn.Module):
         self.norm_embed = nn.LayerNorm(embed_dim, eps=1e-6, **dd)
         self.cls_token = nn.Parameter(torch.zeros(1, nglo, embed_dim, **dd)) if nglo else None
         if self.cls_token is not None and not self.cls_token.is_meta:
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.cls_token is not None:
             trunc_normal_(self.cls_token, std=0.02)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -161,6 +168,7 @@ class PatchEmbed(nn.Module):
         return x, hw
 
 
+@register_notrace_module
 class AttnBlock(nn.Module):
     """x + DropPath(attn(LN(x), hw)). Official: msvit.AttnBlock (keys `norm`, `attn`)."""
 
@@ -174,6 +182,7 @@ class AttnBlock(nn.Module):
         return x + self.drop_path(self.attn(self.norm(x), hw))
 
 
+@register_notrace_module
 class MlpBlock(nn.Module):
     """x + DropPath(MLP(LN(x))), MLP ratio 4 with GELU. Official: msvit.MlpBlock (keys `norm`, `mlp.fc1/fc2`)."""
 
@@ -188,7 +197,7 @@ class MlpBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm(x)))
 
 
-class ViLLS(nn.Module):
+class ViLLS(Backbone):
     """ViL-LS / ViL host (MsViT) with per-stage attention.
 
     Shapes: images (B, in_chans, H, W), any H and W -> logits (B, num_classes); stage maps NCHW at strides
@@ -202,7 +211,14 @@ class ViLLS(nn.Module):
         window_sizes, ranks: per stage w and r of the long-short stages.
         mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate: the usual; drop path is linear over all
             blocks (the attention and MLP block of one block share a rate).
+        global_pool: 'auto' (the class token when the last stage has one, else the mean), 'token', 'avg' or ''.
     """
+
+    init_norms = True
+
+    group_patterns = dict(stem=r"^layer1\.0\.", blocks=[(r"^layer(\d+)\.(\d+)", None), (r"^norm", (99999,))])
+    no_decay = ("pos_embed", "cls_token", r"norm\.weight", r"norm\.bias", "norm_embed", r"head\.bias",
+                "relative_position")
 
     def __init__(self, img_size: int | tuple[int, int] = 224, in_chans: int = 3, num_classes: int = 1000,
                  embed_dims: Sequence[int] = (96, 192, 384, 768), depths: Sequence[int] = (1, 4, 16, 1),
@@ -223,16 +239,16 @@ class ViLLS(nn.Module):
         for a in stage_attn:
             if a not in ("long_short", "full"):
                 raise ValueError(f"ViLLS: stage_attn entries must be 'long_short' or 'full', got {a!r}")
-        if global_pool not in ("auto", "token", "avg"):
-            raise ValueError(f"ViLLS: global_pool must be 'auto', 'token' or 'avg', got {global_pool!r}")
         self.img_size = as_hw(img_size)
-        self.num_classes = num_classes
+        self.in_chans = in_chans
         self.nglos = tuple(nglos)
         self.stage_attn = tuple(stage_attn)
-        self.global_pool = ("token" if nglos[-1] > 0 else "avg") if global_pool == "auto" else global_pool
+        self.num_prefix_tokens = nglos[-1]
+        self.output_fmt = "NLC" if nglos[-1] else "NHWC"
+        self.total_stride = math.prod(patch_sizes)
         self.num_features = self.head_hidden_size = embed_dims[-1]
         self.grad_checkpointing = False
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).split(list(depths))
+        dpr = drop_path_rates(drop_path_rate, depths)
         H, W = self.img_size
         in_dim, stride = in_chans, 1
         self.feature_info = []
@@ -241,7 +257,7 @@ class ViLLS(nn.Module):
             H, W, stride = math.ceil(H / p), math.ceil(W / p), stride * p
             dim = embed_dims[s]
             layers: list[nn.Module] = [PatchEmbed(p, in_dim, dim, nglos[s], **dd)]
-            for rate in dpr[s].tolist():
+            for rate in dpr[s]:
                 if stage_attn[s] == "long_short":
                     attn = build_attention("long_short", dim, num_heads[s], window_size=window_sizes[s],
                                            rank=ranks[s], dims=2, num_prefix_tokens=nglos[s], rpe=True,
@@ -256,128 +272,29 @@ class ViLLS(nn.Module):
             in_dim = dim
         self.num_stages = n
         self.norm = nn.LayerNorm(embed_dims[-1], eps=1e-6, **dd)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dims[-1], num_classes, **dd) if num_classes > 0 else nn.Identity()
-        if not self.norm.weight.is_meta:
-            self.apply(self._init_module)
+        if global_pool == "auto":
+            global_pool = "token" if nglos[-1] > 0 else "avg"
+        self._init_head(num_classes, global_pool, drop_rate, **dd)
+        self._finish_init()
 
-    @staticmethod
-    def _init_module(m: nn.Module) -> None:
-        """Official `_init_weights`: Linear trunc_normal(0.02), bias 0; LayerNorm (1, 0); convs default."""
-        if isinstance(m, nn.Linear):
-            trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
 
-    def stages(self) -> list[nn.Sequential]:
-        return [getattr(self, f"layer{s + 1}") for s in range(self.num_stages)]
-
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names the official optimiser excludes from weight decay (name contains one of
-        `pos_embed`, `cls_token`, `norm.weight`, `norm.bias`, `norm_embed`, `head.bias`, `relative_position`)."""
-        return {n for n, _ in self.named_parameters() if any(s in n for s in _OFFICIAL_NO_DECAY)}
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict:
-        return dict(stem=r"^layer1\.0\.", blocks=[(r"^layer(\d+)\.(\d+)", None), (r"^norm", (99999,))])
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        self.num_classes = num_classes
-        if global_pool is not None:
-            if global_pool not in ("token", "avg"):
-                raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
-            self.global_pool = global_pool
-        ref = self.layer1[0].proj.weight
-        self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype) \
-            if num_classes > 0 else nn.Identity()
-
-    def _stage(self, s: int, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Map (B, C_in, H, W) -> tokens (B, g + h*w, C) of stage s and its grid."""
-        layers = self.stages()[s]
+    def _forward_level(self, s: int, x: torch.Tensor, hw):
+        """Stage s: the previous stage's tokens as a map (global tokens dropped), embedding, blocks."""
+        if s:
+            x = tokens_to_nchw(x, hw, self.nglos[s - 1])
+        layers = getattr(self, f"layer{s + 1}")
         x, hw = layers[0](x)
-        for blk in list(layers)[1:]:
-            if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
-                x = torch.utils.checkpoint.checkpoint(blk, x, hw, use_reentrant=False)
-            else:
-                x = blk(x, hw)
+        for i in range(1, len(layers)):
+            x = self._run(layers[i], x, hw)
         return x, hw
 
-    def _to_map(self, s: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        g = self.nglos[s]
-        return x[:, g:].transpose(1, 2).reshape(x.shape[0], -1, *hw)
+    def _level_prefix(self, i: int) -> int:
+        return self.nglos[i]
 
-    def _check_images(self, x: torch.Tensor) -> None:
-        in_chans = self.layer1[0].proj.in_channels
-        if x.dim() != 4 or x.shape[1] != in_chans:
-            raise ValueError(f"{type(self).__name__}: expected images (B, {in_chans}, H, W) with {in_chans} input "
-                             f"channels, got shape {tuple(x.shape)}")
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C_in, H, W) -> final normalised tokens (B, g + h*w, C) of the last stage."""
-        self._check_images(x)
-        hw = (x.shape[-2], x.shape[-1])
-        for s in range(self.num_stages):
-            if s:
-                x = self._to_map(s - 1, x, hw)
-            x, hw = self._stage(s, x)
-        return self.norm(x)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        g = self.nglos[-1]
-        if self.global_pool == "token" and g > 0:
-            x = x[:, 0]
-        else:
-            x = x[:, g:].mean(dim=1) if self.global_pool == "avg" and g > 0 else x.mean(dim=1)
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None, norm: bool = False,
-                              stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False):
-        """Stage outputs as maps (B, C_s, h_s, w_s) (global tokens dropped)."""
-        if output_fmt != "NCHW":
-            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
-        self._check_images(x)
-        take, max_index = feature_take_indices(self.num_stages, indices)
-        last = max_index if stop_early else self.num_stages - 1
-        inter = []
-        hw = (x.shape[-2], x.shape[-1])
-        for s in range(last + 1):
-            if s:
-                x = self._to_map(s - 1, x, hw)
-            x, hw = self._stage(s, x)
-            if s in take:
-                y = self.norm(x) if norm and s == self.num_stages - 1 else x
-                inter.append(self._to_map(s, y, hw))
-        if intermediates_only:
-            return inter
-        return self.norm(x), inter
-
-    def prune_intermediate_layers(self, indices: int | list[int] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> list[int]:
-        take, max_index = feature_take_indices(self.num_stages, indices)
-        for s in range(max_index + 1, self.num_stages):
-            setattr(self, f"layer{s + 1}", nn.Sequential())
-        self.num_stages = max_index + 1
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.reset_classifier(0)
-        return take
+    def _truncate(self, num_levels: int) -> None:
+        for s in range(num_levels, self.num_stages):
+            delattr(self, f"layer{s + 1}")
+        self.num_stages = num_levels
 
 
 def remap_official(state_dict: dict, model: nn.Module) -> dict:
@@ -410,89 +327,51 @@ def _grid_of_table(rows: int) -> tuple[int, int]:
     return side, side
 
 
-def _cfg(**kwargs) -> dict:
-    return {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None, "crop_pct": 0.875,
-            "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-            "first_conv": "layer1.0.proj", "classifier": "head", "license": "mit",
-            "origin_url": "https://github.com/NVIDIA/transformer-ls", "paper_ids": "arXiv:2107.02192", **kwargs}
-
-
-default_cfgs = generate_default_cfgs({
-    "vil_ls_micro": _cfg(input_size=(3, 32, 32), crop_pct=1.0, notes="tiny test/demo variant"),
-    "vil_ls_medium.in1k": _cfg(notes="official weights: imagenet/README.md (Dropbox), convert with subquad convert"),
-    "vil_ls_base.in1k": _cfg(notes="official weights: imagenet/README.md (Dropbox), convert with subquad convert"),
-    "vil_ls_medium_384.in1k": _cfg(input_size=(3, 384, 384), crop_pct=0.875,
-                                   notes="official weights: imagenet/README.md (Dropbox); eval crop_pct 0.875 as "
-                                         "the official transform"),
-    "vil_medium": _cfg(notes="softmax-attention host (baseline), no weights"),
-    "vil_base": _cfg(notes="softmax-attention host (baseline), no weights"),
-})
-
-
-def _create(variant: str, pretrained: bool = False, **kwargs) -> ViLLS:
-    if pretrained and not kwargs.get("pretrained_cfg_overlay"):
-        raise UserError(f"{variant}: no weights are bundled; pass checkpoint_path=... or "
-                        "pretrained_cfg_overlay=dict(file=...)")
-    return build(ViLLS, variant, pretrained, remap=remap_official, default_out_indices=(0, 1, 2, 3), **kwargs)
-
-
 _MEDIUM = dict(embed_dims=(96, 192, 384, 768), depths=(1, 4, 16, 1), num_heads=(3, 3, 6, 12),
                patch_sizes=(4, 2, 2, 2), nglos=(1, 1, 1, 0), window_sizes=(7, 7, 7, 7), ranks=(8, 8, 8, 8))
 _BASE = {**_MEDIUM, "depths": (1, 8, 24, 1)}
 _LS = ("long_short", "long_short", "full", "full")
 _FULL = ("full", "full", "full", "full")
-
-
-@register_model
-def vil_ls_micro(pretrained: bool = False, **kwargs) -> ViLLS:
-    args = dict(img_size=32, embed_dims=(16, 24, 32, 48), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 2),
-                patch_sizes=(4, 2, 2, 2), nglos=(1, 1, 1, 0), window_sizes=(2, 2, 2, 2), ranks=(2, 2, 2, 2),
-                stage_attn=_LS)
-    return _create("vil_ls_micro", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def vil_ls_medium(pretrained: bool = False, **kwargs) -> ViLLS:
-    return _create("vil_ls_medium", pretrained, **{**_MEDIUM, "stage_attn": _LS, **kwargs})
-
-
-@register_model
-def vil_ls_base(pretrained: bool = False, **kwargs) -> ViLLS:
-    return _create("vil_ls_base", pretrained, **{**_BASE, "stage_attn": _LS, **kwargs})
-
-
-@register_model
-def vil_ls_medium_384(pretrained: bool = False, **kwargs) -> ViLLS:
-    args = {**_MEDIUM, "window_sizes": (8, 8, 8, 8), "stage_attn": _LS, "img_size": 384}
-    return _create("vil_ls_medium_384", pretrained, **{**args, **kwargs})
-
-
-@register_model
-def vil_medium(pretrained: bool = False, **kwargs) -> ViLLS:
-    return _create("vil_medium", pretrained, **{**_MEDIUM, "stage_attn": _FULL, **kwargs})
-
-
-@register_model
-def vil_base(pretrained: bool = False, **kwargs) -> ViLLS:
-    return _create("vil_base", pretrained, **{**_BASE, "stage_attn": _FULL, **kwargs})
-
-
-_SRC = "seed 003 Table 5 + NVIDIA/transformer-ls imagenet/README.md"
+_PAPER = "Long-Short Transformer: Efficient Transformers for Language and Vision (arXiv 2107.02192)"
 _CODE = "NVIDIA/transformer-ls"
-register_card(ModelCard("vil_ls_micro", "long_short", img_size=32, source="test/demo variant",
-                        status="official-arch"))
-register_card(ModelCard("vil_ls_medium", "long_short", 224, 39.8, 8.7, 83.8, _SRC, ref_params=39_799_423,
-                        ref_gmacs=8.72, code=_CODE, notes="measured official MsViT @1527c5cc: 39.80M / 8.72G"))
-register_card(ModelCard("vil_ls_base", "long_short", 224, 55.8, 13.4, 84.1, _SRC, ref_params=55_834_363,
-                        ref_gmacs=13.39, code=_CODE, notes="measured official MsViT @1527c5cc: 55.83M / 13.39G"))
-register_card(ModelCard("vil_ls_medium_384", "long_short", 384, 39.8, 28.7, 84.4, _SRC, ref_params=39_947_653,
-                        ref_gmacs=28.74, code=_CODE, notes="measured official MsViT @1527c5cc: 39.95M / 28.74G "
-                                                           "(full-attention RPB tables grow with resolution)"))
-register_card(ModelCard("vil_medium", "long_short", 224, None, 8.7, 83.5, "seed 003 Table 5 (ViL-Medium)",
-                        status="unofficial", code="",
-                        notes="softmax-attention host; the published ViL-Medium uses Vision Longformer attention in "
-                              "stages 1-2, so the published numbers are context, not a target"))
-register_card(ModelCard("vil_base", "long_short", 224, None, 13.4, 83.7, "seed 003 Table 5 (ViL-Base)",
-                        status="unofficial", code="",
-                        notes="softmax-attention host; the published ViL-Base uses Vision Longformer attention in "
-                              "stages 1-2, so the published numbers are context, not a target"))
+
+
+def _release(key: str, top1: float) -> dict:
+    """A checkpoint linked from `imagenet/README.md` of the official repository (Dropbox; `?dl=1` asks for the file
+    rather than its preview page)."""
+    return dict(url=f"https://www.dropbox.com/s/{key}/model_best.pth?dl=1",
+                notes=f"official release ({_CODE} imagenet/README.md): {top1} top-1")
+
+
+_BASELINE = ("softmax-attention host; the published ViL uses Vision Longformer attention in stages 1-2, so the "
+             "published numbers are context, not a target")
+register_family(__name__, ViLLS, [
+    Variant("vil_ls_micro", dict(img_size=32, embed_dims=(16, 24, 32, 48), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 2),
+                                 patch_sizes=(4, 2, 2, 2), nglos=(1, 1, 1, 0), window_sizes=(2, 2, 2, 2),
+                                 ranks=(2, 2, 2, 2), stage_attn=_LS),
+            dict(img_size=32, source="test/demo variant", notes="not a paper model"),
+            cfg=dict(input_size=(3, 32, 32), crop_pct=1.0)),
+    Variant("vil_ls_medium", {**_MEDIUM, "stage_attn": _LS},
+            dict(params_m=39.8, gmacs=8.7, top1=83.8, ref_params=39_799_423, ref_gmacs=8.72,
+                 notes="measured official MsViT @1527c5cc: 39.80M / 8.72G"),
+            weights={"in1k": _release("ng14pebstaaydug", 83.8)}),
+    Variant("vil_ls_base", {**_BASE, "stage_attn": _LS},
+            dict(params_m=55.8, gmacs=13.4, top1=84.1, ref_params=55_834_363, ref_gmacs=13.39,
+                 notes="measured official MsViT @1527c5cc: 55.83M / 13.39G"),
+            weights={"in1k": _release("80u5p5eh4txad10", 84.1)}),
+    Variant("vil_ls_medium_384", {**_MEDIUM, "window_sizes": (8, 8, 8, 8), "stage_attn": _LS, "img_size": 384},
+            dict(img_size=384, params_m=39.8, gmacs=28.7, top1=84.4, ref_params=39_947_653, ref_gmacs=28.74,
+                 notes="measured official MsViT @1527c5cc: 39.95M / 28.74G (full-attention RPB tables grow with "
+                       "resolution)"),
+            cfg=dict(input_size=(3, 384, 384)),
+            weights={"in1k": _release("390tzi2ll3sfibl", 84.4)}),
+    Variant("vil_medium", {**_MEDIUM, "stage_attn": _FULL},
+            dict(gmacs=8.7, top1=83.5, source=_PAPER + " Table 5 (ViL-Medium)", status="unofficial", code="",
+                 notes=_BASELINE)),
+    Variant("vil_base", {**_BASE, "stage_attn": _FULL},
+            dict(gmacs=13.4, top1=83.7, source=_PAPER + " Table 5 (ViL-Base)", status="unofficial", code="",
+                 notes=_BASELINE)),
+], cfg=dict(first_conv="layer1.0.proj", license="mit", paper_ids="arXiv:2107.02192",
+            origin_url="https://github.com/" + _CODE),
+    stride=lambda a: math.prod(a.get("patch_sizes", (4, 2, 2, 2))), remap=remap_official,
+    card=dict(family="long_short", source=_PAPER + " Table 5 and the official imagenet/README.md", code=_CODE))

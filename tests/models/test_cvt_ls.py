@@ -50,3 +50,15 @@ def test_hosts_are_one_keyword_apart():
     extra = set(ls.state_dict()) - set(sm.state_dict())
     assert extra and all(any(s in k for s in ("dp_conv", "dp_fc", "ls.")) for k in extra)
     assert "stage2.cls_token" in ls.state_dict() and "stage1.cls_token" not in ls.state_dict()
+
+
+def test_prune_drops_dead_stages():
+    """prune_intermediate_layers keeps the stages up to the last taken one, parameters included."""
+    m = subquad.create_model("cvt_ls_micro").eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        want = m.forward_intermediates(x, indices=[1], intermediates_only=True)
+        assert m.prune_intermediate_layers([1]) == [1]
+        got = m.forward_intermediates(x, indices=[1], intermediates_only=True)
+    assert not any(n.startswith("stage2.") for n, _ in m.named_parameters())
+    torch.testing.assert_close(got, want)

@@ -88,9 +88,13 @@ def test_bad_inputs_clear_errors():
     img = subquad.create_model("lisanet_micro")
     with pytest.raises(ValueError, match=r"expected images \(B, C, H, W\).*video"):
         img(torch.randn(1, 3, 4, 64, 64))
-    vid = subquad.create_model("hylisanet_s_video", **_VIDEO_MICRO)
+    vid = subquad.create_model("hylisanet_s_video", **_VIDEO_MICRO).eval()
     with pytest.raises(ValueError, match=r"expected video clips \(B, C, T, H, W\)"):
-        vid(torch.randn(1, 3, 64, 64))
+        vid(torch.randn(1, 3, 64))
+    # an image is a one-frame clip (timm's model tests feed images to every model)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(vid(x), vid(x[:, :, None]))
     with pytest.raises(ValueError, match="D .*>= 1, got 0"):
         subquad.create_model("lisanet_micro", D=0)
     with pytest.raises(ValueError, match="stage type"):

@@ -1,4 +1,5 @@
-"""Registry-driven tests over every tiny `*_micro` model (the full sizes are checked on meta in test_cards)."""
+"""Registry-driven tests over every tiny `*_micro` model beyond timm's contract (test_contract.py): non-square
+inputs, input errors, checkpoints, pruning."""
 
 from __future__ import annotations
 
@@ -21,58 +22,13 @@ def _input(name, b=2, hw=None):
 
 
 @pytest.mark.parametrize("name", MICRO)
-def test_forward_backward_every_param(name):
-    m = subquad.create_model(name, num_classes=7).train()
-    x = _input(name)
-    out = m(x)
-    assert out.shape == (2, 7) and torch.isfinite(out).all()
-    out.logsumexp(-1).mean().backward()
-    missing = [n for n, p in m.named_parameters() if p.requires_grad and p.grad is None]
-    assert not missing, f"no gradient reaches {missing}"
-
-
-@pytest.mark.parametrize("name", MICRO)
 def test_non_square_input(name):
     m = subquad.create_model(name).eval()
     c, h, w = _size(name)
+    smallest = timm.models.get_pretrained_cfg(name).min_input_size[-1]  # every model refuses less (its stride)
     with torch.no_grad():
-        out = m(_input(name, 1, (h + h // 2, w - w // 4)))
+        out = m(_input(name, 1, (h + h // 2, max(w - w // 4, smallest))))
     assert out.shape == (1, m.num_classes) and torch.isfinite(out).all()
-
-
-@pytest.mark.parametrize("name", MICRO)
-def test_grad_checkpointing_equal(name):
-    m = subquad.create_model(name).eval()
-    x = _input(name)
-    ref = m(x)
-    m.set_grad_checkpointing(True)
-    torch.testing.assert_close(m(x), ref)
-
-
-@pytest.mark.parametrize("name", MICRO)
-def test_features_only_and_intermediates(name):
-    m = subquad.create_model(name).eval()
-    x = _input(name)
-    feats = timm.create_model(name, features_only=True).eval()(x)
-    info = m.feature_info
-    # one map per stage: four for the pyramid hosts, three for CvT (strides 4, 8, 16)
-    assert len(feats) == len(m.feature_info) >= 3, "features_only returns one map per stage"
-    for f in feats:
-        assert f.dim() == 4 and f.shape[0] == 2
-    final, inter = m.forward_intermediates(x)
-    assert len(inter) == len(info) if isinstance(info, list) and len(info) in (3, 4) else len(inter) >= 4
-    assert all(t.dim() == 4 for t in inter)
-
-
-@pytest.mark.parametrize("name", MICRO)
-def test_timm_interface(name):
-    m = subquad.create_model(name)
-    assert m.num_features > 0 and isinstance(m.no_weight_decay(), set)
-    m.reset_classifier(3)
-    assert m(_input(name, 1)).shape == (1, 3)
-    assert m.forward_head(m.forward_features(_input(name, 1)), pre_logits=True).shape == (1, m.num_features)
-    m.reset_classifier(0)
-    assert m(_input(name, 1)).shape == (1, m.num_features)
 
 
 @pytest.mark.parametrize("name", MICRO)

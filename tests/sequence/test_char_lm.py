@@ -81,3 +81,21 @@ def test_registry_and_bad_input():
         m(torch.zeros(1, 2))
     with pytest.raises(ValueError, match="window_size"):
         CharLM(10, 16, 1, 2, window_size=0)
+
+
+def test_clamp_len_reaches_the_causal_attention():
+    """The official `clamp_len` (relative positions clamped) is an option of CharLM and of build_attention."""
+    from subquad.attention import build_attention
+
+    m = _model(clamp_len=3)
+    causal = [blk.attn for blk in m.modules() if hasattr(getattr(blk, "attn", None), "clamp_len")]
+    assert causal and all(a.clamp_len == 3 for a in causal)
+    tok = torch.randint(0, 40, (1, 9))
+    with torch.no_grad():
+        clamped, free = m(tok), _model()
+        free.load_state_dict(m.state_dict())
+        assert not torch.allclose(clamped, free(tok))  # positions beyond 3 are clamped, so the logits differ
+    assert build_attention("long_short", 32, 4, causal=True, clamp_len=16, window_size=8, chunk_size=8,
+                           rank=2).clamp_len == 16
+    with pytest.raises(ValueError, match="causal=True only"):
+        build_attention("long_short", 32, 4, clamp_len=16, window_size=8, rank=2)
