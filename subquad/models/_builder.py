@@ -119,9 +119,9 @@ def read_state_dict(path: str | os.PathLike, prefer_ema: bool = False) -> dict[s
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else "unsupported content"
-        raise UserError(f"refusing to load {path}: it holds objects other than tensors and plain containers "
-                        f"(weights_only=True refused it: {first})") from None
+        from ..errors import unsafe_pickle
+
+        raise unsafe_pickle(path, e) from None
     except (RuntimeError, EOFError, ValueError) as e:
         raise UserError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
             from None
