@@ -78,6 +78,7 @@ def run_report(args: argparse.Namespace) -> int:
 
     task = _task_of(args.dir)
     print(f"arena {task.name}: {task.description}")
+    print()
     print(leaderboard_markdown(args.dir))
     return 0
 
