@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import UserError
 
 __all__ = ["TASKS", "CONFIG_DIR", "Task", "load_task", "task_names"]
@@ -123,12 +121,9 @@ def load_task(name: str) -> Task:
         path = CONFIG_DIR / f"{name}.yaml"
         if not path.is_file():
             raise UserError(f"unknown arena task {name!r}; allowed: {', '.join(task_names())}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserError(f"cannot parse {path}: {str(e).splitlines()[0]}") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path} must hold a mapping")
+    from ..cli.config import load_yaml
+
+    raw = load_yaml(path)
     missing = [k for k in ("task", "kind", "seeds", "train", "budgets", "mechanisms", "default_mechanisms")
                if k not in raw]
     if missing:

@@ -179,24 +179,9 @@ def checkpoint_arch(weights: str | os.PathLike, sidecar: dict[str, Any], model: 
 def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """A state dict from safetensors, or from a torch file read with `torch.load(weights_only=True)` (official
     wrappers `model` / `state_dict` / `model_ema` unwrapped); a pickle that needs more is refused unrun."""
-    import pickle
+    from ..models._builder import read_state_dict
 
-    import torch
-
-    from ..errors import UserError, unsafe_pickle
-    from ..models._builder import read_state_dict, unwrap_state_dict
-
-    path = Path(path)
-    if path.suffix == ".safetensors" or not path.is_file():
-        return read_state_dict(path)
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise unsafe_pickle(path, e) from None
-    except (RuntimeError, EOFError, ValueError) as e:
-        raise UserError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
-            from None
-    return unwrap_state_dict(obj)
+    return read_state_dict(Path(path))
 
 
 def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = None, img_size: int | None = None,
