@@ -5,7 +5,7 @@
     subquad lm generate --checkpoint PATH --prompt TEXT --max-new 200 [--temperature T] [--top-k K]
 
 Results on the linux-doc corpus are labelled `linuxdoc-bytes` / `linuxdoc-chars` and are not comparable to enwik8 /
-text8 numbers (spec data.md section 8).
+text8 numbers.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Character-level corpora: a text file or folder -> contiguous 90/5/5 uint8 memmaps `train/valid/test.bin`.
 
-Spec data.md section 8 (register DA-2). Build: list the files (a folder: every file matching `glob`, sorted by
+The corpus (docs/deviations.md). Build: list the files (a folder: every file matching `glob`, sorted by
 relative POSIX path bytewise), read the raw bytes, make each end with a newline, concatenate, encode, split
 contiguously (first 90 % train, next 5 % valid, last 5 % test, to the byte) and write each split as raw uint8 with
 `meta.json` (sources, sizes, vocabulary, sha256 of every split).

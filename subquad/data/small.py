@@ -1,7 +1,7 @@
 """Small offline image data sets that ship inside Python wheels.
 
-`digits`: scikit-learn's 1,797 handwritten digits (8 x 8 gray, values 0-16, 10 classes, real scans). Split
-(spec/data.md section 2): per class, a seeded permutation (seed 0); the first floor(0.8 n_c) go to train, the rest to
+`digits`: scikit-learn's 1,797 handwritten digits (8 x 8 gray, values 0-16, 10 classes, real scans). Split:
+per class, a seeded permutation (seed 0); the first floor(0.8 n_c) go to train, the rest to
 test. There is no validation split. Pixels are scaled to uint8 as round(v * 255 / 16) so that they go through the
 same PIL transforms as every other source.
 """
