@@ -26,10 +26,10 @@ class EnhancedLinearAttention(TokenMixer):
     """L2ViT global linear attention with a ReLU kernel, clamped token-sum denominator and per-head temperature.
 
     Shapes: x (B, N, C) -> (B, N, C); hw is accepted and ignored (global, no grid needed).
-    Paper: L2ViT seed 000, Eq. 3-5 (Paper: scale s = sqrt(C) on K.V, denominator clamped to [1e2, inf)).
+    Paper: L2ViT paper, Eq. 3-5 (Paper: scale s = sqrt(C) on K.V, denominator clamped to [1e2, inf)).
     Official: `ChuanyangZheng/L2ViT` `classification/models/l2vit.py` `LinearAttention` (kv first):
         out_i = temperature_h * q_i (K^T V) / clamp(q_i . sum_j k_j, min=100), q, k after ReLU, no eps.
-    subquad: the official code (register L2-1, L2-2); the core runs in float32 under autocast (L2-8).
+    subquad: the official code (docs/deviations.md); the core runs in float32 under autocast (docs/deviations.md).
     Symbols: h heads, d = C / h head dim, s_h = `temperature` (h, 1, 1), init d^-1/2 (paper s).
 
     Args:
@@ -119,7 +119,7 @@ class LocalConcentrationModule(nn.Module):
     """L2ViT LCM: depthwise conv -> GELU -> BatchNorm -> depthwise conv on the token map.
 
     Shapes: x (B, N, C) with hw=(H, W), N == H * W -> (B, N, C). The LGA block computes x + LCM(LN(x)).
-    Paper: L2ViT seed 000, Eq. 6-8 (local concentration module).
+    Paper: L2ViT paper, Eq. 6-8 (local concentration module).
     Official: `classification/models/l2vit.py` `LCM` (`local_mp`): conv1 DW k x k, GELU (erf), bn, conv2 DW k x k.
     Symbols: k kernel size (7 in every model, 3 in the ablation).
 

@@ -32,13 +32,15 @@ class FocusedLinearAttention(TokenMixer):
 
     Shapes: x (B, N, C) with hw=(H, W), N = num_prefix_tokens + H * W -> (B, N, C); `forward_qkv(q, k, v, hw)` takes
     already projected q, k, v (B, N, C) (layout 'external', CSwin) and returns (B, N, C) without a projection.
-    Paper: FLatten seed 001, Eq. 5-6 (focused function, p = 3) and Eq. 12 (O = phi(Q) phi(K)^T V + DWC(V)).
+    Paper: FLatten (arXiv 2308.00442), Eq. 5-6 (focused function, p = 3) and Eq. 12 (O = phi(Q) phi(K)^T V + DWC(V)).
     Official: LeapLabTHU/FLatten-Transformer `models/flatten_{swin,pvt,pvt_v2,cswin}.py` `FocusedLinearAttention`.
         Paper: no scale, no eps, no PE, no normaliser / Official code: softplus(scale) per channel, +1e-6, norms over
         all C, PE on K, mean/sqrt(n) normaliser, DWC over d channels shared by heads (k = 5) / subquad: the code
-        (register FL-1..FL-5), plus the PE resized bicubically at other grids (FL-9), a 2-D V resize for sr > 1
-        (FL-10; official 1-D mode as `sr_mode='flat1d'`), the DeiT class-token rule (FL-11) and a float32 core
-        under autocast (FL-12).
+        (docs/deviations.md), plus the PE resized bicubically at other grids (docs/deviations.md), a 2-D V resize for
+        sr > 1
+        (docs/deviations.md; official 1-D mode as `sr_mode='flat1d'`), the DeiT class-token rule (docs/deviations.md)
+        and a float32 core
+        under autocast (docs/deviations.md).
     Symbols: p = focusing_factor (paper p), k = kernel_size, s = softplus(`scale`), h heads, d = C / h, sr = sr_ratio.
 
     Args:

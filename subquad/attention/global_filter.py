@@ -57,7 +57,7 @@ class GlobalFilter(TokenMixer):
     """Global filter layer (GFNet): a learnable complex filter per channel on the 2-D spectrum of the token map.
 
     Shapes: x (B, N, C) with hw = (H, W), N = H*W -> (B, N, C).
-    Paper: GFNet (Rao et al. 2021), the "GF layer" of seed 002 Tab. 3(a).
+    Paper: GFNet (Rao et al. 2021), the "GF layer" of LiSA (arXiv 2211.16289) Tab. 3(a).
     Official: raoyongming/GFNet `gfnet.py` `GlobalFilter` (`complex_weight` (H, W//2+1, C, 2), randn * 0.02,
         rfft2/irfft2 norm='ortho'); only the layout and init are followed, the code is ours.
     Symbols: W = `complex_weight` (half spectrum); k = irfft2(W) the equivalent token-domain kernel.

@@ -39,8 +39,9 @@ class LinearAttention(TokenMixer):
     """Bidirectional kernel linear attention: out_i = phi(q_i) sum_j phi(k_j)^T v_j / (phi(q_i) . sum_j phi(k_j) + eps).
 
     Shapes: x (B, N, C) -> (B, N, C); mask (B, N) bool, True = real token (masked keys are dropped).
-    Paper: Katharopoulos et al. 2020 (linear attention); the feature maps of L2ViT seed 000 Table 8 and FLatten
-        seed 001 Table 3: 'relu', 'elu1' (elu + 1), 'leaky_relu' (slope 0.01), 'l1' (SimA: each channel L1-normalised
+    Paper: Katharopoulos et al. 2020 (linear attention); the feature maps of L2ViT paper Table 8 and FLatten
+        (arXiv 2308.00442) Table 3: 'relu', 'elu1' (elu + 1), 'leaky_relu' (slope 0.01), 'l1' (SimA: each channel
+        L1-normalised
         over the tokens, no denominator), 'softmax' (Efficient Attention: q softmax over channels, k softmax over
         tokens, no denominator), 'hydra' (Hydra attention: cosine kernel with one head per channel, i.e. d = 1 and
         no denominator; `num_heads` is then ignored), 'cosformer' (ReLU with cos((pi / 2)(i - j) / M) re-weighting,

@@ -62,13 +62,13 @@ class LongShortAttention(TokenMixer):
     token], then the global token takes the official post-CLS rule. 1-D: segments of w queries, each seeing
     w + 2 ext keys (ext = max(w // 2, 1)). 2-D: w x w query tiles, each seeing the (w + 2 ext)^2 keys around it,
     with the ViL relative-position bias on the window logits only. Any length / any H x W (padding is internal and
-    masked, register LS-11).
+    masked; docs/deviations.md).
 
     Shapes: x (B, N, C) -> (B, N, C); N = P + n with P = num_prefix_tokens leading global tokens; 2-D: n = H * W.
     mask (B, N) bool, True = real token (the prefix entry is ignored). Padded (mask False) query rows get zero
-    attention, so their output equals the output-projection bias (official, register LS-10).
+    attention, so their output equals the output-projection bias (official; docs/deviations.md).
 
-    Paper: seed 003, Eq. 3 (dynamic projection), Eq. 6-7 (DualLN aggregation).
+    Paper: Transformer-LS (arXiv 2107.02192), Eq. 3 (dynamic projection), Eq. 6-7 (DualLN aggregation).
     Official: NVIDIA/transformer-ls, `imagenet/models/layers/transformer_ls.py` AttentionLS (layout "vision") and
     `lra/attention_transformer_ls.py` AttentionLS (layout "lra").
     Symbols: w window_size (paper w; official `w` / `window_size`), r rank (paper r; official `dp_rank` /
@@ -370,7 +370,7 @@ class ChunkedLongShortAttention(TokenMixer):
 
     Query t attends, in ONE softmax, to exactly the w window keys t-w+1 ... t (LN_L) and to the r compressed
     vectors of every chunk of l tokens strictly before its own chunk (dynamic projection with the softmax over the
-    chunk's l positions, then LN_G), with Transformer-XL relative terms on both branches (spec section 5.1). Any
+    chunk's l positions, then LN_G), with Transformer-XL relative terms on both branches. Any
     length T; positions before the start are absent (the official model fills them with a zero cache; [ours]).
 
     Decoding: `cache = m.init_cache(B)`, then `m(x_block, cache=cache)` for consecutive blocks of any size; the
@@ -378,14 +378,15 @@ class ChunkedLongShortAttention(TokenMixer):
 
     Shapes: x (B, T, C) -> (B, T, C). mask: not supported (right padding never affects earlier outputs).
 
-    Paper: seed 003, Sec. 3.3 and App. D (segment-wise compression of earlier segments, causal window).
+    Paper: Transformer-LS (arXiv 2107.02192), Sec. 3.3 and App. D (segment-wise compression of earlier segments,
+    causal window).
     Official: NVIDIA/transformer-ls, `autoregressive/model_lib/layer.py` ChunkedLSAttention (keys `proj_query`,
     `proj_key`, `proj_val`, `proj_out`, `dconv_1`, `r_net`, `r_net_chunk`, `r_r_bias`, `r_w_bias`,
     `dual_ln_dproj`, `dual_ln_win`).
     Paper vs code: the code's per-token band of exactly w keys and its compression of projected keys before LN_L
     are the default (`causal_form="official"`); `causal_form="paper"` compresses LN_L(K), LN_L(V) as Eq. 3 reads.
     The official model compresses a carried-over Transformer-XL hidden-state cache differently from the current
-    block (register LS-8); here every chunk is compressed from projected keys, which is what makes parallel and
+    block (docs/deviations.md); here every chunk is compressed from projected keys, which is what makes parallel and
     cached decoding equal (cf. `cache_compress='projected'` in the spec).
     Symbols: w window_size (official `window_len`), l chunk_size (official `chunk_size`), r rank (official
     `chunk_rank`), h num_heads, d = C / h.
@@ -517,7 +518,7 @@ class ChunkedLongShortAttention(TokenMixer):
 
     def _memory(self, memory: torch.Tensor):
         """Official cache branch: window keys of the last w memory tokens, chunk vectors compressed from hidden
-        states per head slice, then projected and LN_G'd (register LS-8)."""
+        states per head slice, then projected and LN_G'd (docs/deviations.md)."""
         who = "long_short attention (causal)"
         check_tokens(memory, self.dim, who + " memory")
         B, L, C = memory.shape

@@ -47,7 +47,7 @@ class StructureAwareAttention(TokenMixer):
 
     Shapes: x (B, N, C) with hw = (H, W) (N = H*W) or, for video (3-D `input_size`), hw = (T, H, W) (N = T*H*W)
     -> (B, N, C). No masks, no prefix tokens (LiSA mixes a full grid).
-    Paper: seed 002, Eq. 8-13; operator rebuilt in spec/lisa.md section 3 (registers LI-1 ... LI-7).
+    Paper: LiSA (arXiv 2211.16289), Eq. 8-13; operator rebuilt from the paper's equations (docs/deviations.md).
     Official: none published; this module is the reference implementation.
     Symbols: D structural-pattern size (paper D); W^a = `kernel_a` (C, D, *grid0); W^b = `kernel_b` (h, D, *grid0)
         (or (1, D, *grid0) with `shared_kernel_b`); B = `struct_proj` (C, D); Q-bar, K-bar = L2-normalised q, k.
@@ -78,11 +78,11 @@ class StructureAwareAttention(TokenMixer):
             per pair; bounds peak memory); None = automatic tiling over heads and D (`plan_tiles`: Ga/Gb tiles of
             at most 2^21 floats).
         kernel_resize: 'pad' or 'interp' (see Resolution).
-        normalize_v: also L2-normalise v (off; LI-5).
+        normalize_v: also L2-normalise v (off; docs/deviations.md).
         checkpoint_kernels: recompute Ga/Gb per chunk in backward instead of storing them.
         proj_drop: dropout after `proj`.
         num_prefix_tokens: must be 0 (accepted for the host interface; LiSA has no class token).
-        fft_dims: '2d' (default: FFTs over the token grid, H x W or T x H x W) or '1d' (ablation, spec 3.3: one
+        fft_dims: '2d' (default: FFTs over the token grid, H x W or T x H x W) or '1d' (ablation: one
             FFT over the raster-order token sequence, kernels (C, D, N0); a different circulant structure).
     """
 

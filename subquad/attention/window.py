@@ -35,7 +35,7 @@ class WindowAttention(TokenMixer):
 
     Shapes: x (B, N, C) with hw=(H, W), N = H * W -> (B, N, C). Any H, W: the map is padded at the bottom/right to
     multiples of the window and cropped afterwards.
-    Paper: Swin (Liu et al. 2021) Eq. 4 (RPB) and shifted windows; L2ViT seed 000 section 3.2 (LWA: no RPB, no shift).
+    Paper: Swin (Liu et al. 2021) Eq. 4 (RPB) and shifted windows; L2ViT paper section 3.2 (LWA: no RPB, no shift).
     Official: FLatten-Transformer `models/flatten_swin.py` `WindowAttention` + `SwinTransformerBlock` (Swin);
         L2ViT `classification/models/l2vit.py` `WindowAttention` + `LWABlock` (zero padding after LN, no mask).
     Symbols: w window side (paper M), s shift (paper floor(M/2)), h heads, d = C / h.

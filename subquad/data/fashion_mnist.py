@@ -1,7 +1,7 @@
 """Fashion-MNIST read from IDX files: the Debian package `dataset-fashion-mnist`, a user directory, or a
 torchvision download (opt-in, needs internet).
 
-Splits (spec/data.md section 1): `val` = 500 images per class chosen by a seeded permutation (seed 0) of each class's
+Splits: `val` = 500 images per class chosen by a seeded permutation (seed 0) of each class's
 training indices, `train` = the remaining 55,000, `test` = t10k. `train_full` = all 60,000 training images.
 """
 

@@ -2,7 +2,7 @@
 
 `build_optimizer` calls `timm.optim.create_optimizer_v2`, whose parameter groups put 1-D parameters, biases and the
 names in `model.no_weight_decay()` in a group without weight decay (the rule every official recipe here follows,
-see spec/l2vit.md section 10 and spec/flatten.md section 7). `build_scheduler` calls `create_scheduler_v2` with
+see the L2ViT and FLatten official training configs). `build_scheduler` calls `create_scheduler_v2` with
 per-update stepping by default (`step_update` every optimizer step; `step` once per epoch).
 """
 

@@ -1,6 +1,6 @@
 """Training loops for long sequences: LRA classification (accuracy) and character-level LM (bits per character).
 
-LRA (`train_lra`): the Transformer-LS / Nystromformer recipe (spec long_short.md section 6.3): AdamW (betas 0.9 /
+LRA (`train_lra`): the Transformer-LS / Nystromformer recipe: AdamW (betas 0.9 /
 0.999, eps 1e-6), `OneCycleLR` with max_lr = lr, pct_start = warmup / steps, linear annealing and torch's defaults
 (div_factor 25, final_div_factor 1e4, cycle_momentum=True), a fixed step budget, the dev split evaluated every
 `eval_every` steps on `eval_steps` batches, the best-dev weights kept and the test split scored once with them.

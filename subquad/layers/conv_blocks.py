@@ -32,7 +32,7 @@ def bn_nd(ndim: int) -> type[nn.Module]:
 
 
 def _dw_kernel(k: int, ndim: int) -> tuple[int, ...]:
-    """Depthwise k x k becomes 3 x k x k in video (spec lisa section 9); 1 x 1 stays 1 x 1 x 1."""
+    """Depthwise k x k becomes 3 x k x k in video; 1 x 1 stays 1 x 1 x 1."""
     return (k,) * 2 if ndim == 2 else ((3 if k > 1 else 1), k, k)
 
 
@@ -78,7 +78,7 @@ class DWConvBlock(nn.Module):
 
     x <- x + CPE(x);  x <- x + DropPath(conv2(dwconv5x5(conv1(BN1(x)))));  x <- x + DropPath(ConvMLP(BN2(x))).
     Shapes: x (B, C, H, W), or (B, C, T, H, W) with ndim=3 (depthwise 3 x 5 x 5, BN3d) -> same shape.
-    Paper: seed 002 (HyLiSANet: convolutions in the early stages); config ours (spec lisa section 8.1, LI-8).
+    Paper: LiSA (arXiv 2211.16289) (HyLiSANet: convolutions in the early stages); config ours (docs/deviations.md).
     Official: none (LiSA has no released code); keys `cpe.proj, norm1, conv1, dwconv, conv2, norm2, mlp.*`.
     """
 

@@ -20,7 +20,7 @@ __all__ = ["ConvStem", "L2ViTStem", "PreNormDownsample", "PatchEmbedLN", "Overla
 class ConvStem(nn.Module):
     """Two-conv stem: Conv3x3 s2 -> BN -> ReLU -> Conv3x3 s(stride/2) -> BN. (B, C_in, H, W) -> (B, C, H/s, W/s).
 
-    Paper: L2ViT (seed 000), Tab. 6 "conv stem"; details are code-only (register L2-5).
+    Paper: L2ViT paper, Tab. 6 "conv stem"; details are code-only (docs/deviations.md).
     Official: L2ViT `classification/models/l2vit.py`, `ConvStem` ('2L'), keys `proj.{0,1,3,4}`.
 
     Args:
@@ -52,7 +52,7 @@ class L2ViTStem(nn.Module):
     """L2ViT patch embedding of stage 1: zero-pad to the stride, ConvStem, tokens, LayerNorm.
 
     Shapes: images (B, C_in, H, W) -> tokens (B, ceil(H/s) * ceil(W/s), C) and hw = (ceil(H/s), ceil(W/s)).
-    Paper: L2ViT (seed 000) Sec. 3.3 (conv stem). Official: L2ViT `PatchEmbed(patch_size=4, conv_stem=True)`
+    Paper: L2ViT paper Sec. 3.3 (conv stem). Official: L2ViT `PatchEmbed(patch_size=4, conv_stem=True)`
     (keys `proj.proj.*`, `norm`).
     """
 
@@ -74,7 +74,7 @@ class L2ViTStem(nn.Module):
 class PreNormDownsample(nn.Module):
     """LayerNorm on tokens, then a k=s=2 conv on the map (zero-padded to even sizes). (B, H*W, C_in) -> (B, N', C_out).
 
-    Paper: L2ViT (seed 000), downsampling between stages (details code-only, register L2-5).
+    Paper: L2ViT paper, downsampling between stages (details code-only; docs/deviations.md).
     Official: L2ViT `PatchEmbed(patch_size=2)` (keys `norm` over C_in, `proj`).
     """
 
@@ -97,7 +97,7 @@ class PatchEmbedLN(nn.Module):
     """Non-overlapping patch embedding: Conv k=s=p, tokens, LayerNorm (eps 1e-5). Sizes are floored (no padding).
 
     Shapes: (B, C_in, H, W) -> (B, floor(H/p) * floor(W/p), C) and hw.
-    Paper: PVT v1 (Wang et al. 2021) patch embedding, host of FLatten-PVT (seed 001).
+    Paper: PVT v1 (Wang et al. 2021) patch embedding, host of FLatten-PVT (arXiv 2308.00442).
     Official: FLatten `models/flatten_pvt.py`, `PatchEmbed` (keys `proj`, `norm`).
     """
 
@@ -118,7 +118,7 @@ class OverlapPatchEmbed(nn.Module):
     """Overlapping patch embedding: Conv k, stride s, padding k // 2, tokens, LayerNorm (eps 1e-5).
 
     Shapes: (B, C_in, H, W) -> (B, H' * W', C) with H' = floor((H - 1) / s) + 1 (and W' alike), and hw = (H', W').
-    Paper: PVTv2 (Wang et al. 2022) overlapping patch embedding, host of FLatten-PVTv2 (seed 001).
+    Paper: PVTv2 (Wang et al. 2022) overlapping patch embedding, host of FLatten-PVTv2 (arXiv 2308.00442).
     Official: FLatten `models/flatten_pvt_v2.py`, `OverlapPatchEmbed` (keys `proj`, `norm`).
     """
 

@@ -14,7 +14,7 @@ class ConvPosEnc(nn.Module):
     """Conditional positional encoding: x + DWConv_k(x) on the token map (no activation).
 
     Shapes: x (B, N, C) with hw=(H, W), N == H * W -> (B, N, C).
-    Paper: CPVT (Chu et al. 2021); L2ViT seed 000 and LiSA seed 002 use it in every block.
+    Paper: CPVT (Chu et al. 2021); L2ViT paper and LiSA (arXiv 2211.16289) use it in every block.
     Official: L2ViT `ConvPosEnc` (`cpe.{i}.proj`, cpe_act=False).
     """
 

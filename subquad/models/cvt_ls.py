@@ -1,5 +1,5 @@
 """CvT*-LS [unofficial]: the CvT host with convolutional token embeddings and convolutional projections, and
-long-short attention in every stage (register LS-12); `cvt_13` / `cvt_21` are the same host with CvT's softmax
+long-short attention in every stage (docs/deviations.md); `cvt_13` / `cvt_21` are the same host with CvT's softmax
 attention (the baselines).
 
 Three stages (strides 4, 8, 16): a convolutional token embedding (7x7 s4 p2, then 3x3 s2 p1) with LayerNorm, then
@@ -14,7 +14,7 @@ The CvT*-LS code was never released; the seed gives the host (a CvT re-implement
 weight-standardised W^P and the top-1 numbers, but not r and w. Every number we produce is ours, not a reproduction.
 -17 and -21S are not registered (their configs are lost).
 
-Paper: seed 003, Sec. 4.3, Table 5 and App. E (CvT*-LS); CvT (Wu et al. 2021) for the host.
+Paper: Transformer-LS (arXiv 2107.02192), Sec. 4.3, Table 5 and App. E (CvT*-LS); CvT (Wu et al. 2021) for the host.
 Official: none for CvT*-LS (host layout after microsoft/CvT `cls_cvt.py`: `stage{i}.patch_embed.{proj, norm}`,
 `stage{i}.blocks.{j}.{norm1, attn.{conv_proj_q, conv_proj_k, conv_proj_v, proj_q, proj_k, proj_v, proj}, norm2,
 mlp.{fc1, fc2}}`, `stage2.cls_token`, `norm`, `head`).

@@ -5,14 +5,15 @@ mlp}`, `merge{i}.{conv, norm}`, `norm`, `head`), so the official checkpoints loa
 takes its mechanism from the typed tuple `stage_attn`: the default `("focused_linear", "focused_linear", "cswin",
 "cswin")` is FLatten-CSwin (official `ATTN_TYPE='LLSS'`); `("cswin",) * 4` is the CSwin baseline with FLatten's depths.
 
-Paper: FLatten Transformer (seed 001_95cca12290c6a157, arXiv 2308.00442), Tab. 2 (CSwin rows); CSwin (Dong et al.
+Paper: FLatten Transformer (arXiv 2308.00442), Tab. 2 (CSwin rows); CSwin (Dong et al.
 2022) for the host.
 Official: LeapLabTHU/FLatten-Transformer@abdb115 `models/flatten_cswin.py` (`CSWinTransformer`, `CSWinBlock`,
     `LePEAttention`, `FocusedLinearAttention`, `Merge_Block`).
     Paper: FLatten blocks in the early stages / Official code: 'L' blocks use a split equal to the stage resolution,
     i.e. one global branch with all heads, focused linear attention + DWC + LePE; T/B depths changed to [2, 4, 18, 1]
-    / [3, 6, 29, 2] / subquad: the code (register FL-8), with explicit (H, W), padded and masked 'S' stripes and the
-    focused PE resized at run time, so every model runs at any resolution (FL-9, FL-13).
+    / [3, 6, 29, 2] / subquad: the code (docs/deviations.md), with explicit (H, W), padded and masked 'S' stripes and
+    the
+    focused PE resized at run time, so every model runs at any resolution (docs/deviations.md).
 Symbols: C embed dim, sw stripe width (paper sw, `split_size`), p focusing factor (3), k DWC kernel (5).
 """
 

@@ -3,14 +3,14 @@
 These are thin variants of `subquad.models.vit.VisionTransformerAttn` (timm DeiT key layout), differing only in the
 per-block mechanism list:
     - `flatten_deit_tiny/small/base` **[unofficial]**: every block `focused_linear` (p = 3, k = 5, `qkv` layout).
-      CLS rule (spec flatten.md 5.1): the class token is an ordinary query/key of the linear attention, the PE has
+      CLS rule (docs/deviations.md): the class token is an ordinary query/key of the linear attention, the PE has
       1 + h*w slots (slot 0 never resized) and the DWC runs on the patch grid only (the class row of the DWC term is
       0); the host passes `num_prefix_tokens=1` for that. No official code or weights exist (FLatten issue #12).
     - `l2vit_deit_tiny` **[unofficial]**: blocks 2, 4, ..., 12 (1-based) enhanced linear attention, the others
       softmax (L2ViT Tab. 11, 72.8 top-1).
     - `flatten_deit_micro`: a tiny FLatten-DeiT for tests and the demo (patch 4 on 32 x 32 images).
 
-Paper: FLatten Transformer (seed 001, arXiv 2308.00442) Tab. 2 DeiT rows and Tab. 4; L2ViT (seed 000) Tab. 11.
+Paper: FLatten Transformer (arXiv 2308.00442) Tab. 2 DeiT rows and Tab. 4; L2ViT paper Tab. 11.
 Official: none for these hosts (DeiT layout: timm `vision_transformer.VisionTransformer`).
 Symbols: C width, h heads, d = C / h = 64, p focusing factor, k DWC kernel.
 """

@@ -6,7 +6,7 @@ PVT v1 is not in timm, so the host is written here with the official module name
 `sr_ratios=(8, 4, 2, 1)` is the PVT v1 spatial-reduction baseline. `flatten_pvt_micro` is a tiny variant for tests
 and the demo on 32 x 32 images (patch 2, so the stage strides are 2/4/8/16).
 
-Paper: FLatten Transformer (seed 001_95cca12290c6a157, arXiv 2308.00442), Tab. 2 (PVT rows); PVT v1 (Wang et al.
+Paper: FLatten Transformer (arXiv 2308.00442), Tab. 2 (PVT rows); PVT v1 (Wang et al.
 2021) for the host.
 Official: LeapLabTHU/FLatten-Transformer@abdb115 `models/flatten_pvt.py` (`PyramidVisionTransformer`, `Block`).
 Symbols: C_i stage width, h heads (d = C_i / h = 64), p focusing factor (3), k DWC kernel (5), sr spatial reduction.
@@ -39,7 +39,8 @@ torch.fx.wrap("resize_pos_embed_2d")
 class PVTBlock(nn.Module):
     """Pre-norm PVT block: x + attn(LN1(x), hw), then x + MLP(LN2(x)). x: (B, H*W, C) -> (B, H*W, C).
 
-    Paper: PVT v1/v2 block, FLatten seed 001 Sec. 4. Official: FLatten `flatten_pvt.Block` / `flatten_pvt_v2.Block`
+    Paper: PVT v1/v2 block, FLatten (arXiv 2308.00442) Sec. 4. Official: FLatten `flatten_pvt.Block` /
+    `flatten_pvt_v2.Block`
     (keys `norm1`, `attn`, `norm2`, `mlp.{fc1,fc2}` (+ `mlp.dwconv.dwconv` with conv_mlp)).
 
     Args:

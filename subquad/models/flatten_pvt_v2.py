@@ -6,7 +6,7 @@ FLatten-PVTv2; `("softmax",) * 4` with the default `sr_ratios=(8, 4, 2, 1)` is t
 `pvt_v2_b*` compute the same function, with another key layout). `flatten_pvt_v2_micro` is a tiny variant for tests
 and the demo on 32 x 32 images: its first overlapping embedding is 3x3 stride 2, so the stage strides are 2/4/8/16.
 
-Paper: FLatten Transformer (seed 001_95cca12290c6a157, arXiv 2308.00442), Tab. 2 (PVTv2 rows); PVTv2 (Wang et al.
+Paper: FLatten Transformer (arXiv 2308.00442), Tab. 2 (PVTv2 rows); PVTv2 (Wang et al.
 2022) for the host.
 Official: LeapLabTHU/FLatten-Transformer@abdb115 `models/flatten_pvt_v2.py` (`PyramidVisionTransformerV2`).
 Symbols: C_i stage width, h heads (d = 64 for b1-b5, 32 for b0), p focusing factor (3), k DWC kernel (5).

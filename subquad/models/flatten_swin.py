@@ -6,13 +6,13 @@ mechanism from the typed tuple `stage_attn`: the default `("focused_linear", "fo
 is FLatten-Swin (official `ATTN_TYPE='LLSS'`); `("window",) * 4` is the Swin baseline (the key layout of timm's
 `swin_*` differs). Any registered mechanism may be named for a stage; it is built with `input_size` = the stage grid.
 
-Paper: FLatten Transformer (seed 001_95cca12290c6a157, arXiv 2308.00442), Tab. 2 (Swin rows), Tab. 6-7 (LA window,
+Paper: FLatten Transformer (arXiv 2308.00442), Tab. 2 (Swin rows), Tab. 6-7 (LA window,
 stages); Swin (Liu et al. 2021) for the host.
 Official: LeapLabTHU/FLatten-Transformer@abdb115 `models/flatten_swin.py` (`FLattenSwinTransformer`).
     Paper: FLatten blocks in the early stages / Official code: 'L' blocks run one global window (56^2 / 28^2 at 224),
     no RPB, no shift; 'S' blocks are Swin W-MSA/SW-MSA with window 7 (12 when the L window > 56), clipped to the stage
-    resolution / subquad: the code (register FL-7), plus explicit (H, W) with padding, masked padded keys and the
-    focused PE resized at run time, so every model runs at any resolution (FL-9, FL-13).
+    resolution / subquad: the code (docs/deviations.md), plus explicit (H, W) with padding, masked padded keys and the
+    focused PE resized at run time, so every model runs at any resolution (docs/deviations.md).
 Symbols: C embed dim, w 'S' window (paper M), w_L 'L' window (`la_window`), p focusing factor (3), k DWC kernel (5).
 """
 

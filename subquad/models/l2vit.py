@@ -5,7 +5,7 @@ checkpoints load unchanged). `l2vit_micro` is a tiny variant for tests and the d
 stride 2 instead of 4 (its second conv keeps the resolution), so the stage strides are 2/4/8/16 and a 32 x 32 image
 gives 16x16, 8x8, 4x4 and 2x2 maps; the LWA window is 4.
 
-Paper: L2ViT (seed 000_7f865064b1288925), Sec. 3 (Eqs. 5-8), Tab. 2 (variants).
+Paper: L2ViT (The Linear Attention Resurrection in Vision Transformer), Sec. 3 (Eqs. 5-8), Tab. 2 (variants).
 Official: ChuanyangZheng/L2ViT@fad0341 `classification/models/l2vit.py` (`L2ViT`, `LWABlock`, `LGABlock`).
 Symbols: C_i stage width (dims), h heads, ws LWA window side, LCM local concentration module (paper Eq. 6-7).
 """
@@ -106,7 +106,7 @@ class L2ViT(Backbone):
     Shapes: images (B, in_chans, H, W), any H, W >= the total stride (padded internally as the official code
     does); stage i tokens (B, H_i * W_i, C_i) with H_1 = ceil(H / stem_stride) and H_{i+1} = ceil(H_i / 2).
 
-    Paper: L2ViT (seed 000) Sec. 3.3, Tab. 2. Official: L2ViT `L2ViT` (block_type='mix_local_enhanced_vit',
+    Paper: L2ViT paper Sec. 3.3, Tab. 2. Official: L2ViT `L2ViT` (block_type='mix_local_enhanced_vit',
     conv_stem=True); keys `downsample_layers.{i}`, `stages.{i}.{j}`, `norm`, `head`.
 
     Args:

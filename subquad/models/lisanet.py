@@ -1,7 +1,7 @@
 """LiSANet / HyLiSANet backbones (image and video) built on LiSA structure-aware attention.
 
-**Unofficial configurations** (spec/lisa.md section 8, register LI-8): LiSA has no released code and the seed text
-lost the paper's Tab. 2, so every depth, width, head count and stem here is our choice, not the paper's Tab. 2.
+**Unofficial configurations** (docs/deviations.md): LiSA has no released code and the paper's Tab. 2 is not
+available in a usable form, so every depth, width, head count and stem here is our choice, not the paper's Tab. 2.
 The cards keep the paper's published accuracy only as a target; nothing produced here is a reproduction.
 
 - `lisanet_i`: isotropic, patch 16, 14 x 14 tokens at every depth, D = 16.
@@ -11,7 +11,7 @@ The cards keep the paper's published accuracy only as a target; nothing produced
   (1, 2, 2), 3-D LiSA over T x H x W; `inflate_image_weights` builds their weights from the image models.
 - `lisanet_micro`, `hylisanet_micro`: tiny variants for tests.
 
-Paper: seed 002 (LiSA, arXiv 2211.16289), Sec. 3-4; blocks per spec section 8.1.
+Paper: LiSA (arXiv 2211.16289), Sec. 3-4; blocks ours (docs/deviations.md).
 Official: none published.
 Symbols: D structural-pattern size; C stage width; h = C / 64 heads (at least 1).
 """
@@ -48,7 +48,7 @@ class LiSABlock(nn.Module):
     """LiSA block: x <- x + CPE(x); x <- x + DropPath(LiSA(LN(x))); x <- x + DropPath(ConvMLP(LN(x))).
 
     Shapes: x (B, N, C) with grid (H, W) or (T, H, W) (video) -> (B, N, C). Keys `cpe.proj, norm1, attn.*, norm2,
-    mlp.{fc1, dwconv.dwconv, fc2}` (spec lisa section 8.3).
+    mlp.{fc1, dwconv.dwconv, fc2}`.
     """
 
     def __init__(self, dim: int, num_heads: int, D: int, input_size: Sequence[int], mlp_ratio: float = 4.0,
@@ -320,9 +320,9 @@ class LiSANetIsotropic(_LiSAHost):
 
 def inflate_image_weights(image_state: dict[str, torch.Tensor], video_model: nn.Module,
                           mode: str = "center") -> dict[str, torch.Tensor]:
-    """Inflate a 2-D LiSANet/HyLiSANet state dict into the matching video model's state dict (spec section 9).
+    """Inflate a 2-D LiSANet/HyLiSANet state dict into the matching video model's state dict.
 
-    Rules ('center', register LI-6): a conv kernel (O, I, kh, kw) becomes (O, I, kt, kh, kw) with the 2-D kernel at
+    Rules ('center'; docs/deviations.md): a conv kernel (O, I, kh, kw) becomes (O, I, kt, kh, kw) with the 2-D kernel at
     the temporal centre index kt // 2 and zeros elsewhere; LiSA kernels (C|h, D, H, W) are resized to the video
     model's spatial grid ('pad' rule) and placed at temporal offset 0 (`inflate_kernel`); everything else (norms,
     BN statistics, linears, struct_proj) is copied. With 'center' the video model computes, for any clip, the image
@@ -361,7 +361,7 @@ def remap_checkpoint(state_dict: dict[str, torch.Tensor], model: nn.Module) -> d
     """Fit a LiSANet checkpoint to `model` (timm `pretrained_filter_fn`; also used by `checkpoint_path=`).
 
     LiSA kernels (`*.attn.kernel_a`, `*.attn.kernel_b`) saved for another token grid are resampled to the model's
-    grid with `resize_kernel(..., 'pad')`, the rule the module applies at run time (spec section 7): a model built at
+    grid with `resize_kernel(..., 'pad')`, the rule the module applies at run time: a model built at
     a new `img_size` from such a checkpoint computes what the original model computes at that size. Everything else
     passes unchanged (LiSA has no official checkpoints, so there is nothing else to rename).
     """

@@ -9,13 +9,13 @@ global-to-local / global-to-global biases). Head: final LN, then the class token
 last stage has none, as in every released model), then Linear.
 
 Any input size works: the image is padded to the patch size at each embedding, long-short attention pads and masks
-its tiles, and the full-attention tables are resized bicubically to the stage grid at run time [ours, register
-LS-16; the official loader resizes a mismatched table bilinearly and the official model asserts its size].
+its tiles, and the full-attention tables are resized bicubically to the stage grid at run time [ours,
+docs/deviations.md; the official loader resizes a mismatched table bilinearly and the official model asserts its size].
 
 `vil_medium` / `vil_base` are the same host with full attention in every stage (the papers' softmax baselines;
 not the Vision Longformer attention of the original ViL).
 
-Paper: seed 003, Sec. 4.3 and Table 5 (ViL-LS-Medium / Base).
+Paper: Transformer-LS (arXiv 2107.02192), Sec. 4.3 and Table 5 (ViL-LS-Medium / Base).
 Official: NVIDIA/transformer-ls `imagenet/models/msvit.py` MsViT, `imagenet/models/layers/{transformer_ls,
 full_attention}.py` (key layout kept: `layer{s}.0.{proj, norm_embed, cls_token}`, `layer{s}.{2j+1}.{norm, attn}`,
 `layer{s}.{2j+2}.{norm, mlp.fc1, mlp.fc2}`, `norm`, `head`).
@@ -56,7 +56,7 @@ def _vil_rel_index(hw: tuple[int, int], device=None) -> torch.Tensor:
 
 
 def resize_rel_table(table: torch.Tensor, src: tuple[int, int], dst: tuple[int, int]) -> torch.Tensor:
-    """Bicubic resize of a ((2H - 1)(2W - 1), h) ViL table from grid `src` to grid `dst` [ours, LS-16]."""
+    """Bicubic resize of a ((2H - 1)(2W - 1), h) ViL table from grid `src` to grid `dst` [ours; docs/deviations.md]."""
     if tuple(src) == tuple(dst):
         return table
     (H, W), (H2, W2) = src, dst

@@ -11,7 +11,7 @@ Decoding: `cache = model.init_cache(B)`, then `model(tokens_block, cache=cache)`
 logits equal those of one parallel `model(all_tokens)`. Mechanisms with an `init_cache` method (long_short) keep
 their own compressed state; others are recomputed over the kept context (correct, not incremental).
 
-Paper: seed 003, Sec. 4.2 (character-level LM) and App. D.
+Paper: Transformer-LS (arXiv 2107.02192), Sec. 4.2 (character-level LM) and App. D.
 Official: NVIDIA/transformer-ls, `autoregressive/model_lib/model.py` TransformerLSModel / TransformerLSLayer.
 Symbols: w window_size, l chunk_size, r rank (see `subquad.attention.long_short.ChunkedLongShortAttention`).
 """

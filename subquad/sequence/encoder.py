@@ -158,7 +158,7 @@ class LRAEncoder(nn.Module):
     """Embeddings, `depth` pre-LN blocks and the final LayerNorm, pooled to one vector per sequence.
 
     Shapes: tokens (B, T) int64, mask (B, T) bool (True = real token) or None -> (B, C).
-    Paper: Transformer-LS (seed 003) Sec. 4.1 / App. A, LRA setting (2 layers, d = 64, 2 heads, FFN 128).
+    Paper: Transformer-LS (arXiv 2107.02192) Sec. 4.1 / App. A, LRA setting (2 layers, d = 64, 2 heads, FFN 128).
     Official: NVIDIA/transformer-ls lra/model.py, Model (`--cls_last_layer`).
     Symbols: C model width (transformer_dim), h heads (num_head), T padded length (max_seq_len).
     """
@@ -249,7 +249,7 @@ class LRAClassifier(nn.Module):
 
     Shapes: tokens (B, T) int64, mask (B, T) bool or None (and tokens_1, mask_1 likewise when dual) ->
     logits (B, num_classes).
-    Paper: Transformer-LS (seed 003) Sec. 4.1, LRA ListOps / Text / Retrieval.
+    Paper: Transformer-LS (arXiv 2107.02192) Sec. 4.1, LRA ListOps / Text / Retrieval.
     Official: NVIDIA/transformer-ls lra/model_wrapper.py, ModelForSC / ModelForSCDual.
 
     Args:

@@ -11,7 +11,7 @@ Official: LeapLabTHU/FLatten-Transformer `models/flatten_cswin.py` `LePEAttentio
 Symbols: sw stripe width (paper sw, `split_size`), (sh, sw) = (H, sw) vertical branch (`idx=0`), (sw, W) horizontal
     branch (`idx=1`), (H, W) one global branch (`idx=-1`, last stage).
 
-Padding **[ours]** (register FL-13): a map whose side is not a multiple of the stripe is padded with zeros at the
+Padding **[ours]** (docs/deviations.md): a map whose side is not a multiple of the stripe is padded with zeros at the
 bottom/right (after the qkv projection), padded keys are excluded for real queries, LePE runs on the padded stripe
 (so at a real token it equals the 3x3 conv of the cut stripe with zero padding) and the result is cropped. Where the
 official code runs (divisible maps) this is exactly the official computation.

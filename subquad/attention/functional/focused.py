@@ -5,14 +5,14 @@ Token-level shapes (the module boundary, before the head split): q (B, N, C), k 
 N = P + H * W query tokens and n = P + H_kv * W_kv key tokens, P leading prefix tokens (a class token), channel layout
 head-major (channel = head * d + c). Inside, the linear core runs on (B, h, N, d) from `functional/linear.py`.
 
-Operator (current official code, spec/flatten.md section 2.2):
+Operator (current official code):
     phi(x) = f_p(t) with t = (ReLU(x) + 1e-6) / softplus(scale), f_p(t) = t^p / ||t^p|| * ||t||, norms over all C;
     out = LinearCore(phi(q), phi(k), v; normaliser, eps=1e-6) + DWC(resize(v_grid)) [+ LePE(v_grid)].
 The DWC is one depthwise k x k conv over the d head channels, shared by every head, applied to the grid tokens only
-(prefix rows of the DWC term are 0, spec section 5.1). `normaliser='mean'` is the current code (mean(k), 1/sqrt(n)
+(prefix rows of the DWC term are 0). `normaliser='mean'` is the current code (mean(k), 1/sqrt(n)
 scaling, i.e. eps enters n times larger), `'sum'` the original release.
 
-Paper: FLatten seed 001, Eq. 5-6 (focused function f_p), Eq. 10-12 (rank restoration with DWC).
+Paper: FLatten (arXiv 2308.00442), Eq. 5-6 (focused function f_p), Eq. 10-12 (rank restoration with DWC).
 Official: LeapLabTHU/FLatten-Transformer `models/flatten_{swin,pvt,pvt_v2,cswin}.py` `FocusedLinearAttention.forward`.
 Symbols: p focusing factor (paper p), k DWC kernel size, s = softplus(scale) per channel, h heads, d = C / h.
 """
@@ -82,7 +82,7 @@ def resize_pe(pe: torch.Tensor, pe_hw: tuple[int, int], hw: tuple[int, int], pre
 def upsample_v(v_grid: torch.Tensor, kv_hw: tuple[int, int], hw: tuple[int, int], mode: str) -> torch.Tensor:
     """Bring grid values (B, n_g, C) on kv_hw to the query grid hw as a map (B, C, H, W).
 
-    mode 'bilinear': 2-D bilinear resize (align_corners False) of the (H_kv, W_kv) map (ours, register FL-10);
+    mode 'bilinear': 2-D bilinear resize (align_corners False) of the (H_kv, W_kv) map (ours; docs/deviations.md);
     'flat1d': the official 1-D linear interpolation along the flattened token axis, reshaped to (H, W).
     """
     B, n_g, C = v_grid.shape

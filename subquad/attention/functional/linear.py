@@ -18,7 +18,7 @@ normaliser='none' drops the denominator (SimA, Efficient Attention, Hydra: their
 The dense reference builds A explicitly (float64-capable); the fast path evaluates q (k^T v) or (q k^T) v, whichever
 costs fewer multiply-adds (`order='auto'`), and never forms an N x n matrix in the K-first order.
 
-Paper: L2ViT seed 000 Eq. 3-5 (ReLU kernel, clamp); FLatten seed 001 Eq. 3 (linear attention) and Sec. 4.
+Paper: L2ViT paper Eq. 3-5 (ReLU kernel, clamp); FLatten (arXiv 2308.00442) Eq. 3 (linear attention) and Sec. 4.
 Official: L2ViT `classification/models/l2vit.py` `LinearAttention.forward`; FLatten `models/flatten_*.py`
 `FocusedLinearAttention.forward` (the z / kv lines).
 """

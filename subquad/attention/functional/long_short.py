@@ -1,15 +1,16 @@
 """Transformer-LS long-short attention: dynamic projection, dense references and the SDPA tile paths.
 
-One functional core serves the three forms of `spec/long_short.md` (bidirectional 1-D, 2-D vision, causal):
+One functional core serves the three forms of Transformer-LS (arXiv 2107.02192) (bidirectional 1-D, 2-D vision, causal):
 every query takes ONE softmax over the union of a few global keys (the dynamic projections, and a class token) and
 its local window keys. The references build that union densely (N x (G + N) logits with an explicit mask); the fast
 paths gather the window keys per query tile and call `F.scaled_dot_product_attention` once over the per-tile key sets
-(spec section 8, register LS-13).
+(docs/deviations.md).
 
 Shapes: q, k, v (B, h, N, d) (the SDPA convention); global keys/values kg, vg (B, h, G, d); key_valid (B, N) bool
 (True = real token); dynamic-projection logits (B, n, h*r) -> projection P (B, h, r, n).
 
-Paper: seed 003 (Transformer-LS), Eq. 3 (dynamic projection), Eq. 6-7 (aggregation with DualLN), Sec. 3.3 (causal).
+Paper: Transformer-LS (arXiv 2107.02192), Eq. 3 (dynamic projection), Eq. 6-7 (aggregation with DualLN), Sec. 3.3
+(causal).
 Official: NVIDIA/transformer-ls @1527c5cc, `lra/attention_transformer_ls.py` (AttentionLS),
 `imagenet/models/layers/transformer_ls.py` (AttentionLS), `autoregressive/model_lib/layer.py` (ChunkedLSAttention).
 
@@ -117,7 +118,7 @@ def rpe_table_size(w: int) -> int:
 
 
 def _rpe_index(qy: torch.Tensor, qx: torch.Tensor, ky: torch.Tensor, kx: torch.Tensor, w: int) -> torch.Tensor:
-    """Official index formula on tile-relative offsets (aliasing kept, spec section 4.3)."""
+    """Official index formula on tile-relative offsets (aliasing kept)."""
     e = w // 2
     ry = qy - ky + (w + e - 1)
     rx = qx - kx + (w + e - 1)
@@ -227,7 +228,7 @@ def _sdpa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 def long_short_1d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, w: int,
                        key_valid: torch.Tensor | None = None, scale: float | None = None, group: int | None = None,
                        dropout_p: float = 0.0) -> torch.Tensor:
-    """Fast 1-D bidirectional path: SDPA over per-tile key sets [global ; window span] (spec section 8).
+    """Fast 1-D bidirectional path: SDPA over per-tile key sets [global ; window span].
 
     A tile is g = max(1, ceil(64 / w)) consecutive segments (g*w queries); its window keys span from the first
     segment start - ext to the last segment end + ext. A bool mask keeps, per query, the keys of its own segment
@@ -281,7 +282,7 @@ def long_short_2d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: to
     """Fast 2-D path: one SDPA over w x w query tiles with keys [global ; (w + 2 ext)^2 neighbourhood].
 
     Any H x W: the map is padded at the bottom/right to multiples of w; padded and out-of-image keys get -inf,
-    padded query rows are cropped (register LS-11).
+    padded query rows are cropped (docs/deviations.md).
 
     Args:
         q, k, v: (B, h, H*W, d) grid tokens (row-major). kg, vg: (B, h, G, d). hw: (H, W). w: tile side.
@@ -391,7 +392,7 @@ def _causal_terms(q: torch.Tensor, kw: torch.Tensor, r_win: torch.Tensor, r_chun
 def long_short_causal_ref(q: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                           r_win: torch.Tensor, r_chunk: torch.Tensor, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor,
                           t0: int, w: int, chunk_size: int, rank: int, scale: float | None = None) -> torch.Tensor:
-    """Dense causal reference (official ChunkedLSAttention semantics, spec section 5.1).
+    """Dense causal reference (official ChunkedLSAttention semantics).
 
     Query t (absolute position) sees exactly the window keys t-w+1 ... t and the chunk vectors of chunks strictly
     before its own (c < t // l); ONE softmax over both. Logits (s = d^-1/2):
@@ -440,7 +441,7 @@ def long_short_causal_sdpa(q: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, 
                            scale: float | None = None, dropout_p: float = 0.0) -> torch.Tensor:
     """Fast causal path: tiles of w queries, keys [all chunk vectors ; 2w window keys], one SDPA call.
 
-    The float mask carries the chunk mask and band mask (-inf) and the query-dependent XL terms (spec section 8).
+    The float mask carries the chunk mask and band mask (-inf) and the query-dependent XL terms.
     Same arguments and result as `long_short_causal_ref`; requires S - M <= w (at most w cached window keys are
     used; older ones are outside every band).
     """

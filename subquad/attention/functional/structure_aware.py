@@ -1,7 +1,7 @@
 """LiSA structure-aware attention: the explicit operators of the paper's chain and the fast FFT form.
 
-Paper: seed 002 (LiSA, arXiv 2211.16289), Eq. 8-13; the equations are rebuilt in `spec/lisa.md` (registers
-LI-1 ... LI-7), which this file implements. LiSA has no official code: these functions are the reference.
+Paper: LiSA (arXiv 2211.16289), Eq. 8-13; this file rebuilds the operator from the paper's equations
+(docs/deviations.md). LiSA has no official code: these functions are the reference.
 Official: none published.
 
 Layout: q, k, v: (B, h, N, d) (SDPA layout), already L2-normalised where the operator needs it (the module does it).
@@ -17,7 +17,7 @@ Symbol map (paper -> code):
     S (N x D)         structural vector, per head: (B, h, N, D)
     A-hat             equivalent token-mixing kernel, per head: (B, h, N, N)
 
-Kernel conventions (our choice, spec section 3.3, register LI-3). A kernel is stored in the token domain, indexed by
+Kernel conventions (our choice; docs/deviations.md). A kernel is stored in the token domain, indexed by
 the offset delta = (key position - query position) along each grid axis:
     - 'circular': K == grid; entry for delta sits at index delta mod grid (circulant RPE; Eq. 13);
     - 'zero' (Toeplitz): K == 2 * grid - 1; entry for delta sits at index delta + (grid - 1) (Eq. 11; no wrap);
@@ -111,7 +111,7 @@ def lisa_eq8_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: torc
     """Eq. 8, multiplicative RPE: Y = (A-bar * R) V with A-bar = q k^T (cosine similarities), no softmax.
 
     Shapes: q, k, v (B, h, N, d); kernel (h, *K) one RPE kernel per head -> (B, h, N, d).
-    Paper: seed 002 Eq. 8 ("SA" with multiplicative RPE; called Eq. 4 in the ablation prose).
+    Paper: LiSA (arXiv 2211.16289) Eq. 8 ("SA" with multiplicative RPE; called Eq. 4 in the ablation prose).
     """
     attn = q @ k.transpose(-2, -1)  # (B, h, N, N)
     return (attn * rpe_matrix(kernel, grid, boundary)) @ v
@@ -125,7 +125,7 @@ def lisa_eq9_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: to
 
     Shapes: q, k, v (B, h, N, dh); kernel_a (h, D, *K) per head; kernel_b (h or 1, D, *K); struct_proj (C, D)
     -> (B, h, N, dh).
-    Paper: seed 002 Eq. 9 (called Eq. 5 in the ablation prose).
+    Paper: LiSA (arXiv 2211.16289) Eq. 9 (called Eq. 5 in the ablation prose).
     """
     h = q.shape[1]
     attn = q @ k.transpose(-2, -1)  # (B, h, N, N)
@@ -147,7 +147,7 @@ def lisa_eq10_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: t
 
     Shapes: q, k, v (B, h, N, dh); kernel_a (C, D, *K); kernel_b (h or 1, D, *K); struct_proj (C, D) -> (B, h, N, dh).
     With `return_structure=True` returns (Y, S (B, h, N, D), A-hat (B, h, N, N)).
-    Paper: seed 002 Eq. 10 (the final SA), whose circulant form Eq. 13 computes with FFTs.
+    Paper: LiSA (arXiv 2211.16289) Eq. 10 (the final SA), whose circulant form Eq. 13 computes with FFTs.
     """
     B, h, N, dh = q.shape
     D = kernel_a.shape[1]
@@ -174,7 +174,7 @@ def lisa_toeplitz_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_
 
 def toeplitz_to_circular(kernel: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
     """Place a Toeplitz kernel (..., *(2*grid - 1)) on the doubled grid (..., *(2*grid)), offset delta at
-    delta mod 2*grid. Exact: every needed offset has a unique residue (spec section 5, `boundary='zero'`)."""
+    delta mod 2*grid. Exact: every needed offset has a unique residue (`boundary='zero'`)."""
     nd = len(grid)
     out = kernel
     for ax, g in enumerate(grid):
@@ -261,7 +261,7 @@ def _to_map(t: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
 
 
 def _contract(q_cn: torch.Tensor, ga: torch.Tensor, gb: torch.Tensor, bproj: torch.Tensor) -> torch.Tensor:
-    """One D-chunk of steps 5, 7, 8 (spec section 3.2).
+    """One D-chunk of steps 5, 7, 8.
 
     Shapes: q_cn (B, h, d, N); ga, gb (B, h, d, Dc, N); bproj (h, d, Dc) -> y chunk (B, h, d, N).
     """
@@ -300,7 +300,7 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
 
     Ga[c, d, i] = sum_n kernel_a[c, d, n - i] k[c, n];  S[g, i, d] = sum_{c in g} q[c, i] Ga[c, d, i];
     Gb[c, d, i] = sum_j kernel_b[g(c), d, j - i] v[c, j];  Y[c, i] = sum_d S[g(c), i, d] (Gb[c, d, i] + B[c, d]).
-    Both correlations are inverse FFTs of products with the kernels' correlation spectra (spec section 3.3). Two
+    Both correlations are inverse FFTs of products with the kernels' correlation spectra. Two
     real correlations ride on one complex transform: Ga packs pattern pairs (kernel_a as w_{2e} + i w_{2e+1}, real
     k), Gb packs channel pairs of a head (v_c + i v_{c + ceil(d/2)}, real kernel_b shared by the head). So the
     2*C*D real inverse transforms of the plain form become C*D/2 + C*D/2 complex ones, the fastest form on CPU
@@ -452,7 +452,7 @@ def lisa_local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torc
 
 
 def offsets_range(n: int) -> tuple[int, int]:
-    """O_L = [-floor(L/2), ceil(L/2) - 1]: the offsets a circular axis of length L represents (spec section 7)."""
+    """O_L = [-floor(L/2), ceil(L/2) - 1]: the offsets a circular axis of length L represents."""
     return -(n // 2), (n + 1) // 2 - 1
 
 
@@ -469,7 +469,7 @@ def _pad_axis(kernel: torch.Tensor, dim: int, new: int) -> torch.Tensor:
 
 
 def resize_kernel(kernel: torch.Tensor, size: Sequence[int], mode: str = "pad") -> torch.Tensor:
-    """Resample circular token-domain kernels (..., *K0) to a new grid (..., *size) (spec section 7, LI-7).
+    """Resample circular token-domain kernels (..., *K0) to a new grid (..., *size) (docs/deviations.md).
 
     'pad' (default): new[delta mod size] = old[delta mod K0] for delta in O_size x O_K0 (intersection), 0 elsewhere:
         centred zero-padding or cropping in token-offset units; local structure is kept exactly; same size = identity.
@@ -498,7 +498,7 @@ def resize_kernel(kernel: torch.Tensor, size: Sequence[int], mode: str = "pad") 
 
 
 def inflate_kernel(kernel: torch.Tensor, frames: int, mode: str = "center") -> torch.Tensor:
-    """Inflate 2-D circular kernels (..., H, W) to video kernels (..., T, H, W) (spec section 9, LI-6).
+    """Inflate 2-D circular kernels (..., H, W) to video kernels (..., T, H, W) (docs/deviations.md).
 
     'center': the 2-D kernel at temporal offset 0 (index 0 of the circular T axis), zeros elsewhere, so 3-D LiSA
         equals 2-D LiSA applied frame by frame. 'average': replicated over T and divided by T.

@@ -4,7 +4,7 @@ shift and padding masks, relative position bias, a dense reference over the whol
 Shapes: q, k, v (B, h, N, d) with N = H * W (row-major grid, head-major channels); bias tables ((2w-1)^2, h);
 outputs (B, h, N, d). Windows are square (w x w); stripes (CSwin) are (sh x sw) rectangles.
 
-Paper: Swin (Liu et al. 2021, Eq. 4 and the cyclic-shift masking); L2ViT seed 000 section 3.2 (LWA);
+Paper: Swin (Liu et al. 2021, Eq. 4 and the cyclic-shift masking); L2ViT paper section 3.2 (LWA);
     CSwin (Dong et al. 2022, cross-shaped stripes with LePE).
 Official: microsoft Swin-Transformer `window_partition`, `window_reverse`, `WindowAttention`, `SwinTransformerBlock`
     (as copied into LeapLabTHU/FLatten-Transformer `models/flatten_swin.py`); ChuanyangZheng/L2ViT

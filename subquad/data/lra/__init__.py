@@ -1,7 +1,7 @@
 """Long Range Arena data: the ListOps and Pathfinder generators, and loaders for user-supplied Text and Retrieval.
 
 Every loader yields dicts: `tokens` int64 (L,), `mask` bool (L,) with True = real token, `label` int64; Retrieval
-adds `tokens_1` / `mask_1`. Spec: shared/spec/data.md sections 5-7.
+adds `tokens_1` / `mask_1`. Sources: the LRA repository's file formats.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """ListOps (LRA): the published generator recipe, the TSV files of the LRA release and two tokenisations.
 
-Generator (spec data.md section 5, register DA-1): trees of MIN / MAX / MED / SM over the digits 0-9, sampled by
+Generator (docs/deviations.md): trees of MIN / MAX / MED / SM over the digits 0-9, sampled by
 `generate_tree(depth=1, max_depth=10, max_args=10)` (a value with probability 0.75 or at the depth limit, else an
 operator with 2..max_args arguments); a tree is kept iff min_len < length < max_len (strict), where length counts
 values, operators and closing brackets. Trees are deduplicated in insertion order and split into train / val / test

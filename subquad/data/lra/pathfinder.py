@@ -1,6 +1,6 @@
 """Pathfinder (LRA): are the two marker discs connected by one dashed contour? Drawn with numpy and PIL only.
 
-Procedure (spec data.md section 6, after drewlinsley/pathfinder `snakes2.py` with LRA's parameters per resolution):
+Procedure (after drewlinsley/pathfinder `snakes2.py` with LRA's parameters per resolution):
 everything is drawn on a canvas of window * antialias_scale pixels and downsampled with LANCZOS.
 
 1. Two *target* snakes start at seeds at least `seed_distance` apart, outside the `padding` border.
@@ -53,7 +53,7 @@ _N_ANGLES = 72
 
 @dataclass(frozen=True)
 class PathfinderParams:
-    """Generator parameters in output pixels (spec data.md table 6.1)."""
+    """Generator parameters in output pixels."""
 
     window: int = 32
     padding: int = 1

@@ -1,6 +1,6 @@
 """LRA Retrieval (AAN document matching, byte level) from the user-supplied LRA release TSVs.
 
-Files (spec data.md section 7): `new_aan_pairs.train.tsv`, `new_aan_pairs.eval.tsv`, `new_aan_pairs.test.tsv`
+Files: `new_aan_pairs.train.tsv`, `new_aan_pairs.eval.tsv`, `new_aan_pairs.test.tsv`
 (in the release archive under `lra_release/tsv_data/`; ROOT may be that folder or one of its parents). Tab-separated,
 no header, no quoting; columns `label` (0/1 written as a float), `id1`, `id2`, `text1`, `text2`. Each document is
 UTF-8 bytes + 1 (0 = padding), truncated to `truncate` and padded to `max_len` (Transformer-LS: 4096 / 4096; LRA

@@ -1,6 +1,6 @@
 """LRA Text (IMDb sentiment, byte level) from user-supplied files.
 
-Accepted inputs (spec data.md section 7), in order of preference:
+Accepted inputs, in order of preference:
     (a) the public `aclImdb` layout: `train/{pos,neg}/*.txt`, `test/{pos,neg}/*.txt` (`train/unsup` ignored);
         label 1 = pos, 0 = neg; ROOT may be `aclImdb` itself or its parent;
     (b) TSVs with the header `Source<TAB>Target` (LRA's column names): `train.tsv`, `test.tsv` (and optionally
