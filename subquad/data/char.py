@@ -1,7 +1,8 @@
 """Character-level corpora: a text file or folder -> contiguous 90/5/5 uint8 memmaps `train/valid/test.bin`.
 
-The corpus (docs/deviations.md). Build: list the files (a folder: every file matching `glob`, sorted by relative POSIX path bytewise; a pattern
-without `/` matches base names at any depth, so `copyright` finds `*/copyright`, one with `/` the relative path),
+The corpus (docs/deviations.md). Build: list the files (a folder: every file matching `glob`, sorted by relative
+POSIX path bytewise; a pattern without `/` matches base names at any depth, so `copyright` finds `*/copyright`, one
+with `/` the relative path),
 skip the compressed and binary ones of a folder (counted in `meta.json` and reported), read the raw bytes, make
 each end with a newline, concatenate, encode, split contiguously (first 90 % train, next 5 % valid, last 5 % test,
 to the byte) and write each split as raw uint8 with `meta.json` (sources, sizes, vocabulary, sha256 of every
