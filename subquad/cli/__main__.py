@@ -24,6 +24,8 @@ COMMANDS: dict[str, str] = {
     "analyze": "analyze",
     "lra": "lra",
     "lm": "lm",
+    "detect": "detect",
+    "segment": "segment",
 }
 
 
