@@ -6,10 +6,10 @@ Protocol (defaults): torchvision Mask R-CNN + FPN (256 channels, the papers' hea
 image is given at exactly the benchmark size (min_size / max_size set so that the model does not resize it; the batch
 is padded to a multiple of 32). Backbones: `l2vit_tiny` and `flatten_swin_tiny` (subquad) and timm's
 `swin_tiny_patch4_window7_224` built with `strict_img_size=False` (timm pads every window). Latency is the median of
-`--repeats` timed calls after one warm-up (subquad.bench.timing.time_fn); peak memory is the allocator probe of one
-call (subquad.bench.memory.peak_memory: bytes held beyond the weights and the input). Each ratio column divides by
-the Swin-T row at the same size. Untrained detectors keep up to 100 detections above score 0.05, so the heads'
-post-processing cost is included and is about the same for every backbone.
+`--repeats` timed calls after `--warmup` untimed ones (default 1; subquad.bench.timing.time_fn); peak memory is the
+allocator probe of one call (subquad.bench.memory.peak_memory: bytes held beyond the weights and the input). Each
+ratio column divides by the Swin-T row at the same size. Untrained detectors keep up to 100 detections above score
+0.05, so the heads' post-processing cost is included and is about the same for every backbone.
 
 Usage (from the repository root):
     python benchmarks/dense.py                        # -> benchmarks/results/dense-<hw>-pt<v>.csv
@@ -39,7 +39,7 @@ def _size(s: str) -> tuple[int, int]:
     return int(h), int(w)
 
 
-def run(backbones: list[str], sizes: list[str], repeats: int, device: str, kind: str) -> list[dict]:
+def run(backbones: list[str], sizes: list[str], repeats: int, device: str, kind: str, warmup: int = 1) -> list[dict]:
     import torch
 
     from subquad.bench.memory import peak_memory
@@ -67,7 +67,7 @@ def run(backbones: list[str], sizes: list[str], repeats: int, device: str, kind:
                     return model(x)
 
             try:
-                t = time_fn(step, dev, warmup=1, repeats=repeats)
+                t = time_fn(step, dev, warmup=warmup, repeats=repeats)
                 mem = peak_memory(step, dev)
                 row.update(latency_ms=round(t.median * 1e3, 1), peak_mem_mb=round(mem / 2**20, 1), status="ok")
             except (RuntimeError, MemoryError) as e:
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", nargs="+", default=SIZES, help="HxW")
     p.add_argument("--kind", default="maskrcnn", choices=("maskrcnn", "fasterrcnn", "retinanet"))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls first")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="CSV (default benchmarks/results/dense-<hw>-pt<v>.csv)")
     args = p.parse_args(argv)
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from subquad.bench.sweep import device_tag, torch_tag
 
-    rows = run(args.backbones, args.sizes, args.repeats, args.device, args.kind)
+    rows = run(args.backbones, args.sizes, args.repeats, args.device, args.kind, args.warmup)
     out = Path(args.out) if args.out else \
         ROOT / "benchmarks" / "results" / f"dense-{device_tag(torch.device(args.device))}-{torch_tag()}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,11 +2,12 @@
 
 `FeatureBackbone` asks timm for `features_only=True` (the shared backbone contract), returns the stage maps as an
 ordered dict of NCHW tensors keyed '0', '1', ... (the keys torchvision's FPN and RoI pooling expect), and pads the
-input on the bottom/right to a multiple of the total stride, so any input size gives maps of exactly
-ceil(H / r) x ceil(W / r) at reduction r. NHWC feature outputs (timm's Swin) are permuted to NCHW. A LayerNorm per
-returned level follows, as the official detection/segmentation backbones of Swin (SwinTransformer/
-Swin-Transformer-Object-Detection, mmdet/models/backbones/swin_transformer.py, `norm{i}`) and L2ViT add to each output
-(the classification models' stage outputs are un-normalised).
+input on the bottom/right to a multiple of the total stride S, so any input size gives maps of exactly
+(ceil(H / S) * S / r) x (ceil(W / S) * S / r) at reduction r (consistent across levels, as FPN needs). NHWC
+feature outputs (timm's Swin) are permuted to NCHW. A LayerNorm per returned level follows, as the official
+detection/segmentation backbones of Swin (SwinTransformer/Swin-Transformer-Object-Detection,
+mmdet/models/backbones/swin_transformer.py, `norm{i}`) and L2ViT add to each output (the classification models'
+stage outputs are un-normalised).
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class FeatureBackbone(nn.Module):
         **kwargs: more options for `timm.create_model`.
 
     Shapes:
-        x: (B, C_in, H, W) -> OrderedDict {'0': (B, C_0, ceil(H/r_0), ceil(W/r_0)), '1': ...}.
+        x: (B, C_in, H, W) -> OrderedDict {'0': (B, C_0, H_p/r_0, W_p/r_0), '1': ...}, H_p, W_p = H, W padded up
+            to multiples of the total stride.
 
     Attributes:
         channels: list of channel counts per returned level.

@@ -38,9 +38,10 @@ IGNORE_INDEX = 255
 
 
 def _gn(c: int) -> nn.GroupNorm:
-    g = 32
+    """GroupNorm with up to 32 groups of at least 2 channels (a 1x1 map still normalises over several values)."""
+    g = max(1, min(32, c // 2))
     while c % g:
-        g //= 2
+        g -= 1
     return nn.GroupNorm(g, c)
 
 
@@ -135,13 +136,12 @@ class Segmenter(nn.Module):
     """Backbone (+ FPN neck for semantic_fpn) + decode head (+ auxiliary head); logits at the input size.
 
     Shapes:
-        x: (B, 3, H, W) normalised images -> {'out': (B, K, H, W)} (+ 'aux' in training when aux_head is set).
+        x: (B, 3, H, W) images normalised by the data transforms -> {'out': (B, K, H, W)} (+ 'aux' in
+            training when aux_head is set).
     """
 
     def __init__(self, kind: str, body: FeatureBackbone, head: nn.Module, neck: nn.Module | None = None,
-                 aux_head: nn.Module | None = None, aux_level: int = -2, num_classes: int = 0,
-                 image_mean: Sequence[float] = (0.485, 0.456, 0.406),
-                 image_std: Sequence[float] = (0.229, 0.224, 0.225)) -> None:
+                 aux_head: nn.Module | None = None, aux_level: int = -2, num_classes: int = 0) -> None:
         super().__init__()
         self.kind = kind
         self.num_classes = num_classes
@@ -150,8 +150,6 @@ class Segmenter(nn.Module):
         self.head = head
         self.aux_head = aux_head
         self.aux_level = aux_level
-        self.image_mean = tuple(float(v) for v in image_mean)
-        self.image_std = tuple(float(v) for v in image_std)
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         h, w = x.shape[-2:]

@@ -13,8 +13,9 @@
 
 Every image has a texture (a random mixture of low-frequency sinusoids per channel plus pixel noise) and 1 to
 `max_objects` non-overlapping shapes of random colour, size, position and rotation, so the class is told by shape
-alone. The polygons are rasterised with pycocotools, exactly as the COCO reader decodes them, and the label PNGs are
-the union of the same masks. Everything is drawn from `numpy.random.default_rng(seed)`: one seed, one data set.
+alone. The polygons (stored at full float precision) are rasterised with pycocotools, exactly as the COCO reader
+decodes them, and the label PNGs are the union of the same masks. Everything is drawn from
+`numpy.random.default_rng(seed)`: one seed, one data set.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def generate_synthetic(root: str | os.PathLike, seed: int = 0, n_train: int = 32
                 ys, xs = np.nonzero(m)
                 x0, y0 = float(xs.min()), float(ys.min())
                 anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": cls + 1,
-                             "segmentation": [[round(v, 2) for v in poly]], "area": float(m.sum()),
+                             "segmentation": [[float(v) for v in poly]], "area": float(m.sum()),
                              "bbox": [x0, y0, float(xs.max()) + 1 - x0, float(ys.max()) + 1 - y0], "iscrowd": 0})
             Image.fromarray(label, mode="L").save(ade_ann / name)
         (root / "coco" / "annotations").mkdir(parents=True, exist_ok=True)
