@@ -29,6 +29,8 @@ COMMANDS: dict[str, str] = {
     "lra": "lra",
     "lm": "lm",
     "arena": "arena",
+    "detect": "detect",
+    "segment": "segment",
 }
 
 # Namespace attribute naming the innermost parser that was left with unrecognised arguments.
