@@ -79,16 +79,21 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
         cfg = merge_config(cfg, load_yaml(args.config), origin=str(args.config))
     resume = explicit.get("resume") or cfg.resume
     if resume:
-        run_args = Path(resume) / "args.yaml"
-        if not Path(resume).is_dir():
-            raise UserError(f"--resume: run directory not found: {resume}")
-        if not run_args.is_file():
-            raise UserError(f"--resume: {resume} holds no args.yaml (not a subquad run directory)")
-        saved = load_yaml(run_args)
-        saved.pop("resume", None)
-        saved.pop("dry_run", None)
-        cfg = merge_config(cfg, saved, origin=str(run_args))
+        cfg = merge_config(cfg, load_run_args(resume), origin=str(Path(resume) / "args.yaml"))
     return merge_config(cfg, explicit, origin="command line")
+
+
+def load_run_args(resume: str | os.PathLike, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The args.yaml of run directory `resume` (without `resume`, `dry_run` and the `drop` keys)."""
+    run_args = Path(resume) / "args.yaml"
+    if not Path(resume).is_dir():
+        raise UserError(f"--resume: run directory not found: {resume}")
+    if not run_args.is_file():
+        raise UserError(f"--resume: {resume} holds no args.yaml (not a subquad run directory)")
+    saved = load_yaml(run_args)
+    for key in ("resume", "dry_run", *drop):
+        saved.pop(key, None)
+    return saved
 
 
 def shipped_configs() -> list[Path]:

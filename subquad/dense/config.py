@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..engine.config import _coerce, _f
-from ..errors import UserError
+from ..engine.config import _f, merge_config
 
 __all__ = ["DenseConfig", "dense_fields", "merge_dense", "add_dense_arguments", "resolve_dense_config",
            "DEMO_RECIPES", "CONFIG_DIRS", "shipped_dense_configs"]
@@ -98,18 +97,7 @@ def dense_fields() -> list[dataclasses.Field]:
 
 def merge_dense(base: DenseConfig, overrides: dict[str, Any], origin: str = "config") -> DenseConfig:
     """`base` with `overrides` applied; unknown keys and wrongly typed values are a UserError."""
-    fields = {f.name: f for f in dense_fields()}
-    values = {}
-    for k, v in overrides.items():
-        name = k.replace("-", "_")
-        if name not in fields:
-            from ..errors import closest
-
-            near = closest(name, fields)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise UserError(f"{origin}: unknown key {k!r}{hint}")
-        values[name] = _coerce(fields[name], v)
-    return dataclasses.replace(base, **values)
+    return merge_config(base, overrides, origin)
 
 
 def add_dense_arguments(p: argparse.ArgumentParser) -> None:
@@ -135,7 +123,7 @@ def add_dense_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_dense_config(args: argparse.Namespace, task: str) -> DenseConfig:
     """defaults < synthetic demo recipe < --config YAML < (--resume DIR)/args.yaml < explicit flags."""
-    from ..cli.config import load_yaml
+    from ..cli.config import load_run_args, load_yaml
 
     names = {f.name for f in dense_fields()}
     explicit = {k: v for k, v in vars(args).items() if k in names}
@@ -144,15 +132,7 @@ def resolve_dense_config(args: argparse.Namespace, task: str) -> DenseConfig:
     resume = explicit.get("resume", "")
     saved: dict[str, Any] = {}
     if resume:
-        run_args = Path(resume) / "args.yaml"
-        if not Path(resume).is_dir():
-            raise UserError(f"--resume: run directory not found: {resume}")
-        if not run_args.is_file():
-            raise UserError(f"--resume: {resume} holds no args.yaml (not a subquad run directory)")
-        saved = load_yaml(run_args)
-        saved.pop("resume", None)
-        saved.pop("dry_run", None)
-        saved.pop("task", None)
+        saved = load_run_args(resume, drop=("task",))
     data = explicit.get("data") or saved.get("data") or cfg.data
     if not config and not saved and data.split(":", 1)[0] == "synthetic":
         cfg = merge_dense(cfg, load_yaml(DEMO_RECIPES[task]), origin=str(DEMO_RECIPES[task]))

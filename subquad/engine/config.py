@@ -151,9 +151,10 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     return value
 
 
-def merge_config(base: TrainConfig, overrides: dict[str, Any], origin: str = "config") -> TrainConfig:
-    """Return `base` with `overrides` applied; unknown keys and wrongly typed values are a UserError."""
-    fields = {f.name: f for f in config_fields()}
+def merge_config(base: Any, overrides: dict[str, Any], origin: str = "config") -> Any:
+    """Return `base` (a TrainConfig, or any config dataclass built with `_f`) with `overrides` applied; unknown keys
+    and wrongly typed values are a UserError."""
+    fields = {f.name: f for f in dataclasses.fields(base)}
     unknown = [k for k in overrides if k.replace("-", "_") not in fields]
     if unknown:
         from ..errors import closest
