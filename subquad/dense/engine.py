@@ -48,7 +48,7 @@ from ..engine.classify import (
     _set_rng_state,
     _write_csv,
 )
-from ..engine.distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed
+from ..engine.distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed, train_sampler
 from ..errors import UserError
 from .backbone import FeatureBackbone
 from .config import DenseConfig
@@ -325,11 +325,7 @@ def _train(cfg: DenseConfig, task: str, info: DistInfo, on_epoch_end: Callable |
     train_set = _subset(train_set, cfg.train_limit, cfg.seed)
     val_set = _subset(val_set, cfg.eval_limit, cfg.seed)
     global_batch = cfg.batch_size * info.world_size
-    if len(train_set) < global_batch:
-        raise UserError(f"the training split has {len(train_set)} images, fewer than one global batch "
-                        f"({global_batch}); lower --batch-size")
-    sampler = GlobalBatchSampler(len(train_set), cfg.batch_size, info.rank, info.world_size, shuffle=True,
-                                 seed=cfg.seed, drop_last=True)
+    sampler = train_sampler(len(train_set), cfg.batch_size, info, cfg.seed)
     loader = DataLoader(train_set, cfg.batch_size, sampler=sampler, num_workers=cfg.workers, drop_last=True,
                         collate_fn=collate_detection if task == "detect" else None)
     ipe = len(loader)

@@ -58,7 +58,7 @@ from ..data.registry import ImageSource, TransformDataset, build_transform, open
 from ..errors import UserError
 from .checkpoint import atomic_write, load_state, read_json, save_state, save_weights, write_json
 from .config import TrainConfig
-from .distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed
+from .distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed, train_sampler
 from .optim import build_optimizer, build_scheduler
 from .sequence import _rss_mb, peak_memory_mb
 
@@ -340,11 +340,7 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
     mode = "L" if in_chans == 1 else "RGB"
     train_set = TransformDataset(train_base, train_tf, mode)
     global_batch = cfg.batch_size * info.world_size
-    if len(train_set) < global_batch:
-        raise UserError(f"the training split has {len(train_set)} images, fewer than one global batch "
-                        f"({global_batch}); lower --batch-size")
-    sampler = GlobalBatchSampler(len(train_set), cfg.batch_size, info.rank, info.world_size, shuffle=True,
-                                 seed=cfg.seed, drop_last=True)
+    sampler = train_sampler(len(train_set), cfg.batch_size, info, cfg.seed)
     train_loader = DataLoader(train_set, cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
                               pin_memory=cfg.pin_mem, drop_last=True, persistent_workers=False)
     val_loader = eval_loader(source, source.val_split, dcfg, cfg.validation_batch_size or 2 * cfg.batch_size,

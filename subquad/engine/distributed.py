@@ -121,3 +121,15 @@ class GlobalBatchSampler(Sampler[int]):
             return full
         tail = self.n - (self.n // g) * g
         return full + len(range(self.rank, tail, self.world))
+
+
+def train_sampler(num_items: int, batch_size: int, info: DistInfo, seed: int) -> GlobalBatchSampler:
+    """The shuffled, drop-last sampler of a training split; fewer items than one global batch is a UserError."""
+    from ..errors import UserError
+
+    global_batch = batch_size * info.world_size
+    if num_items < global_batch:
+        raise UserError(f"the training split has {num_items} images, fewer than one global batch ({global_batch}); "
+                        "lower --batch-size")
+    return GlobalBatchSampler(num_items, batch_size, info.rank, info.world_size, shuffle=True, seed=seed,
+                              drop_last=True)
