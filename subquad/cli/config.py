@@ -30,12 +30,16 @@ def _type_of(t: str):
     return str
 
 
-def add_config_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
-    """Add one flag per TrainConfig field to `p` (defaults suppressed; the dataclass default shows in --help)."""
-    defaults = TrainConfig()
-    p.add_argument("-c", "--config", default=argparse.SUPPRESS, metavar="FILE.yaml",
-                   help="YAML recipe of TrainConfig keys (see subquad/configs/)")
-    for f in config_fields():
+def add_config_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), config_cls: type | None = None,
+                         config_help: str = "YAML recipe of TrainConfig keys (see subquad/configs/)") -> None:
+    """Add one flag per field of `config_cls` (TrainConfig by default; any config dataclass built with `_f`) to `p`
+    (defaults suppressed, so only typed flags override a recipe; the dataclass default shows in --help)."""
+    import dataclasses
+
+    config_cls = config_cls or TrainConfig
+    defaults = config_cls()
+    p.add_argument("-c", "--config", default=argparse.SUPPRESS, metavar="FILE.yaml", help=config_help)
+    for f in dataclasses.fields(config_cls):
         if f.name in exclude:
             continue
         flag = "--" + f.name.replace("_", "-")

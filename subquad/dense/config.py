@@ -102,23 +102,10 @@ def merge_dense(base: DenseConfig, overrides: dict[str, Any], origin: str = "con
 
 def add_dense_arguments(p: argparse.ArgumentParser) -> None:
     """One flag per DenseConfig field (defaults suppressed, so only typed flags override the recipes)."""
-    from ..cli.config import _type_of
+    from ..cli.config import add_config_arguments
 
-    defaults = DenseConfig()
-    p.add_argument("-c", "--config", default=argparse.SUPPRESS, metavar="FILE.yaml",
-                   help="YAML recipe of these keys (see subquad/configs/coco/ and subquad/configs/ade20k/)")
-    for f in dense_fields():
-        flag = "--" + f.name.replace("_", "-")
-        names = [f.metadata["short"], flag] if f.metadata.get("short") else [flag]
-        t = str(f.type)
-        help_text = f"{f.metadata['help']} (default: {getattr(defaults, f.name)!r})"
-        if t.startswith("bool"):
-            p.add_argument(*names, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
-        elif t.startswith("list"):
-            p.add_argument(*names, type=float, nargs="+", default=argparse.SUPPRESS, help=help_text)
-        else:
-            p.add_argument(*names, type=_type_of(t), default=argparse.SUPPRESS, choices=f.metadata.get("choices"),
-                           help=help_text)
+    add_config_arguments(p, config_cls=DenseConfig, config_help="YAML recipe of these keys (see "
+                         "subquad/configs/coco/ and subquad/configs/ade20k/)")
 
 
 def resolve_dense_config(args: argparse.Namespace, task: str) -> DenseConfig:
