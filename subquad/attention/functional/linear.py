@@ -181,8 +181,9 @@ def enhanced_linear_attention_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 def fp32_island(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, **kwargs) -> torch.Tensor:
     """Run fn(*tensors, **kwargs) in float32 with autocast off when inputs are half precision or autocast is on.
 
-    The result is cast back to the dtype of the first tensor; float32 and float64 inputs run unchanged (DESIGN.md
-    section 1.9: linear-attention cores run in float32 under autocast).
+    The result is cast back to the dtype of the first tensor; float32 and float64 inputs run unchanged. Linear-attention
+    cores run in float32 under autocast because the kv product and the normaliser overflow in fp16 (reported in
+    LeapLabTHU/FLatten-Transformer issues #15, #18, #32); see docs/deviations.md, "Every backbone".
     """
     t0 = tensors[0]
     low = t0.dtype in (torch.float16, torch.bfloat16)

@@ -516,7 +516,8 @@ def inflate_kernel(kernel: torch.Tensor, frames: int, mode: str = "center") -> t
 
 def no_autocast(x: torch.Tensor):
     """Context with autocast disabled on x's device (a no-op on devices without autocast, e.g. meta); the LiSA and
-    global-filter FFT cores run in float32 inside it (DESIGN.md precision policy)."""
+    global-filter FFT cores run in float32 inside it (the precision rule listed in docs/deviations.md, "Every
+    backbone")."""
     if x.device.type in ("cpu", "cuda", "xpu", "mps"):
         return torch.autocast(x.device.type, enabled=False)
     return contextlib.nullcontext()
