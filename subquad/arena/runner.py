@@ -183,7 +183,7 @@ def _run_pool(task: Task, pending: list[Cell], out: Path, budget: str, n_workers
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "SUBQUAD_ARENA_CELL": "1"}
 
     def run_eta() -> float | None:
-        per_cell = [c_wall for c_wall in finished_walls]
+        per_cell = list(finished_walls)
         for c in running:
             f = c.fraction()
             if f > 0:
