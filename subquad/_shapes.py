@@ -15,9 +15,13 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 __all__ = [
     "as_hw",
+    "sizes",
+    "known_equal",
+    "tracing",
     "check_tokens",
     "check_hw",
     "check_heads",
@@ -40,12 +44,36 @@ def as_hw(size: int | Sequence[int] | None, name: str = "size") -> tuple[int, in
     if isinstance(size, int):
         size = (size, size)
     vals = tuple(size)
-    if any(isinstance(s, bool) or int(s) != s for s in vals):
+    if any(isinstance(s, bool) or (not _is_int(s) and int(s) != s) for s in vals):
         raise ValueError(f"{name} must hold whole numbers, got {vals!r}")
-    size = tuple(int(s) for s in vals)
+    # Symbolic sizes (torch.export / torch.compile with dynamic shapes) stay symbolic: int() would specialise them.
+    size = tuple(s if _is_int(s) else int(s) for s in vals)
     if len(size) != 2 or min(size) < 1:
         raise ValueError(f"{name} must be a positive int or an (H, W) pair of positive ints, got {size!r}")
     return size  # type: ignore[return-value]
+
+
+def _is_int(s) -> bool:
+    return isinstance(s, (int, torch.SymInt)) and not isinstance(s, bool)
+
+
+def sizes(vals: Sequence) -> tuple:
+    """A tuple of whole sizes: ints stay ints, symbolic sizes (torch.export / torch.compile with dynamic shapes) stay
+    symbolic (int() would specialise them to the example's value), anything else goes through int()."""
+    return tuple(v if _is_int(v) else int(v) for v in vals)
+
+
+def known_equal(a: Sequence, b: Sequence) -> bool:
+    """Whether two sizes are equal without a guard: plain ints compare as usual; symbolic sizes count as equal only
+    when provably so. Shape branches use it so that a traced program (torch.export, torch.compile with dynamic
+    shapes) takes the general path instead of specialising to the example's size."""
+    a, b = tuple(a), tuple(b)
+    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
+
+
+def tracing() -> bool:
+    """True inside torch.compile / torch.export tracing: modules must not cache tensors made there (they are fake)."""
+    return torch.compiler.is_compiling()
 
 
 def check_tokens(x: torch.Tensor, dim: int | None = None, who: str = "attention") -> None:
@@ -128,6 +156,8 @@ def pad_to_multiple(x: torch.Tensor, multiple: Sequence[int],
     H, W = x.shape[-2:]
     mh, mw = multiple
     ph, pw = (-H) % mh, (-W) % mw
+    # A branch: under torch.export the sides are multiples of the total stride, so the guard it adds (no padding) is
+    # implied by the export's size constraint; every other padding in the library is index- or mask-based.
     if ph or pw:
         x = F.pad(x, (0, pw, 0, ph), value=value)
     return x, (ph, pw)

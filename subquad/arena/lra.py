@@ -276,3 +276,34 @@ def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | 
     if "train_cpu_seconds" not in res:
         raise UserError(f"{out} holds a run of an older subquad without the arena's timings; use another --out")
     return _cell_result(cfg, res, out)
+
+
+# ----------------------------------------------------------------------------------------------------- baselines
+
+
+def listops_baselines(data_dir: str | os.PathLike) -> dict[str, float]:
+    """Test accuracy (%) of two input-blind rules learned on the train split of a ListOps folder (train.tsv,
+    test.tsv): the most common answer overall, and the most common answer of the outermost operator (the first
+    `[OP` token). A model at the second number has learned only which operator is outside, not the nesting."""
+
+    def rows(split: str) -> list[tuple[str, str]]:
+        with open(Path(data_dir) / f"{split}.tsv", newline="") as f:
+            r = [row for row in csv.reader(f, delimiter="\t") if len(row) >= 2]
+        return [(s, y) for s, y in r if y.strip().isdigit()]
+
+    def outer(s: str) -> str:
+        return next((t for t in s.replace("(", " ").replace(")", " ").split() if t.startswith("[")), "")
+
+    from collections import Counter
+
+    train, test = rows("train"), rows("test")
+    if not train or not test:
+        raise UserError(f"{data_dir}: no ListOps rows in train.tsv / test.tsv")
+    overall = Counter(y for _, y in train).most_common(1)[0][0]
+    per_op: dict[str, Counter] = {}
+    for s, y in train:
+        per_op.setdefault(outer(s), Counter())[y] += 1
+    rule = {op: c.most_common(1)[0][0] for op, c in per_op.items()}
+    n = len(test)
+    return {"majority": 100.0 * sum(y == overall for _, y in test) / n,
+            "outer_operator": 100.0 * sum(rule.get(outer(s), overall) == y for s, y in test) / n}

@@ -8,7 +8,7 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
-from .._shapes import as_hw, check_heads, map_to_tokens, tokens_to_map
+from .._shapes import as_hw, check_heads, known_equal, map_to_tokens, tokens_to_map, tracing
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.focused import (
@@ -202,7 +202,7 @@ class FocusedLinearAttention(TokenMixer):
         resize of FLatten-PVTv2's stage-1 PE is ~6 % of a forward). The key holds the parameter's version counter,
         so loading weights or editing the PE in place invalidates it."""
         pe = self.positional_encoding
-        if tuple(kv_hw) == tuple(self.pe_hw) or self.training or torch.is_grad_enabled():
+        if known_equal(kv_hw, self.pe_hw) or self.training or torch.is_grad_enabled() or tracing():
             return resize_pe(pe, self.pe_hw, kv_hw, self.num_prefix_tokens)
         key = (tuple(kv_hw), id(pe), pe._version, pe.device, pe.dtype)
         if self._pe_cache is None or self._pe_cache[0] != key:

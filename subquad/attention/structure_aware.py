@@ -9,7 +9,8 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
-from .._shapes import check_heads, check_tokens, merge_heads
+from .._shapes import check_heads, check_tokens, merge_heads, sizes, tracing
+from ..backend import cpu_schedules
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.structure_aware import (
@@ -29,7 +30,7 @@ __all__ = ["StructureAwareAttention"]
 def _as_grid(size, name: str) -> tuple[int, ...]:
     if isinstance(size, int):
         size = (size, size)
-    size = tuple(int(s) for s in size)
+    size = sizes(size)
     if len(size) not in (2, 3) or min(size) < 1:
         raise ValueError(f"{name} must be (H, W) or (T, H, W) of positive ints, got {size!r}")
     return size
@@ -54,7 +55,8 @@ class StructureAwareAttention(TokenMixer):
 
     Forward: q, k, v = qkv(x) (head-major); q, k L2-normalised over the head dim (eps 1e-6); Ga = corr(W^a, k),
     S = sum_c q * Ga per head, Gb = corr(W^b, v), Y = sum_d S_d (Gb_d + B_d); proj. Steps 2-10 run in float32
-    (float64 for float64 input) with autocast off; the output is cast back before `proj`.
+    (float64 for float64 input) with autocast off; the output is cast back before `proj`. Under autocast the qkv
+    GEMM is pinned to float32 as well on the CPU schedule only (`subquad.backend`).
 
     Resolution: kernels are stored in the token domain on `input_size` (H0, W0) (or (T0, H0, W0)). At another grid
     they are resampled by `resize_kernel(kernel, grid, kernel_resize)`: 'pad' (default) keeps each offset's weight
@@ -164,7 +166,7 @@ class StructureAwareAttention(TokenMixer):
         if hw is None:
             raise ValueError(f"{who} is spatial and needs hw={'(T, H, W)' if self.ndim_grid == 3 else '(H, W)'} "
                              f"for x of shape {tuple(x.shape)}")
-        grid = tuple(int(s) for s in hw)
+        grid = sizes(hw)
         if len(grid) != self.ndim_grid or min(grid) < 1:
             form = "(T, H, W) (3-D video form)" if self.ndim_grid == 3 else "(H, W) (2-D form)"
             raise ValueError(f"{who}: hw must be {form} for input_size={self.input_size}, got hw={tuple(hw)}")
@@ -204,7 +206,7 @@ class StructureAwareAttention(TokenMixer):
 
     def _spectra(self, grid: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """`kernel_spectra` of both kernels on the FFT grid; cached per grid in eval mode without autograd."""
-        use_cache = not self.training and not torch.is_grad_enabled()
+        use_cache = not self.training and not torch.is_grad_enabled() and not tracing()
         key = (grid, dtype, self.kernel_a.device, self.kernel_a._version, self.kernel_b._version,
                id(self.kernel_a), id(self.kernel_b))
         if use_cache and key in self._spectra_cache:
@@ -239,8 +241,14 @@ class StructureAwareAttention(TokenMixer):
         if mask is not None:
             raise ValueError("structure_aware does not support masks; pass mask=None")
         grid = self._grid(x, hw)
-        with no_autocast(x):
+        # The FFT core always runs in fp32 (fp64 for fp64 input). The q/k/v GEMM is pinned to fp32 too only on the
+        # CPU schedule (bf16/fp16 GEMMs are slow there); elsewhere it runs in the autocast dtype (subquad.backend).
+        if cpu_schedules(x.device):
+            with no_autocast(x):  # a low-precision x (from an autocast conv stage) is lifted to the weights' dtype
+                q, k, v = self._qkv(x.to(self.qkv.weight.dtype))
+        else:
             q, k, v = self._qkv(x)
+        with no_autocast(x):
             o = self._mix(q, k, v, grid)
         # Back to the input dtype; under autocast `proj` then runs in the autocast dtype.
         return self.proj_drop(self.proj(merge_heads(o).to(x.dtype)))

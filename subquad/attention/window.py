@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
-from .._shapes import as_hw, check_heads, merge_heads
+from .._shapes import as_hw, check_heads, known_equal, merge_heads, tracing
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.window import (
@@ -150,6 +150,8 @@ class WindowAttention(TokenMixer):
         return b[C:2 * C].view(h, d), b[2 * C:].view(h, d)
 
     def _cached(self, key: tuple, make):
+        if tracing():  # tensors made while tracing are fake; sizes may be symbolic (unhashable)
+            return make()
         if key not in self._cache:
             if len(self._cache) > 32:
                 self._cache.clear()
@@ -169,7 +171,7 @@ class WindowAttention(TokenMixer):
                          lambda: window_mask(geo, self.pad_mode == "mask", device, dtype))
         if table is None:
             return None if m is None else m[:, None].expand(nW, h, L, L).reshape(1, nW * h, L, L)
-        if not (torch.is_grad_enabled() and table.requires_grad):
+        if not (torch.is_grad_enabled() and table.requires_grad) and not tracing():
             key = ("full", geo, dtype, device, table._version, table.data_ptr())
             if key not in self._cache:
                 self._cache = {k: v for k, v in self._cache.items() if k[0] != "full"}
@@ -180,7 +182,7 @@ class WindowAttention(TokenMixer):
 
     def _full_mask(self, geo: WindowGeometry, m: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         nW, h, L = geo.num_windows, self.num_heads, geo.window ** 2
-        if geo.window == self.window_size:
+        if known_equal((geo.window,), (self.window_size,)):
             bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(L, L, -1)
             bias = bias.permute(2, 0, 1)
         else:
@@ -207,7 +209,7 @@ class WindowAttention(TokenMixer):
         fwd, inv = self._cached(("index", geo, x.device), lambda: window_gather_index(geo, x.device))
         # Pad (zero tokens: L2ViT pads after LN; for 'mask' the pads are masked keys) + shift + partition as one
         # gather: (B, N, C) -> (B*nW, L, C).
-        src = x if geo.padded == (H, W) else torch.cat([x, x.new_zeros(B, 1, C)], dim=1)
+        src = x if known_equal(geo.padded, (H, W)) else torch.cat([x, x.new_zeros(B, 1, C)], dim=1)
         xw = torch.index_select(src, 1, fwd).view(B * nW, L, C)
         attn_mask = self._attn_mask(geo, x.dtype, x.device)
         # (B*nW, L, 3C) -> (3, B, nW*h, L, d) when the mask differs per window (windows and heads share one batch
@@ -220,7 +222,9 @@ class WindowAttention(TokenMixer):
         drop = self.attn_drop.p if self.training else 0.0
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop, scale=self.scale)
         # (B, nW*h, L, d) -> (B, nW*L, C); proj is per token, so it runs before the reverse.
-        o = self.proj(o.view(B, nW, h, L, d).transpose(2, 3).reshape(B, nW * L, C))
+        # Explicit copies: an exported program's SDPA decomposition may return other strides than the eager kernel,
+        # so a view decided while tracing would not hold there (and the transpose needs a copy anyway).
+        o = self.proj(o.contiguous().view(B, nW, h, L, d).transpose(2, 3).contiguous().view(B, nW * L, C))
         # Reverse + unshift + crop as one gather: (B, nW*L, C) -> (B, N, C).
         return self.proj_drop(torch.index_select(o, 1, inv))
 

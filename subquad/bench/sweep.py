@@ -44,7 +44,7 @@ ATTN_COLUMNS = ["name", "grid", "seq_len", "dim", "heads", "infer_batch_size", "
 MODEL_COLUMNS = ["model", "infer_img_size", "infer_batch_size", "infer_step_time", "infer_samples_per_sec",
                  "infer_gmacs", "peak_mem_mb", "train_img_size", "train_batch_size", "train_step_time",
                  "train_samples_per_sec", "train_peak_mem_mb", "param_count", "time_spread_pct", "status", "forced",
-                 "device", "threads", "torch", "subquad"]
+                 "device", "threads", "torch", "subquad", "compiled"]
 
 
 def _slug(text: str) -> str:
@@ -349,7 +349,7 @@ def check_model_names(models: Sequence[str]) -> None:
 def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch_size: int = 1,
                  backward: bool = False, device: str | torch.device = "cpu", max_mem_mb: float | None = 8192.0,
                  max_time_s: float | None = 300.0, warmup: int = 1, repeats: int = 5, force: bool = False,
-                 on_row: Callable[[dict], None] | None = None) -> list[dict]:
+                 on_row: Callable[[dict], None] | None = None, compile: bool = False) -> list[dict]:
     """Latency, images/s, peak memory, params and GMACs of image models at square sizes.
 
     Args:
@@ -358,6 +358,7 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
         batch_size: images per step.
         backward: also time a training step (forward, cross-entropy on random labels, backward; no optimizer step).
         device, max_mem_mb, max_time_s, warmup, repeats, force, on_row: as in `sweep_attention`.
+        compile: time `torch.compile(model)` (the untimed first call compiles; `compiled` column 1).
     Returns:
         rows with `MODEL_COLUMNS`.
     """
@@ -375,7 +376,8 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
     for name in models:
         for size in sorted({int(s) for s in img_sizes}):
             row: dict[str, Any] = dict.fromkeys(MODEL_COLUMNS, "")
-            row.update(model=name, infer_img_size=size, infer_batch_size=batch_size, forced=0, **env)
+            row.update(model=name, infer_img_size=size, infer_batch_size=batch_size, forced=0, compiled=int(compile),
+                       **env)
             status: list[str] = []
             kw = _model_kwargs(name, size)
             try:
@@ -408,16 +410,17 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
                     status.append(f"{mode} {why}")
                     continue
                 model.train(grad)
+                run = torch.compile(model) if compile else model
 
-                def step(grad=grad, model=model, x=x):
+                def step(grad=grad, model=model, run=run, x=x):
                     if grad:
                         model.zero_grad(set_to_none=True)
-                        out = model(x)
+                        out = run(x)
                         target = torch.zeros(out.shape[0], dtype=torch.long, device=out.device)
                         torch.nn.functional.cross_entropy(out.float().flatten(1), target).backward()
                         return out.detach()
                     with torch.no_grad():
-                        return model(x)
+                        return run(x)
 
                 try:
                     out = step()

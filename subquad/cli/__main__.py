@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "arena": "arena",
     "detect": "detect",
     "segment": "segment",
+    "export": "export",
 }
 
 # Namespace attribute naming the innermost parser that was left with unrecognised arguments.

@@ -92,6 +92,15 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"arena {task.name}: the task states no claims")
         return 0
     print(claims_text(check_claims(args.dir, task)))
+    if task.data.get("generator") == "listops":
+        from pathlib import Path
+
+        from subquad.arena.lra import listops_baselines
+
+        for folder in sorted((Path(args.dir) / "data").glob("*/train.tsv")):
+            b = listops_baselines(folder.parent)
+            print(f"baselines on {folder.parent.name} (test, %): most common answer {b['majority']:.2f}; most common "
+                  f"answer of the outermost operator {b['outer_operator']:.2f}")
     return 0
 
 

@@ -85,6 +85,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--img-size", type=_int_list, default=[224], metavar="S,S,...",
                    help="square input sides (default: 224)")
     m.add_argument("-b", "--batch-size", type=int, default=1, help="batch size (default: 1)")
+    m.add_argument("--compile", action="store_true",
+                   help="time torch.compile(model) (the untimed first call compiles; column `compiled`)")
     _common(m)
     m.set_defaults(func=run_model)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -277,7 +279,8 @@ def _run_model(args: argparse.Namespace) -> int:
     _warn_load()
     show = _printer(MODEL_TABLE, out, MODEL_COLUMNS)
     rows = bench_models(_name_list(args.model), args.img_size, args.batch_size, args.backward, args.device,
-                        args.max_mem, args.max_time, args.warmup, args.repeats, args.force, on_row=show)
+                        args.max_mem, args.max_time, args.warmup, args.repeats, args.force, on_row=show,
+                        compile=args.compile)
     write_csv(rows, out, MODEL_COLUMNS)
     _warn_spread(rows, lambda r: f"{r['model']} at {r['infer_img_size']} px")
     print(f"wrote {out}")

@@ -351,6 +351,9 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
         if cfg.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    if cfg.compile:
+        # Training forwards only; evaluation and checkpoints use the eager module (same parameters, plain keys).
+        ddp_model = torch.compile(ddp_model)
     optimizer = build_optimizer(model, cfg)
     updates_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum_steps)
     # The schedule segment: epochs [start, end) and the update count at its start. A fresh run has one segment over

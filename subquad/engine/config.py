@@ -88,6 +88,7 @@ class TrainConfig:
     amp_dtype: str = _f("float16", "autocast dtype", choices=("float16", "bfloat16"))
     channels_last: bool = _f(False, "channels-last memory format")
     grad_checkpointing: bool = _f(False, "activation checkpointing in the model's blocks")
+    compile: bool = _f(False, "torch.compile the training forward (inductor; the first steps compile)")
     sync_bn: bool = _f(False, "convert BatchNorm to SyncBatchNorm under DDP")
     workers: int = _f(0, "data-loader worker processes per rank", short="-j")
     pin_mem: bool = _f(False, "pin host memory in the data loaders")

@@ -18,7 +18,7 @@ import torch.fx
 from timm.layers import DropPath, PatchEmbed, register_notrace_module, resample_abs_pos_embed, trunc_normal_
 from torch import nn
 
-from .._shapes import as_hw
+from .._shapes import as_hw, known_equal
 from ..attention import build_stage_attention
 from ..errors import UserError
 from ..layers.mlp import Mlp
@@ -31,8 +31,9 @@ __all__ = ["VisionTransformerAttn", "Block", "vit_out_indices"]
 def vit_pos_embed(x: torch.Tensor, pos: torch.Tensor, hw: tuple[int, int], grid: tuple[int, int],
                   num_prefix_tokens: int) -> torch.Tensor:
     """x + the learned position table, resampled bicubically (timm's `resample_abs_pos_embed`) when the patch grid
-    hw differs from the construction grid."""
-    if (hw[0], hw[1]) != tuple(grid):
+    hw differs from the construction grid (always while tracing with a symbolic grid: resampling to the same size is
+    the identity, and a size branch would specialise the traced program)."""
+    if not known_equal(hw, grid):
         pos = resample_abs_pos_embed(pos, (hw[0], hw[1]), grid, num_prefix_tokens=num_prefix_tokens)
     return x + pos
 

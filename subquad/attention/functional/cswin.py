@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..._shapes import known_equal
 from .softmax import softmax_attention_probs
 from .window import stripe_partition
 
@@ -126,13 +127,13 @@ def cswin_attention_packed(qkv: torch.Tensor, stripe: tuple[int, int], lepe_weig
     sh, sw = stripe
     Hp, Wp = -(-H // sh) * sh, -(-W // sw) * sw
     nh, nw, L, C = Hp // sh, Wp // sw, sh * sw, h * d
-    if (Hp, Wp) != (H, W):
+    if not known_equal((Hp, Wp), (H, W)):
         qkv = F.pad(qkv, (0, 0, 0, 0, 0, 0, 0, Wp - W, 0, Hp - H))
     # (B, nh, sh, nw, sw, 3, h, d) -> (3, B, nh, nw, h, sh, sw, d) -> (3, B*nS, h, L, d)
     qs, ks, vs = qkv.reshape(B, nh, sh, nw, sw, 3, h, d).permute(5, 0, 1, 3, 6, 2, 4, 7).reshape(
         3, B * nh * nw, h, L, d).unbind(0)
     mask = None
-    if (Hp, Wp) != (H, W):
+    if not known_equal((Hp, Wp), (H, W)):
         r = torch.arange(Hp, device=qkv.device)[:, None] < H
         c = torch.arange(Wp, device=qkv.device)[None, :] < W
         real = stripe_partition((r & c)[None, :, :, None], sh, sw)[..., 0]  # (nS, L)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..._shapes import known_equal
 from .linear import depthwise_conv_matrix, linear_attention, linear_attention_matrix, linear_attention_ref
 
 __all__ = [
@@ -71,7 +72,7 @@ def resize_pe(pe: torch.Tensor, pe_hw: tuple[int, int], hw: tuple[int, int], pre
 
     Prefix slots are kept as they are (never resized); the official fine-tune loader's rule for the grid part.
     """
-    if tuple(pe_hw) == tuple(hw):
+    if known_equal(pe_hw, hw):
         return pe
     C = pe.shape[-1]
     grid = pe[:, prefix:].transpose(1, 2).reshape(1, C, pe_hw[0], pe_hw[1])
@@ -87,7 +88,7 @@ def upsample_v(v_grid: torch.Tensor, kv_hw: tuple[int, int], hw: tuple[int, int]
     """
     B, n_g, C = v_grid.shape
     H, W = hw
-    if tuple(kv_hw) == (H, W):
+    if known_equal(kv_hw, (H, W)):
         return v_grid.transpose(1, 2).reshape(B, C, H, W)
     if mode == "bilinear":
         vm = v_grid.transpose(1, 2).reshape(B, C, kv_hw[0], kv_hw[1])

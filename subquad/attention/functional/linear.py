@@ -129,13 +129,13 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalis
         return q @ (kv if kv_scale is None else kv * kv_scale)  # (B, h, N, d_v)
     if kv_scale is not None:
         kv = kv * kv_scale
-    if normaliser == "mean":
-        # num / (den + eps) with num, den both divided by n equals the 'sum' quotient with eps * n (and clamp * n).
-        eps = eps * n
-        clamp_min = None if clamp_min is None else clamp_min * n
     ksum = k.sum(dim=-2).unsqueeze(-1)  # (B, h, d', 1)
     # Numerator and denominator in one pass over q: q [kv | ksum] -> (B, h, N, d_v + 1).
     nd = q @ torch.cat([kv, ksum], dim=-1)
+    if normaliser == "mean":
+        # Both divided by n (FLatten's mean(k)): eps and the clamp act on the mean, as in the official code. (Folding
+        # n into eps instead would make eps a symbolic float in a traced program, which PyTorch specialises.)
+        nd = nd / n
     num, den = nd[..., :dv], nd[..., dv:]
     if eps:
         den = den + eps

@@ -35,6 +35,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..._shapes import sizes
+from ...backend import cpu_schedules
+
 __all__ = [
     "relative_index",
     "rpe_matrix",
@@ -306,7 +309,9 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     2*C*D real inverse transforms of the plain form become C*D/2 + C*D/2 complex ones, the fastest form on CPU
     (pocketfft/MKL) and cuFFT alike, with no half-spectrum reshuffles. The work is tiled over heads and pattern
     pairs (`plan_tiles`; exact: heads are independent, S_d needs only Ga_d and Y is a sum over d), so the peak
-    of Ga/Gb is one tile (<= 8 MiB by default) instead of B*C*D*N.
+    of Ga/Gb is one tile (<= 8 MiB by default) instead of B*C*D*N. The tiles and the reused inference workspace
+    are CPU schedules (`subquad.backend`): elsewhere, and while tracing, one batched tile runs unless `d_chunk`
+    asks for tiles.
 
     Shapes: q, k, v (B, h, N, dh); kernel_a (C, D, *K); kernel_b (h or 1, D, *K); struct_proj (C, D)
     -> (B, h, N, dh). K = grid ('circular', equals `lisa_circulant_ref`) or 2*grid-1 ('zero': evaluated on the
@@ -355,7 +360,8 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     # and the contractions run in place on the inverse transforms: fresh multi-MiB tensors per tile cost page faults
     # that rival the FFTs on CPU. (torch.fft's out= computes into a temporary and copies, so the inverse transforms
     # keep their own outputs.) With autograd every intermediate is a new tensor (autograd may save it).
-    inference = not (torch.is_grad_enabled() and any(
+    cpu = cpu_schedules(q.device)
+    inference = cpu and not (torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, kernel_a, kernel_b, struct_proj, *spectra)))
     work: dict[str, torch.Tensor] = {}
 
@@ -386,7 +392,7 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
         y = y.unflatten(-1, (N, 2)).movedim(-1, 2).reshape(B, hn, 2 * half, N)[:, :, :dh]
         return y + torch.einsum("bhen,hce->bhcn", s, bproj_c)  # feature path S B^T
 
-    h_tile, d_tile = plan_tiles(B, h, dh, D, N, d_chunk, tile_elems)
+    h_tile, d_tile = plan_tiles(B, h, dh, D, N, d_chunk, tile_elems) if cpu or d_chunk is not None else (h, D)
     p_tile = (d_tile + 1) // 2
     # Tiles through split (its backward is one concatenation), not slicing (whose backward zero-fills a full-size
     # gradient per tile).
@@ -476,7 +482,7 @@ def resize_kernel(kernel: torch.Tensor, size: Sequence[int], mode: str = "pad") 
     'interp': the centred kernel is resampled (bicubic for 2-D, trilinear for 3-D, align_corners=False) and scaled
         by prod(K0) / prod(size) to keep the DC gain; spatial extent then scales with the image.
     """
-    size = tuple(int(s) for s in size)
+    size = sizes(size)
     nd = len(size)
     old = tuple(kernel.shape[-nd:])
     if old == size:

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from ..._shapes import known_equal, sizes
 from .softmax import softmax_attention_probs
 
 __all__ = [
@@ -80,7 +82,7 @@ def window_geometry(hw: tuple[int, int], window_size: int, shift_size: int = 0, 
     min(H, W) <= window_size the window becomes min(H, W) and the shift 0. With `clip=False` (L2ViT) the window is
     kept and the map is padded up to it.
     """
-    H, W = (int(s) for s in hw)
+    H, W = sizes(hw)
     if window_size < 1:
         raise ValueError(f"window_size must be >= 1, got {window_size}")
     if shift_size < 0 or shift_size >= window_size:
@@ -88,7 +90,13 @@ def window_geometry(hw: tuple[int, int], window_size: int, shift_size: int = 0, 
     if H < 1 or W < 1:
         raise ValueError(f"window attention needs a non-empty map, got hw={H}x{W}")
     w, s = window_size, shift_size
-    if clip and min(H, W) <= w:
+    if isinstance(H, torch.SymInt) or isinstance(W, torch.SymInt):
+        # Traced with a symbolic size (torch.export / dynamic torch.compile): the same rule without a branch on
+        # the size, so one program covers clipped and unclipped maps.
+        if clip:
+            m = torch.sym_min(H, W)
+            w, s = torch.sym_min(m, w), torch.sym_ite(m <= w, 0, s) if s else 0
+    elif clip and min(H, W) <= w:
         w, s = min(H, W), 0
     Hp, Wp = -(-H // w) * w, -(-W // w) * w
     return WindowGeometry(w, s, (H, W), (Hp, Wp))
@@ -116,7 +124,7 @@ def relative_position_index(window: int, table_window: int | None = None, device
     central offsets of the larger table, i.e. the same relative offsets (exact, no interpolation).
     """
     wt = window if table_window is None else table_window
-    if window > wt:
+    if not statically_known_true(window <= wt):
         raise ValueError(f"window {window} is larger than the bias table's window {wt}")
     coords = torch.stack(torch.meshgrid(torch.arange(window, device=device), torch.arange(window, device=device),
                                         indexing="ij")).flatten(1)  # (2, L)
@@ -137,7 +145,7 @@ def _token_layout(geo: WindowGeometry, device) -> tuple[torch.Tensor, torch.Tens
     r = torch.arange(Hp, device=device)
     c = torch.arange(Wp, device=device)
     # Region labels of the rolled map (the official h_slices / w_slices): 0 body, 1 last window, 2 the wrapped strip.
-    if s > 0:
+    if isinstance(s, torch.SymInt) or s > 0:  # with s = 0 the labels are constant per window (no mask)
         lr = (r >= Hp - w).long() + (r >= Hp - s).long()
         lc = (c >= Wp - w).long() + (c >= Wp - s).long()
     else:
@@ -155,8 +163,8 @@ def window_mask(geo: WindowGeometry, mask_padding: bool, device=None,
 
     Entries: 0 allowed; -100 other shift region; -inf padded key of a real query (when `mask_padding`).
     """
-    need_pad = mask_padding and geo.padded != geo.hw
-    if geo.shift == 0 and not need_pad:
+    need_pad = mask_padding and not known_equal(geo.padded, geo.hw)
+    if known_equal((geo.shift,), (0,)) and not need_pad:
         return None
     _, label, pad = _token_layout(geo, device)
     w = geo.window
@@ -197,7 +205,7 @@ def _pad_fill(x: torch.Tensor, hw: tuple[int, int], padded: tuple[int, int], fil
     B, h, N, d = x.shape
     (H, W), (Hp, Wp) = hw, padded
     m = x.reshape(B, h, H, W, d)
-    if (Hp, Wp) == (H, W):
+    if known_equal((Hp, Wp), (H, W)):
         return m
     m = F.pad(m, (0, 0, 0, Wp - W, 0, Hp - H))
     if fill is not None:

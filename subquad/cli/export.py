@@ -1,0 +1,68 @@
+"""`subquad export`: a model (optionally trained weights) to ONNX or a `torch.export` program, checked against eager."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("export", help="export a model to ONNX or torch.export (.pt2)",
+                       description="Export a registered model, or a trained checkpoint, to ONNX "
+                       "(torch.onnx.export(dynamo=True); needs `pip install \"subquad[export]\"`) or to a torch.export "
+                       "program (.pt2). The written file is checked against eager PyTorch at the export size (and, "
+                       "with --dynamic, at a second size) and removed if it disagrees.")
+    p.add_argument("--model", default=None,
+                   help="registered model name (default: the checkpoint sidecar's; required without --checkpoint)")
+    p.add_argument("--checkpoint", default=None,
+                   help="weights file or run directory (default: the model's initial weights)")
+    p.add_argument("--format", required=True, choices=("onnx", "pt2"), help="onnx or pt2")
+    p.add_argument("--img-size", type=int, nargs="+", default=None, metavar="N",
+                   help="export size: H W, or one side for a square (default: the checkpoint's or the model's)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="symbolic H and W over the sizes the model admits (multiples of its total stride up to 2048)")
+    p.add_argument("--out", required=True, help="output file (.onnx or .pt2)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from subquad.errors import UserError
+    from subquad.export import check_output
+
+    if args.img_size is not None and len(args.img_size) > 2:
+        raise UserError(f"--img-size takes H W or one side, got {len(args.img_size)} values")
+    size = None if args.img_size is None else (args.img_size[0], args.img_size[-1])
+    if args.model is None and args.checkpoint is None:
+        raise UserError("give --model NAME, --checkpoint PATH, or both")
+    check_output(args.out, args.format, args.overwrite, (args.checkpoint,))  # before any model is built
+    with torch.no_grad():
+        return _export(args, size)
+
+
+def _export(args: argparse.Namespace, size) -> int:
+    import time
+
+    from subquad.export import export_model
+
+    if args.checkpoint is not None:
+        from subquad.engine.checkpoint import load_checkpointed_model
+
+        name, model, _, dcfg, _ = load_checkpointed_model(args.checkpoint, args.model, size and size[0], "cpu")
+        if size is None and dcfg.get("img_size"):
+            s = dcfg["img_size"]
+            size = (s, s) if isinstance(s, int) else tuple(s)
+    else:
+        from subquad.models import create_model
+
+        name, model = args.model, create_model(args.model)
+    t0 = time.perf_counter()
+    res = export_model(model, args.format, args.out, size, dynamic=args.dynamic, overwrite=args.overwrite,
+                       name=name, protect=(args.checkpoint,))
+    worst = max(c["rel_err"] for c in res["checks"])
+    kind = "dynamic H x W" if args.dynamic else "static size"
+    print(f"wrote {res['file']} ({args.format}, {kind}; largest relative error {worst:.1e}; "
+          f"{time.perf_counter() - t0:.0f} s)")
+    return 0
