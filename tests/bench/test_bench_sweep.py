@@ -38,7 +38,10 @@ def test_time_fn_min_time_adds_repeats_for_fast_steps():
     import time
 
     t = time_fn(lambda: time.sleep(0.002), warmup=0, repeats=3, min_time_s=0.05, max_repeats=100)
-    assert 10 <= t.repeats <= 30  # ~0.05 s / 2 ms (sleep overshoots a little)
+    # Calls are added until the timed calls add up to min_time_s, and not one more; how many that takes depends on
+    # how much a 2 ms sleep overshoots on this machine, so the rule is checked, not a count.
+    assert sum(t.times) >= 0.05 and (t.repeats == 3 or sum(t.times[:-1]) < 0.05)
+    assert t.repeats <= 30  # a 2 ms sleep never takes less than 2 ms
     t = time_fn(lambda: time.sleep(0.002), warmup=0, repeats=3, min_time_s=10.0, max_repeats=7)
     assert t.repeats == 7
     t = time_fn(lambda: time.sleep(0.03), warmup=0, repeats=3, min_time_s=0.01)
