@@ -81,3 +81,18 @@ def test_banded_mlp_keeps_the_autocast_dtype(monkeypatch):
             x = torch.randn(2, hw[0] * hw[1], 4)
             assert m(x, hw).dtype == torch.bfloat16
             assert f(x).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", ["plain", "cpu"])
+def test_lisa_each_schedule_matches_the_reference_outputs_and_gradients(name):
+    from subquad.attention.functional.structure_aware import lisa_circulant_ref
+    from tests._tol import compare_fn
+
+    torch.manual_seed(1)
+    B, h, dh, D, grid = 2, 2, 3, 5, (3, 5)  # odd head dim and D, odd non-square grid
+    N = grid[0] * grid[1]
+    ops = [torch.randn(B, h, N, dh), torch.randn(B, h, N, dh), torch.randn(B, h, N, dh),
+           torch.randn(h * dh, D, *grid), torch.randn(h, D, *grid), torch.randn(h * dh, D)]
+    with backend.use_backend(name):
+        compare_fn(lambda *a: lisa_fft(*a, grid, tile_elems=16), lambda *a: lisa_circulant_ref(*a, grid), ops,
+                   torch.float64)
