@@ -15,6 +15,10 @@ for the whole process, and `use_backend(name)` does so for a block:
 - 'auto' (default): CPU schedules on CPU, plain elsewhere;
 - 'cpu': CPU schedules on every device (outside tracing);
 - 'plain': the plain path everywhere.
+
+`real_dft()` is a separate switch, for graphs whose runtime has no complex tensors (ONNX, `subquad.export`): inside
+it LiSA's structure-aware attention computes its correlations with real DFT matrices (`lisa_dft`) instead of
+complex FFTs. Same result, more arithmetic; the FFT path stays the default everywhere else.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import torch
 
 from .errors import UserError
 
-__all__ = ["BACKENDS", "get_backend", "schedule", "set_backend", "use_backend", "cpu_schedules"]
+__all__ = ["BACKENDS", "get_backend", "schedule", "set_backend", "use_backend", "cpu_schedules", "real_dft",
+           "real_dft_active"]
 
 BACKENDS = ("auto", "cpu", "plain")
 
@@ -76,3 +81,22 @@ def schedule(device: torch.device | str | None) -> str:
 def cpu_schedules(device: torch.device | str | None) -> bool:
     """Whether work on `device` takes the CPU schedules."""
     return schedule(device) == "cpu"
+
+
+_real_dft = False
+
+
+@contextlib.contextmanager
+def real_dft(enabled: bool = True) -> Iterator[None]:
+    """Within the block, spectral mechanisms use real-arithmetic DFTs (no complex tensors); see the module docstring."""
+    global _real_dft
+    previous, _real_dft = _real_dft, bool(enabled)
+    try:
+        yield
+    finally:
+        _real_dft = previous
+
+
+def real_dft_active() -> bool:
+    """Whether `real_dft()` is on."""
+    return _real_dft

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .backend import real_dft
 from .errors import UserError
 
 __all__ = ["FORMATS", "MAX_SIDE", "ExportCheckError", "admissible", "export_model", "relative_error"]
@@ -208,7 +209,8 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
     # of tokens) would specialise the program to it (PyTorch specialises sizes 0 and 1), and a square one would tie
     # H to W. Tracing uses fake tensors, so the size costs nothing.
     ex = x if not dynamic else torch.randn(2, chans, *_generic_size(size, stride), generator=gen)
-    with torch.no_grad():
+    # ONNX has no complex tensors: spectral mechanisms trace their real-DFT form for it (subquad.backend.real_dft).
+    with torch.no_grad(), real_dft(fmt == "onnx"):
         prog = torch.export.export(model, (ex,), dynamic_shapes=_dynamic_shapes(stride, low, dynamic), strict=False)
     covered = covered_sides(prog)
     if dynamic:

@@ -45,7 +45,7 @@ CELL_KEYS = ("test_acc", "best_val_acc", "params", "gmacs", "train_per_sec", "tr
 _RUN_FILES = ("args.yaml", "summary.csv", "last.safetensors", "last.json", "best.safetensors", "best.json",
               "last_state.pth", "results.json")
 _GENERATORS = {"listops": ("num_train", "num_val", "num_test", "seed", "min_len", "max_len"),
-               "pathfinder": ("size", "contour_length", "num_images", "seed")}
+               "pathfinder": ("size", "contour_length", "distractors", "num_images", "seed")}
 
 
 # ---------------------------------------------------------------------------------------------------------- data

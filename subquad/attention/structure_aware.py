@@ -10,11 +10,12 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, check_tokens, merge_heads, sizes, tracing
-from ..backend import cpu_schedules
+from ..backend import cpu_schedules, real_dft_active
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.structure_aware import (
     kernel_spectra,
+    lisa_dft,
     lisa_eq10_ref,
     lisa_fft,
     lisa_local,
@@ -233,6 +234,9 @@ class StructureAwareAttention(TokenMixer):
         if self.local_kernel is not None:
             ka, kb = self.kernels(grid, q.dtype)
             return lisa_local(q, k, v, ka, kb, bproj, grid, d_chunk=d_chunk)
+        if real_dft_active():
+            ka, kb = self.kernels(grid, q.dtype)
+            return lisa_dft(q, k, v, ka, kb, bproj, grid, self.boundary)
         return lisa_fft(q, k, v, self.kernel_a, self.kernel_b, bproj, grid, self.boundary,
                         d_chunk, spectra=self._spectra(grid, q.dtype), checkpoint_chunks=self.checkpoint_kernels)
 

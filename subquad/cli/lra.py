@@ -2,7 +2,8 @@
 
     subquad lra generate listops --out DIR [--num-train 96000 --num-val 2000 --num-test 2000] [--seed S]
                                  [--min-len 500 --max-len 2000]
-    subquad lra generate pathfinder --out DIR [--size 32|64|128] [--contour-length 14] [--num-images N]
+    subquad lra generate pathfinder --out DIR [--size 32|64|128] [--contour-length 14] [--distractors K]
+                                    [--num-images N]
     subquad lra train --task listops|text|retrieval|image|pathfinder --data DIR --attention NAME
                       [-c YAML] [--max-steps N] [--eval-every N] [--attn-opt KEY=VALUE ...]
     subquad lra train --resume DIR          continue an interrupted run from its last evaluation
@@ -75,6 +76,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     pf.add_argument("--out", required=True, help="output folder")
     pf.add_argument("--size", type=int, default=32, choices=(32, 64, 128), help="image side (128 = Path-X)")
     pf.add_argument("--contour-length", type=int, default=14, help="paddles per target snake (6, 9, 14 = hard)")
+    pf.add_argument("--distractors", type=int, default=None,
+                    help="distractor snakes per image (default: LRA's, 20 // (contour length // 3) at 32 px)")
     pf.add_argument("--num-images", type=int, default=200_000, help="images (80/10/10 train/val/test)")
     pf.add_argument("--seed", type=int, default=0)
     pf.add_argument("--workers", type=int, default=1, help="processes (output does not depend on it)")
@@ -128,8 +131,9 @@ def run_generate_pathfinder(args: argparse.Namespace) -> int:
     from subquad.data.lra.pathfinder import write_pathfinder
 
     meta = write_pathfinder(args.out, size=args.size, contour_length=args.contour_length, num_images=args.num_images,
-                            seed=args.seed, workers=args.workers)
-    print(f"Pathfinder {args.size}x{args.size} (contour length {args.contour_length}) written to {args.out}: "
+                            seed=args.seed, workers=args.workers, distractors=args.distractors)
+    print(f"Pathfinder {args.size}x{args.size} (contour length {args.contour_length}, "
+          f"{meta['params']['num_distractor_snakes']} distractors) written to {args.out}: "
           f"{meta['num_images']} images, {meta['positives']} connected ({meta['seconds']:.1f}s)")
     return 0
 

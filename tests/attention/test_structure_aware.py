@@ -402,3 +402,44 @@ def test_qkv_channel_major_equals_linear_then_normalize():
     plain(xg).pow(2).sum().backward()
     torch.testing.assert_close(g_fast[0], xg.grad)
     torch.testing.assert_close(g_fast[1], m.qkv.weight.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("grid, boundary", [((5, 7), "circular"), ((4, 5), "zero"), ((2, 3, 4), "circular")])
+def test_real_dft_form_equals_ref(grid, boundary, dtype):
+    """`lisa_dft` (real DFT matrices, the ONNX form) == Eq. 10 with explicit RPE tensors: output and all gradients."""
+    ksize = grid if boundary == "circular" else tuple(2 * s - 1 for s in grid)
+    ops = _operands(grid, h=2, D=3, ksize=ksize, shared_b=len(grid) == 3)
+    ref = fsa.lisa_circulant_ref if boundary == "circular" else fsa.lisa_toeplitz_ref
+    compare_fn(lambda *a: fsa.lisa_dft(*a, grid, boundary), lambda *a: ref(*a, grid), ops, dtype)
+
+
+def test_real_dft_tables_equal_torch_fft():
+    from subquad.attention.functional.dft import irdft_real, rdft
+
+    x = torch.randn(2, 3, 5, 7, dtype=torch.float64)
+    for s in [(5, 7), (10, 14), (6, 9)]:
+        re, im = rdft(x, s)
+        ref = torch.fft.fftn(x, s=s, dim=(-2, -1))
+        assert_close(re, ref.real, name="re")
+        assert_close(im, ref.imag, name="im")
+        assert_close(irdft_real(re, im, (5, 7)), torch.fft.ifftn(ref, dim=(-2, -1)).real[..., :5, :7], name="inverse")
+
+
+def test_module_under_real_dft_switch_equals_ref(monkeypatch):
+    """Inside `subquad.backend.real_dft()` the module takes the real-DFT form (no complex tensor), at another grid."""
+    import subquad.attention.structure_aware as sa_mod
+    from subquad.backend import real_dft, real_dft_active
+
+    seen = []
+
+    def spy(*a, **k):
+        seen.append(real_dft_active())
+        return fsa.lisa_dft(*a, **k)
+
+    monkeypatch.setattr(sa_mod, "lisa_dft", spy)
+    m = _module(input_size=(5, 7))
+    with real_dft():
+        compare_module(m, lambda m, x: m(x, (6, 4)), lambda m, x: m.forward_ref(x, (6, 4)), [torch.randn(2, 24, 8)],
+                       torch.float32)
+    assert seen and all(seen) and not real_dft_active()

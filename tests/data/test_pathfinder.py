@@ -77,3 +77,26 @@ def test_bad_input(tmp_path):
     (tmp_path / "metadata.txt").write_text("imgs/0 sample_0.png 0\n")
     with pytest.raises(UserError, match=r"metadata\.txt:1"):
         PathfinderDataset(tmp_path, "train")
+
+
+def test_distractor_override_keeps_targets_and_labels(tmp_path):
+    """`distractors=K` changes only the number of distractor snakes: same labels, same target pixels, fewer strokes."""
+    assert params_for(32, 6).num_distractor_snakes == 10          # LRA: 20 // (6 // 3)
+    assert params_for(32, 6, 0).num_distractor_snakes == 0
+    assert params_for(32, 6, 3).num_distractor_snakes == 3
+    m0 = write_pathfinder(tmp_path / "d0", contour_length=6, distractors=0, num_images=6, seed=2)
+    m10 = write_pathfinder(tmp_path / "d10", contour_length=6, num_images=6, seed=2)
+    assert m0["params"]["num_distractor_snakes"] == 0 and m10["params"]["num_distractor_snakes"] == 10
+    lab0 = [ln.split()[3] for ln in (tmp_path / "d0" / "metadata.txt").read_text().splitlines()]
+    lab10 = [ln.split()[3] for ln in (tmp_path / "d10" / "metadata.txt").read_text().splitlines()]
+    assert lab0 == lab10
+    from PIL import Image
+
+    lit0 = sum(int((np.asarray(Image.open(tmp_path / "d0" / "imgs" / "0" / f"sample_{i}.png")) > 0).sum())
+               for i in range(6))
+    lit10 = sum(int((np.asarray(Image.open(tmp_path / "d10" / "imgs" / "0" / f"sample_{i}.png")) > 0).sum())
+                for i in range(6))
+    assert 0 < lit0 < lit10
+    for bad in (-1, 1.5, True):
+        with pytest.raises(UserError, match="distractors"):
+            params_for(32, 6, bad)

@@ -47,6 +47,7 @@ __all__ = [
     "lisa_circulant_ref",
     "lisa_toeplitz_ref",
     "lisa_fft",
+    "lisa_dft",
     "lisa_local",
     "kernel_spectra",
     "plan_tiles",
@@ -415,6 +416,39 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     return y.transpose(-1, -2)  # (B, h, N, dh)
 
 
+def lisa_dft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
+             struct_proj: torch.Tensor, grid: Sequence[int], boundary: str = "circular") -> torch.Tensor:
+    """Eq. 13 in real arithmetic: the correlations of `lisa_fft` with DFT matrices instead of complex FFTs.
+
+    The form for runtimes without complex tensors (ONNX export; `subquad.backend.real_dft`). Same result as
+    `lisa_fft`: Ga = Re IDFT(DFT(k) conj(DFT(kernel_a))), Gb likewise with v and kernel_b, then the contraction of
+    Eq. 10 (S = sum_c q Ga; Y = sum_d S_d Gb_d + S B^T). No packing of pairs and no tiles: it is a graph for
+    deployment, not the training path.
+
+    Shapes: as `lisa_fft` (kernels in the token domain: K = grid for 'circular', 2*grid-1 for 'zero').
+    """
+    from .dft import irdft_real, rdft
+
+    _check_boundary(boundary)
+    B, h, N, dh = q.shape
+    grid = tuple(grid)
+    C, D = kernel_a.shape[:2]
+    if boundary == "circular":
+        fft_grid = grid
+    else:
+        kernel_a, kernel_b = toeplitz_to_circular(kernel_a, grid), toeplitz_to_circular(kernel_b, grid)
+        fft_grid = tuple(2 * g for g in grid)
+    war, wai = rdft(kernel_a.reshape(h, dh, D, *kernel_a.shape[2:]), fft_grid)  # (h, dh, D, *F)
+    wbr, wbi = rdft(kernel_b[:, None], fft_grid)  # (h or 1, 1, D, *F)
+    kr, ki = rdft(_to_map(k, grid)[:, :, :, None], fft_grid)  # (B, h, dh, 1, *F)
+    vr, vi = rdft(_to_map(v, grid)[:, :, :, None], fft_grid)
+    # x conj(w) = (xr wr + xi wi) + i (xi wr - xr wi): correlation with a real kernel, cropped to the grid.
+    ga = irdft_real(kr * war + ki * wai, ki * war - kr * wai, grid).flatten(-len(grid))  # (B, h, dh, D, N)
+    gb = irdft_real(vr * wbr + vi * wbi, vi * wbr - vr * wbi, grid).flatten(-len(grid))
+    y = _contract(q.transpose(-1, -2), ga, gb, _head_struct_proj(struct_proj, h))  # (B, h, dh, N)
+    return y.transpose(-1, -2)
+
+
 def _local_correlate(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Zero-padded depthwise cross-correlation with channel multiplier.
 
@@ -467,11 +501,12 @@ def _pad_axis(kernel: torch.Tensor, dim: int, new: int) -> torch.Tensor:
     lo = max(offsets_range(old)[0], offsets_range(new)[0])
     hi = min(offsets_range(old)[1], offsets_range(new)[1])
     deltas = torch.arange(lo, hi + 1, device=kernel.device)
-    src = kernel.index_select(dim, deltas % old)
+    # delta mod n for |delta| < n, without `%` by a size (ONNX's exporter has no remainder by a symbolic size).
+    src = kernel.index_select(dim, torch.where(deltas < 0, deltas + old, deltas))
     shape = list(kernel.shape)
     shape[dim] = new
     out = kernel.new_zeros(shape)
-    return out.index_copy(dim, deltas % new, src)
+    return out.index_copy(dim, torch.where(deltas < 0, deltas + new, deltas), src)
 
 
 def resize_kernel(kernel: torch.Tensor, size: Sequence[int], mode: str = "pad") -> torch.Tensor:

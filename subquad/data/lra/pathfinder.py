@@ -33,7 +33,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,18 +73,27 @@ class PathfinderParams:
     distractor_retrials: int = 4
 
 
-def params_for(size: int = 32, contour_length: int = 14) -> PathfinderParams:
-    """LRA's parameters for a 32, 64 or 128 pixel window (128 = Path-X); floor division for the distractor counts."""
+def params_for(size: int = 32, contour_length: int = 14, distractors: int | None = None) -> PathfinderParams:
+    """LRA's parameters for a 32, 64 or 128 pixel window (128 = Path-X); floor division for the distractor counts.
+
+    `distractors` overrides the number of distractor snakes (LRA: 20, 22 or 35 // distractor length); fewer
+    distractors make an easier task with the same contours.
+    """
     if contour_length < 2:
         raise UserError(f"--contour-length must be >= 2, got {contour_length}")
+    if distractors is not None and (isinstance(distractors, bool) or not isinstance(distractors, int)
+                                    or distractors < 0):
+        raise UserError(f"--distractors must be an integer >= 0, got {distractors!r}")
     dl = max(contour_length // 3, 1)
     if size == 32:
-        return PathfinderParams(32, 1, 2, 2.0, 0.5, (1,), 1.5, 7.0, 1.0, contour_length, dl, 20 // dl, 2.0, 0.75)
-    if size == 64:
-        return PathfinderParams(64, 1, 2, 5.0, 1.0, (1,), 2.5, 12.0, 1.8, contour_length, dl, 22 // dl, 0.8, 1.0)
-    if size == 128:
-        return PathfinderParams(128, 1, 2, 5.0, 1.5, (2, 3), 3.0, 20.0, 1.8, contour_length, dl, 35 // dl, 0.9, 1.0)
-    raise UserError(f"unsupported Pathfinder size {size}; allowed: 32, 64, 128")
+        p = PathfinderParams(32, 1, 2, 2.0, 0.5, (1,), 1.5, 7.0, 1.0, contour_length, dl, 20 // dl, 2.0, 0.75)
+    elif size == 64:
+        p = PathfinderParams(64, 1, 2, 5.0, 1.0, (1,), 2.5, 12.0, 1.8, contour_length, dl, 22 // dl, 0.8, 1.0)
+    elif size == 128:
+        p = PathfinderParams(128, 1, 2, 5.0, 1.5, (2, 3), 3.0, 20.0, 1.8, contour_length, dl, 35 // dl, 0.9, 1.0)
+    else:
+        raise UserError(f"unsupported Pathfinder size {size}; allowed: 32, 64, 128")
+    return p if distractors is None else replace(p, num_distractor_snakes=distractors)
 
 
 def _image_rng(seed: int, index: int) -> np.random.Generator:
@@ -285,11 +294,14 @@ def _write_range(out: str, p: PathfinderParams, seed: int, lo: int, hi: int) -> 
 
 
 def write_pathfinder(out: str | os.PathLike, size: int = 32, contour_length: int = 14, num_images: int = 200_000,
-                     seed: int = 0, workers: int = 1) -> dict[str, Any]:
-    """Generate `num_images` images + `metadata.txt` + `meta.json` under `out`; returns the meta dict."""
+                     seed: int = 0, workers: int = 1, distractors: int | None = None) -> dict[str, Any]:
+    """Generate `num_images` images + `metadata.txt` + `meta.json` under `out`; returns the meta dict.
+
+    `distractors` overrides LRA's number of distractor snakes (see `params_for`).
+    """
     if num_images < 1:
         raise UserError(f"--num-images must be >= 1, got {num_images}")
-    p = params_for(size, contour_length)
+    p = params_for(size, contour_length, distractors)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
