@@ -210,11 +210,19 @@ class WindowAttention(TokenMixer):
         # Pad (zero tokens: L2ViT pads after LN; for 'mask' the pads are masked keys) + shift + partition as one
         # gather: (B, N, C) -> (B*nW, L, C).
         src = x if known_equal(geo.padded, (H, W)) else torch.cat([x, x.new_zeros(B, 1, C)], dim=1)
-        xw = torch.index_select(src, 1, fwd).view(B * nW, L, C)
+        # The batch axis is never merged with the window axis of a symbolic size: a traced reshape (B, nW) -> B*nW
+        # is guarded nW >= 2 (PyTorch specialises size 1), which would refuse inputs with one window.
+        # (A 1-D index viewed as 2-D needs no size check; the gather then makes (B, nW, L, C) directly.)
+        xw = src[:, fwd.view(nW, L)]
         attn_mask = self._attn_mask(geo, x.dtype, x.device)
-        # (B*nW, L, 3C) -> (3, B, nW*h, L, d) when the mask differs per window (windows and heads share one batch
+        # (B, nW, L, 3C) -> (3, B, nW*h, L, d) when the mask differs per window (windows and heads share one batch
         # axis, so a (1, nW*h, L, L) mask broadcasts over B), else (3, B*nW, h, L, d); 4-D for the fused kernel.
-        per_window = attn_mask is not None and attn_mask.shape[1] != h
+        # While tracing, the first layout always (a per-head mask repeated over the windows).
+        per_window = attn_mask is not None and not known_equal((attn_mask.shape[1],), (h,))
+        if tracing() and not per_window:
+            per_window = True
+            if attn_mask is not None:
+                attn_mask = attn_mask.repeat(1, nW, 1, 1)
         qkv = self.qkv(xw).view(B, nW, L, 3, h, d).permute(3, 0, 1, 4, 2, 5)
         q, k, v = qkv.reshape(3, B, nW * h, L, d).unbind(0) if per_window else qkv.reshape(3, B * nW, h, L, d).unbind(0)
         if attn_mask is not None and attn_mask.dtype != q.dtype:

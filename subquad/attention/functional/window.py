@@ -187,10 +187,12 @@ def window_gather_index(geo: WindowGeometry, device=None) -> tuple[torch.Tensor,
     """
     (H, W), (Hp, Wp), w, s = geo.hw, geo.padded, geo.window, geo.shift
     nh, nw = Hp // w, Wp // w
-    # Rolled-map coordinates of every window-order position (B-major windows, row-major inside).
-    a = torch.arange(w, device=device)
-    r = (torch.arange(nh, device=device)[:, None, None, None] * w + a[None, None, :, None]).expand(nh, nw, w, w)
-    c = (torch.arange(nw, device=device)[None, :, None, None] * w + a[None, None, None, :]).expand(nh, nw, w, w)
+    # Rolled-map coordinates of every window-order position (row-major windows, row-major inside), from one flat
+    # arange: no broadcast over a window-count axis, whose size-1 checks would specialise a traced program.
+    p = torch.arange(nh * nw * w * w, device=device)
+    win, inside = p // (w * w), p % (w * w)
+    r = (win // nw) * w + inside // w
+    c = (win % nw) * w + inside % w
     pr, pc = (r + s) % Hp, (c + s) % Wp  # padded-map source coordinates
     real = (pr < H) & (pc < W)
     fwd = torch.where(real, pr * W + pc, torch.full_like(pr, H * W)).flatten()
