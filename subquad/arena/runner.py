@@ -148,7 +148,7 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
     from ..version import __version__
 
     if not (out / ARENA_FILE).is_file():
-        write_json({"task": task.name, "budget": budget, "fingerprint": task.fingerprint(budget),
+        write_json({"task": task.name, "source": task.source, "budget": budget, "fingerprint": task.fingerprint(budget),
                     "subquad": __version__, "torch": torch.__version__,
                     "created": time.strftime("%Y-%m-%d %H:%M:%S")}, out / ARENA_FILE)
     mod = kind_module(task.kind)
@@ -259,13 +259,28 @@ def _run_pool(task: Task, pending: list[Cell], out: Path, budget: str, n_workers
     return failed
 
 
+def task_of_run(out: str | os.PathLike, meta: dict[str, Any] | None = None) -> Task:
+    """The task of the arena run in `out`: from the YAML file the run was started with, when it was started with a
+    file instead of a shipped task's name."""
+    out = Path(out)
+    if meta is None:
+        meta_path = out / ARENA_FILE
+        if not meta_path.is_file():
+            raise UserError(f"{out} is not an arena run directory (no {ARENA_FILE})")
+        meta = json.loads(meta_path.read_text())
+    return load_task(meta.get("source") or meta["task"])
+
+
 def run_one_cell(out: Path, label: str, seed: int) -> dict[str, Any]:
     """The body of one cell's process: train it (resuming when it can), write progress.json and cell.json."""
     import torch
 
     torch.set_num_threads(1)
     meta = json.loads((out / ARENA_FILE).read_text())
-    task = load_task(meta["task"])
+    task = task_of_run(out, meta)
+    if task.fingerprint(meta["budget"]) != meta.get("fingerprint"):
+        raise UserError(f"{out}: the recipe of task {task.name!r} ({task.source}) changed since this run began "
+                        "(seeds, budgets and recipes are fixed before a run); start another --out")
     train = task.recipe(meta["budget"])
     mod = kind_module(task.kind)
     cell_dir = out / "cells" / label / f"seed{seed}"

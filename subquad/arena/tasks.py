@@ -53,6 +53,8 @@ class Task:
     host: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
     claims: list[dict[str, Any]] = field(default_factory=list)
+    # What `load_task` was given to find it again: the shipped task's name, or the absolute path of a YAML file.
+    source: str = ""
 
     @property
     def name_key(self) -> str:
@@ -117,8 +119,9 @@ def options_text(entry: dict[str, Any], name_key: str) -> str:
 def load_task(name: str) -> Task:
     """The task `name` (a file in CONFIG_DIR, or a path to a YAML of the same schema); bad input is a UserError."""
     path = Path(name)
+    source = str(path.resolve())
     if path.suffix not in (".yaml", ".yml") or not path.is_file():
-        path = CONFIG_DIR / f"{name}.yaml"
+        path, source = CONFIG_DIR / f"{name}.yaml", str(name)
         if not path.is_file():
             raise UserError(f"unknown arena task {name!r}; allowed: {', '.join(task_names())}")
     from ..cli.config import load_yaml
@@ -137,7 +140,7 @@ def load_task(name: str) -> Task:
                 budgets={k: dict(v or {}) for k, v in raw["budgets"].items()},
                 mechanisms={str(k): dict(v) for k, v in raw["mechanisms"].items()},
                 default_mechanisms=[str(m) for m in raw["default_mechanisms"]], host=dict(raw.get("host") or {}),
-                data=dict(raw.get("data") or {}), claims=list(raw.get("claims") or []))
+                data=dict(raw.get("data") or {}), claims=list(raw.get("claims") or []), source=source)
     for label, entry in task.mechanisms.items():
         if task.name_key not in entry:
             raise UserError(f"{path}: mechanism {label!r} has no {task.name_key!r} key")

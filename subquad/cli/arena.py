@@ -61,16 +61,9 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 def _task_of(d: str):
-    import json
-    from pathlib import Path
+    from subquad.arena.runner import task_of_run
 
-    from subquad.arena import load_task
-    from subquad.errors import UserError
-
-    meta = Path(d) / "arena.json"
-    if not meta.is_file():
-        raise UserError(f"{d} is not an arena run directory (no arena.json)")
-    return load_task(json.loads(meta.read_text())["task"])
+    return task_of_run(d)
 
 
 def run_report(args: argparse.Namespace) -> int:

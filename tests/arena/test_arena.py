@@ -197,3 +197,30 @@ def test_quick_listops_run_and_a_2d_mechanism_skipped(tmp_path, capsys):
     assert rows["softmax"]["status"] == "ok" and 0 <= float(rows["softmax"]["mean_acc"]) <= 100
     assert rows["structure_aware"]["status"] == "skipped" and "grid" in rows["structure_aware"]["reason"]
     assert "skip structure_aware" in capsys.readouterr().out
+
+
+def test_a_task_file_is_the_recipe_its_cells_train(tmp_path, capsys):
+    """`--task FILE.yaml`: every cell (its own process) trains the file's recipe, not the shipped task of that name;
+    a file edited after the run began is refused by the next cell."""
+    raw = yaml.safe_load((CONFIG_DIR / "pathfinder32.yaml").read_text())
+    raw["data"]["distractors"] = 0
+    task_file = tmp_path / "pf_easy.yaml"
+    task_file.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "run"
+    assert main(["arena", "run", "--task", str(task_file), "--attention", "softmax", "--seeds", "0", "--budget",
+                 "quick", "--out", str(out)]) == 0
+    meta = json.loads((out / "arena.json").read_text())
+    assert meta["source"] == str(task_file.resolve())
+    args = yaml.safe_load((out / "cells" / "softmax" / "seed0" / "args.yaml").read_text())
+    settings = json.loads((Path(args["data"]) / "arena_data.json").read_text())["settings"]
+    assert settings["distractors"] == 0
+    assert json.loads((Path(args["data"]) / "meta.json").read_text())["params"]["num_distractor_snakes"] == 0
+    assert [r["status"] for r in _board(out)] == ["ok"]
+    assert main(["arena", "report", str(out)]) == 0
+    raw["data"]["distractors"] = 1
+    task_file.write_text(yaml.safe_dump(raw))
+    from subquad.arena.runner import run_one_cell
+    from subquad.errors import UserError
+
+    with pytest.raises(UserError, match="changed since this run began"):
+        run_one_cell(out, "softmax", 1)
