@@ -31,6 +31,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ..._shapes import tracing
+
 __all__ = [
     "NORMALISERS",
     "FEATURE_MAPS",
@@ -130,13 +132,18 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalis
     if kv_scale is not None:
         kv = kv * kv_scale
     ksum = k.sum(dim=-2).unsqueeze(-1)  # (B, h, d', 1)
-    # Numerator and denominator in one pass over q: q [kv | ksum] -> (B, h, N, d_v + 1).
-    nd = q @ torch.cat([kv, ksum], dim=-1)
+    if tracing():
+        # Two products: the backward AOTAutograd builds for the fused one below views a non-contiguous slice of the
+        # concatenation's gradient, which fails when the compiled program runs.
+        num, den = q @ kv, q @ ksum
+    else:
+        # Numerator and denominator in one pass over q: q [kv | ksum] -> (B, h, N, d_v + 1).
+        nd = q @ torch.cat([kv, ksum], dim=-1)
+        num, den = nd[..., :dv], nd[..., dv:]
     if normaliser == "mean":
         # Both divided by n (FLatten's mean(k)): eps and the clamp act on the mean, as in the official code. (Folding
         # n into eps instead would make eps a symbolic float in a traced program, which PyTorch specialises.)
-        nd = nd / n
-    num, den = nd[..., :dv], nd[..., dv:]
+        num, den = num / n, den / n
     if eps:
         den = den + eps
     if clamp_min is not None:
@@ -205,6 +212,10 @@ def _relu(x: torch.Tensor, is_key: bool, mask: torch.Tensor | None) -> torch.Ten
 
 
 def _elu1(x: torch.Tensor, is_key: bool, mask: torch.Tensor | None) -> torch.Tensor:
+    if tracing():
+        # The strides a traced program predicts for ELU's gradient of a transposed input differ from the kernel's,
+        # and a view decided on them fails when the compiled backward runs.
+        x = x.contiguous()
     y = F.elu(x) + 1.0
     return _mask_keys(y, mask) if is_key else y
 
