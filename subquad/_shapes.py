@@ -76,6 +76,24 @@ def tracing() -> bool:
     return torch.compiler.is_compiling()
 
 
+def size_oblivious():
+    """Inside `torch.export` (non-strict), reason about derived sizes without specialising them at 1.
+
+    PyTorch guards every size it sees as 1 or not 1 (contiguity, reshapes). For a size derived from a dynamic input
+    side, such as the number of windows of a stage, that guard is `!= 1` at a generic example size, so the program
+    would refuse every input with a single window per stage (224 x 224 for a 7 x 7 last stage). The spatial code
+    runs under this context, which asks PyTorch to decide those checks for every size instead of the example's. A
+    no-op outside export (eager, and under torch.compile, whose tracer keeps its own rules).
+    """
+    import contextlib
+
+    if not torch.compiler.is_exporting():
+        return contextlib.nullcontext()
+    from torch.fx.experimental import _config
+
+    return _config.patch(backed_size_oblivious=True)
+
+
 def check_tokens(x: torch.Tensor, dim: int | None = None, who: str = "attention") -> None:
     """Raise ValueError unless x is (B, N, C) (with C == dim when given)."""
     if x.dim() != 3:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
-from .._shapes import as_hw, check_heads, known_equal, merge_heads, tracing
+from .._shapes import as_hw, check_heads, known_equal, merge_heads, size_oblivious, tracing
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.window import (
@@ -202,6 +202,10 @@ class WindowAttention(TokenMixer):
         H, W = self._check_input(x, hw, mask)
         if not self.fused:
             return self.forward_ref(x, (H, W))
+        with size_oblivious():
+            return self._forward_windows(x, H, W)
+
+    def _forward_windows(self, x: torch.Tensor, H, W) -> torch.Tensor:
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dim
         geo = self.geometry((H, W))

@@ -40,6 +40,21 @@ def test_dynamic_export_runs_at_other_sizes_and_batches(tmp_path):
         assert ex.relative_error(prog(x), m(x)) < ex.RTOL
 
 
+def test_dynamic_window_model_takes_single_window_stages(tmp_path):
+    """l2vit_micro's window stages: one pt2 program runs at its default size, where the last stages hold a single
+    (padded) window, and at larger, non-square sizes and batches."""
+    m = timm.create_model("l2vit_micro").eval()
+    stride = m.total_stride
+    s0 = m.pretrained_cfg["input_size"][1]
+    res = ex.export_model(m, "pt2", tmp_path / "m.pt2", (7 * stride, 7 * stride), dynamic=True,
+                          check_sizes=[(s0, s0), (2 * stride, 3 * stride)], log=lambda *a: None)
+    assert all(c["rel_err"] < ex.RTOL for c in res["checks"])
+    prog = torch.export.load(str(tmp_path / "m.pt2")).module()
+    x = torch.randn(3, 3, s0, 5 * stride)
+    with torch.no_grad():
+        assert ex.relative_error(prog(x), m(x)) < ex.RTOL
+
+
 def test_a_disagreeing_file_is_removed(tmp_path, monkeypatch):
     m = timm.create_model("vit_attn_micro").eval()
     monkeypatch.setattr(ex, "_run_file", lambda path, fmt, x: m(x) + 1.0)

@@ -75,6 +75,12 @@ class WindowGeometry:
         return (self.padded[0] // self.window) * (self.padded[1] // self.window)
 
 
+def _mod(t: torch.Tensor, n) -> torch.Tensor:
+    """t mod n for a non-negative integer tensor: `t % n`, written as t - (t // n) * n when n is a symbolic size
+    (ONNX's exporter has no remainder of a tensor by a symbolic scalar)."""
+    return t - (t // n) * n if isinstance(n, torch.SymInt) else t % n
+
+
 def window_geometry(hw: tuple[int, int], window_size: int, shift_size: int = 0, clip: bool = True) -> WindowGeometry:
     """Effective window and shift for a map `hw`.
 
@@ -152,7 +158,7 @@ def _token_layout(geo: WindowGeometry, device) -> tuple[torch.Tensor, torch.Tens
         lr, lc = torch.zeros_like(r), torch.zeros_like(c)
     label = lr[:, None] * 3 + lc[None, :]  # (Hp, Wp)
     # Position (r, c) of the rolled map holds the padded-map token ((r + s) % Hp, (c + s) % Wp).
-    pad = ((r + s) % Hp >= H)[:, None] | ((c + s) % Wp >= W)[None, :]  # (Hp, Wp)
+    pad = (_mod(r + s, Hp) >= H)[:, None] | (_mod(c + s, Wp) >= W)[None, :]  # (Hp, Wp)
     win = (r // w)[:, None] * (Wp // w) + (c // w)[None, :]  # (Hp, Wp)
     return win, label, pad
 
@@ -192,8 +198,8 @@ def window_gather_index(geo: WindowGeometry, device=None) -> tuple[torch.Tensor,
     p = torch.arange(nh * nw * w * w, device=device)
     win, inside = p // (w * w), p % (w * w)
     r = (win // nw) * w + inside // w
-    c = (win % nw) * w + inside % w
-    pr, pc = (r + s) % Hp, (c + s) % Wp  # padded-map source coordinates
+    c = _mod(win, nw) * w + inside % w
+    pr, pc = _mod(r + s, Hp), _mod(c + s, Wp)  # padded-map source coordinates
     real = (pr < H) & (pc < W)
     fwd = torch.where(real, pr * W + pc, torch.full_like(pr, H * W)).flatten()
     # Scatter window positions to their tokens; every pad position lands in the extra slot N, which is dropped.
@@ -234,14 +240,14 @@ def window_attention_probs_ref(q: torch.Tensor, k: torch.Tensor, hw: tuple[int, 
     # Original padded-map position (i) of each rolled-map position, so tokens keep their identity.
     r = torch.arange(Hp, device=q.device)
     c = torch.arange(Wp, device=q.device)
-    src = (((r + s) % Hp)[:, None] * Wp + ((c + s) % Wp)[None, :]).flatten()  # (Np,) rolled pos -> padded pos
+    src = (_mod(r + s, Hp)[:, None] * Wp + _mod(c + s, Wp)[None, :]).flatten()  # (Np,) rolled pos -> padded pos
     win, label, pad = (t.flatten() for t in _token_layout(geo, q.device))
     # Inverse permutation: padded position -> rolled position, so every quantity is indexed by padded position.
     inv = torch.empty_like(src)
     inv[src] = torch.arange(src.numel(), device=q.device)
     win, label, pad = win[inv], label[inv], pad[inv]
     rr = (inv // Wp) % w
-    cc = (inv % Wp) % w
+    cc = _mod(inv, Wp) % w
     logits_bias = torch.zeros(qm.shape[1], src.numel(), src.numel(), dtype=q.dtype, device=q.device)
     if bias_table is not None:
         wt = w if table_window is None else table_window
