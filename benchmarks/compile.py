@@ -14,7 +14,7 @@ The three are timed one after another, not interleaved, for the same reason. Eac
 latency by the other path's (> 1: that path is faster).
 
 Usage (from the repository root, on a quiet machine; about 2-3 minutes per model):
-    python benchmarks/compile.py                   # -> benchmarks/results/compile-<cpu>-<threads>t-pt<v>.csv
+    python benchmarks/compile.py                   # -> benchmarks/results/compile-<cpu>-pt<v>.csv
     python benchmarks/compile.py --models l2vit_tiny lisanet_s --repeats 5
 """
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = run(args.models, args.img_size, args.repeats, args.warmup, args.threads)
     out = Path(args.out) if args.out else \
-        ROOT / "benchmarks" / "results" / f"compile-{device_tag('cpu')}-{args.threads}t-{torch_tag()}.csv"
+        ROOT / "benchmarks" / "results" / f"compile-{device_tag('cpu')}-{torch_tag()}.csv"
     print(f"wrote {write_csv(rows, out, FIELDS)}")
     return 0
 

@@ -234,9 +234,9 @@ class StructureAwareAttention(TokenMixer):
         if self.local_kernel is not None:
             ka, kb = self.kernels(grid, q.dtype)
             return lisa_local(q, k, v, ka, kb, bproj, grid, d_chunk=d_chunk)
-        # The real-DFT form for ONNX, and inside torch.compile / torch.export: Inductor generates no code for complex
-        # operators (they fall back to eager kernels one by one), while the DFT form is plain matmuls it can fuse.
-        if real_dft_active() or tracing():
+        # The real-DFT form for ONNX only. (Taking it inside torch.compile too, since Inductor generates no code for
+        # complex operators, made lisanet_s 2x slower at 224 x 224: its 56 x 56 grids make the DFT matmuls costly.)
+        if real_dft_active():
             ka, kb = self.kernels(grid, q.dtype)
             return lisa_dft(q, k, v, ka, kb, bproj, grid, self.boundary)
         return lisa_fft(q, k, v, self.kernel_a, self.kernel_b, bproj, grid, self.boundary,
