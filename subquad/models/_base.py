@@ -311,3 +311,4 @@ class Backbone(nn.Module):
         ref = next(self.parameters())
         self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype) \
             if num_classes > 0 else nn.Identity()
+        self.head.train(self.training)  # a new head follows the model's mode
