@@ -56,7 +56,7 @@ def _model_case(name: str, backend: str) -> None:
     torch._dynamo.reset()
     m = timm.create_model(name).eval()
     cfg = m.pretrained_cfg
-    x = torch.randn(1, *cfg["input_size"]) if len(cfg["input_size"]) == 3 else torch.randn(1, *cfg["input_size"])
+    x = torch.randn(1, *cfg["input_size"])  # (C, H, W), or (C, T, H, W) for video
     with torch.no_grad():
         ref = m(x)
         got = torch.compile(m, backend=backend, fullgraph=True)(x)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._shapes import tracing
+from .structure_aware import no_autocast
 
 __all__ = [
     "NORMALISERS",
@@ -197,8 +198,6 @@ def fp32_island(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, **kwarg
     # Meta tensors (FLOP counting) have no autocast state.
     if not low and (t0.device.type == "meta" or not torch.is_autocast_enabled(t0.device.type)):
         return fn(*tensors, **kwargs)
-    from .structure_aware import no_autocast
-
     with no_autocast(t0):  # (a no-op on devices without autocast, such as meta)
         out = fn(*(t.float() if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
                    for t in tensors), **kwargs)
