@@ -167,3 +167,67 @@ def test_miou_hand_case():
     assert s["IoU"] == [0.5, 0.5, 0.0, None]
     assert s["mIoU"] == pytest.approx(1 / 3)
     assert s["aAcc"] == pytest.approx(3 / 5)
+
+
+class _Oracle(torch.nn.Module):
+    """Returns each image's ground truth as detections (score 1): mAP 1 exactly when every image is evaluated."""
+
+    kind = "fasterrcnn"
+
+    def __init__(self, ds):
+        super().__init__()
+        self.by_size = {}
+        for i in range(len(ds)):
+            img, t = ds[i]
+            self.by_size[img.float().sum().item()] = t
+
+    def forward(self, images):
+        out = []
+        for im in images:
+            t = self.by_size[im.float().sum().item()]
+            out.append({"boxes": t["boxes"].float(), "labels": t["labels"], "scores": torch.ones(len(t["labels"]))})
+        return out
+
+
+def _rank_eval(rank, world, port, root, q):
+    import os
+
+    import torch.distributed as dist
+
+    from subquad.dense.engine import evaluate_detection
+    from subquad.engine.distributed import DistInfo
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        ds = CocoDetection(root / "coco" / "annotations" / "instances_val.json", root / "coco" / "val")
+        info = DistInfo(rank, world, rank, torch.device("cpu"), True)
+        q.put((rank, evaluate_detection(_Oracle(ds), ds, torch.device("cpu"), info, batch_size=1)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_detection_eval_gathers_every_rank(synth):
+    """Two ranks each see half of the validation images; the gathered COCOeval still scores all of them."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    ds = CocoDetection(synth / "coco" / "annotations" / "instances_val.json", synth / "coco" / "val")
+    from subquad.dense.engine import evaluate_detection
+
+    assert evaluate_detection(_Oracle(ds), ds, torch.device("cpu"), batch_size=1) == \
+        {"bbox_mAP": 1.0, "bbox_mAP50": 1.0}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_rank_eval, args=(r, 2, port, synth, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert got[0] == got[1] == {"bbox_mAP": 1.0, "bbox_mAP50": 1.0}

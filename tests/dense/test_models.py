@@ -13,7 +13,7 @@ from subquad.dense.segment import segmentation_loss
 from subquad.errors import UserError
 
 FAMILIES = ["l2vit_micro", "flatten_swin_micro", "flatten_pvt_micro", "flatten_pvt_v2_micro", "flatten_cswin_micro",
-            "vil_ls_micro", "cvt_ls_micro", "hylisanet_micro"]
+            "vil_ls_micro", "cvt_ls_micro", "lisanet_micro", "hylisanet_micro"]
 # Non-square, and not a multiple of 32 (the padding path is exercised).
 H, W = 72, 104
 TINY = dict(fpn_channels=16, representation_size=32, mask_head_channels=16, rpn_batch_size_per_image=16,
