@@ -31,6 +31,9 @@ __all__ = [
     "split_heads",
     "merge_heads",
     "pad_to_multiple",
+    "ceil_div",
+    "round_up",
+    "crop_index",
     "crop",
 ]
 
@@ -69,6 +72,32 @@ def known_equal(a: Sequence, b: Sequence) -> bool:
     shapes) takes the general path instead of specialising to the example's size."""
     a, b = tuple(a), tuple(b)
     return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
+
+
+def ceil_div(a, b):
+    """ceil(a / b) for positive sizes, as (a + b - 1) // b: the `-(-a // b)` idiom floors a negative quotient, which
+    ONNX's integer Div (it truncates toward zero) gets wrong once the exporter emits it for a symbolic size."""
+    return (a + b - 1) // b
+
+
+def round_up(n, m):
+    """The smallest multiple of m that is >= n; n itself when m is n (a full-extent stripe or window), which a
+    symbolic size needs said: (n + n - 1) // n * n does not simplify to n, and a traced program would keep guards
+    on it."""
+    if m is n or known_equal((m,), (n,)):
+        return n
+    return ceil_div(n, m) * m
+
+
+def crop_index(hw: tuple, padded: tuple, device=None) -> torch.Tensor:
+    """(H * W,) long: the row-major positions of an (H, W) map inside its (Hp, Wp) padding, so that
+    `flat.index_select(dim, crop_index(...))` crops a flattened padded map. A traced program takes this instead of
+    `[:H, :W]` plus a reshape: the slice's size is min(H, Hp) and the reshape asks whether Hp == H, both guards on a
+    symbolic size."""
+    (H, W), (_, Wp) = hw, padded
+    t = torch.arange(H * W, device=device)
+    r = t // W
+    return r * Wp + (t - r * W)
 
 
 def tracing() -> bool:
@@ -162,6 +191,10 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, h, N, d) -> (B, N, h*d)."""
     B, h, N, d = x.shape
+    if tracing():
+        # An explicit copy: the traced reshape would be recorded as a view if the example's strides allowed one,
+        # and an exported program's SDPA decomposition may hand it other strides (ONNX: "cannot view").
+        return x.transpose(1, 2).clone(memory_format=torch.contiguous_format).view(B, N, h * d)
     return x.transpose(1, 2).reshape(B, N, h * d)
 
 

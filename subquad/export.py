@@ -210,7 +210,8 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
     # H to W. Tracing uses fake tensors, so the size costs nothing.
     ex = x if not dynamic else torch.randn(2, chans, *_generic_size(size, stride), generator=gen)
     # ONNX has no complex tensors: spectral mechanisms trace their real-DFT form for it (subquad.backend.real_dft).
-    with torch.no_grad(), real_dft(fmt == "onnx"):
+    # A dynamic program takes that form too: torch.fft's kernels specialise the transform length to the example's.
+    with torch.no_grad(), real_dft(fmt == "onnx" or dynamic):
         prog = torch.export.export(model, (ex,), dynamic_shapes=_dynamic_shapes(stride, low, dynamic), strict=False)
     covered = covered_sides(prog)
     if dynamic:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .._shapes import as_hw, check_heads, merge_heads, split_heads
+from .._shapes import as_hw, check_heads, merge_heads, size_oblivious, split_heads
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.cswin import (
@@ -166,7 +166,8 @@ class CSWinAttention(TokenMixer):
     def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         H, W = self._check_input(x, hw, mask)
-        return self.proj_drop(self.proj(cswin_branches(self.attns, self._qkv(x), (H, W))))
+        with size_oblivious():
+            return self.proj_drop(self.proj(cswin_branches(self.attns, self._qkv(x), (H, W))))
 
     def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                     mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
-from .._shapes import check_heads, check_hw, check_mask, check_tokens, merge_heads, split_heads
+from .._shapes import check_heads, check_hw, check_mask, check_tokens, merge_heads, size_oblivious, split_heads
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.long_short import (
@@ -277,15 +277,16 @@ class LongShortAttention(TokenMixer):
     def _fast(self, x: torch.Tensor, hw, mask: torch.Tensor | None, ext=None) -> torch.Tensor:
         if not self.fused:
             return self._dense_out(x, hw, mask, ext)
-        grid = self._grid(x, hw, mask)
-        qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask, ext)
-        p = self.attn_drop if self.training else 0.0
-        if grid is None:
-            out = long_short_1d_sdpa(qh, kh, vh, kg, vg, self.window_size, valid, self.scale, self.group, p)
-        else:
-            bias = self._tile_bias() if self.rpe else None
-            out = long_short_2d_sdpa(qh, kh, vh, kg, vg, grid, self.window_size, valid, bias, self.scale, p)
-        return self._finish(out, valid, cls, ref=False)
+        with size_oblivious():  # a traced tile count is not specialised at 1 (see subquad._shapes)
+            grid = self._grid(x, hw, mask)
+            qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask, ext)
+            p = self.attn_drop if self.training else 0.0
+            if grid is None:
+                out = long_short_1d_sdpa(qh, kh, vh, kg, vg, self.window_size, valid, self.scale, self.group, p)
+            else:
+                bias = self._tile_bias() if self.rpe else None
+                out = long_short_2d_sdpa(qh, kh, vh, kg, vg, grid, self.window_size, valid, bias, self.scale, p)
+            return self._finish(out, valid, cls, ref=False)
 
     def _dense(self, x: torch.Tensor, hw, mask: torch.Tensor | None, return_probs: bool = False, ext=None):
         grid = self._grid(x, hw, mask)

@@ -50,8 +50,11 @@ _OFFICIAL_NO_DECAY = ("pos_embed", "cls_token", "norm.weight", "norm.bias", "nor
 def _vil_rel_index(hw: tuple[int, int], device=None) -> torch.Tensor:
     """(HW, HW) index into a ((2H - 1)(2W - 1)) table: (dy + H - 1)(2W - 1) + (dx + W - 1) (official)."""
     H, W = hw
-    ys = torch.arange(H, device=device).repeat_interleave(W)
-    xs = torch.arange(W, device=device).repeat(H)
+    # Row and column of every token from one arange (repeat / repeat_interleave by a symbolic count export to
+    # ONNX with the example's lengths).
+    t = torch.arange(H * W, device=device)
+    ys = t // W
+    xs = t - ys * W
     return (ys[:, None] - ys[None, :] + H - 1) * (2 * W - 1) + (xs[:, None] - xs[None, :] + W - 1)
 
 

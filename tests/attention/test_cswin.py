@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import subquad
 from subquad.attention.cswin import CSWinAttention, LePEAttention
-from subquad.attention.functional.cswin import cswin_attention, cswin_attention_ref
+from subquad.attention.functional.cswin import cswin_attention, cswin_attention_gathered, cswin_attention_ref
 from tests._tol import assert_close, compare_fn, compare_module
 
 
@@ -33,6 +33,26 @@ def test_module_fast_vs_reference(hw, kw, dtype):
     m = CSWinAttention(24, 4, **kw)
     x = torch.randn(2, hw[0] * hw[1], 24)
     compare_module(m, lambda mm, x: mm(x, hw), lambda mm, x: mm.forward_ref(x, hw), [x], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("hw,stripe", [((7, 9), (7, 4)), ((13, 5), (4, 5)), ((5, 6), (5, 6)), ((6, 8), (2, 8)),
+                                       ((3, 10), (3, 7)), ((9, 2), (4, 2))])
+def test_gathered_form_vs_reference(hw, stripe, dtype):
+    """The gather form (what a dynamic-size export traces): padded stripes, LePE on the whole map with the
+    cross-stripe taps removed; outputs and all gradients against the dense reference."""
+    h, d = 2, 3
+    N = hw[0] * hw[1]
+    q, k, v = (torch.randn(2, h, N, d) for _ in range(3))
+    w, b = torch.randn(h * d, 1, 3, 3) * 0.3, torch.randn(h * d)
+
+    def gathered(q, k, v, w, b):
+        B = q.shape[0]
+        qkv = torch.stack([q, k, v], dim=2).view(B, h, 3, *hw, d).permute(0, 3, 4, 2, 1, 5)
+        return cswin_attention_gathered(qkv, stripe, w, b).reshape(B, N, h, d).transpose(1, 2)
+
+    compare_fn(gathered, lambda q, k, v, w, b: cswin_attention_ref(q, k, v, hw, stripe, w, b), [q, k, v, w, b],
+               dtype)
 
 
 def test_gradcheck_tiny():

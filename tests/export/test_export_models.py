@@ -1,7 +1,8 @@
 """Exported files agree with eager, and a file that disagrees is never left behind.
 
-The default suite exports three micro models (window attention with padding, LiSA's FFTs, the L2ViT stages) at their
-default size, and one dynamic-size export, checked at two sizes and two batch sizes.
+The default suite exports three micro models (window attention with padding, LiSA's FFTs, the L2ViT stages) with a
+dynamic H x W to both formats and checks each file at 224 x 224 and 256 x 320; a slow test does the same for every
+Tiny and Small image model. One more dynamic export is checked at two sizes and two batch sizes.
 """
 
 from __future__ import annotations
@@ -13,19 +14,49 @@ import torch
 import subquad  # noqa: F401  (registers the models)
 from subquad import export as ex
 
-# LiSA's ONNX file computes its FFTs with real DFT matrices (ONNX has no complex tensors; subquad.backend.real_dft).
-CASES = [("l2vit_micro", "pt2"), ("l2vit_micro", "onnx"), ("flatten_swin_micro", "pt2"),
-         ("flatten_swin_micro", "onnx"), ("lisanet_micro", "pt2"), ("lisanet_micro", "onnx")]
+# The acceptance sizes of every dynamic export below.
+SIZES = [(224, 224), (256, 320)]
+# A dynamic program (and any ONNX file) computes LiSA's FFTs with real DFT matrices (subquad.backend.real_dft).
+CASES = [(n, f) for n in ("l2vit_micro", "flatten_swin_micro", "lisanet_micro") for f in ("pt2", "onnx")]
+# Every Tiny and Small image model (and each family's nearest size where it has no Tiny/Small).
+TINY_SMALL = ["l2vit_tiny", "l2vit_small", "l2vit_deit_tiny", "flatten_deit_tiny", "flatten_deit_small",
+              "flatten_pvt_tiny", "flatten_pvt_small", "flatten_pvt_v2_b1", "flatten_pvt_v2_b2", "flatten_swin_tiny",
+              "flatten_swin_small", "flatten_cswin_tiny", "flatten_cswin_small", "vil_ls_medium", "cvt_ls_13",
+              "lisanet_s", "hylisanet_s", "vit_attn_tiny", "vit_attn_small"]
+
+
+def _dynamic(name: str, fmt: str, tmp_path) -> None:
+    m = timm.create_model(name).eval()
+    res = ex.export_model(m, fmt, tmp_path / f"m.{fmt}", (224, 224), dynamic=True, check_sizes=SIZES,
+                          log=lambda *a: None)
+    assert [tuple(c["size"]) for c in res["checks"]] == SIZES
+    assert all(c["rel_err"] < ex.RTOL for c in res["checks"]), res["checks"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"m.{fmt}"]  # no temporary left
 
 
 @pytest.mark.parametrize("name, fmt", CASES)
-def test_micro_export_matches_eager(name, fmt, tmp_path):
-    m = timm.create_model(name).eval()
-    res = ex.export_model(m, fmt, tmp_path / f"m.{fmt}", log=lambda *a: None)
-    size = list(m.pretrained_cfg["input_size"][1:])
-    assert [c["size"] for c in res["checks"]] == [size]
+def test_micro_dynamic_export_matches_eager(name, fmt, tmp_path):
+    _dynamic(name, fmt, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+@pytest.mark.parametrize("name", TINY_SMALL)
+def test_tiny_small_dynamic_export_matches_eager(name, fmt, tmp_path):
+    _dynamic(name, fmt, tmp_path)
+
+
+def test_tiny_small_list_is_complete():
+    """Every registered image model named *_tiny or *_small is in the slow test's list."""
+    names = {n for n in subquad.list_models() if n.endswith(("_tiny", "_small"))}
+    assert names <= set(TINY_SMALL), sorted(names - set(TINY_SMALL))
+
+
+def test_static_export_matches_eager(tmp_path):
+    m = timm.create_model("l2vit_micro").eval()
+    res = ex.export_model(m, "onnx", tmp_path / "m.onnx", log=lambda *a: None)
+    assert [c["size"] for c in res["checks"]] == [list(m.pretrained_cfg["input_size"][1:])]
     assert res["checks"][0]["rel_err"] < ex.RTOL
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"m.{fmt}"]  # no temporary left
 
 
 def test_dynamic_export_runs_at_other_sizes_and_batches(tmp_path):

@@ -22,12 +22,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..._shapes import known_equal
+from ..._shapes import known_equal, round_up
 from .softmax import softmax_attention_probs
 from .window import stripe_partition
 
 __all__ = ["stripe_shape", "stripe_ids", "cswin_attention_probs_ref", "lepe_ref", "cswin_attention_ref",
-           "cswin_attention", "cswin_attention_packed"]
+           "cswin_attention", "cswin_attention_packed", "cswin_attention_gathered", "stripe_gather_index"]
 
 
 def stripe_shape(hw: tuple[int, int], idx: int, split_size: int) -> tuple[int, int]:
@@ -50,7 +50,7 @@ def stripe_ids(hw: tuple[int, int], stripe: tuple[int, int], device=None) -> tor
     sh, sw = stripe
     r = torch.arange(H, device=device) // sh
     c = torch.arange(W, device=device) // sw
-    return (r[:, None] * (-(-W // sw)) + c[None, :]).flatten()
+    return (r[:, None] * (round_up(W, sw) // sw) + c[None, :]).flatten()
 
 
 def cswin_attention_probs_ref(q: torch.Tensor, k: torch.Tensor, hw: tuple[int, int], stripe: tuple[int, int],
@@ -124,8 +124,12 @@ def cswin_attention_packed(qkv: torch.Tensor, stripe: tuple[int, int], lepe_weig
         (B, H, W, h, d).
     """
     B, H, W, _, h, d = qkv.shape
+    if any(isinstance(t, torch.SymInt) for t in (H, W)):
+        # Traced with a symbolic map (torch.export --dynamic): the padded reshapes below would leave guards on
+        # the stripe count; the gather form has none.
+        return cswin_attention_gathered(qkv, stripe, lepe_weight, lepe_bias, scale, dropout_p)
     sh, sw = stripe
-    Hp, Wp = -(-H // sh) * sh, -(-W // sw) * sw
+    Hp, Wp = round_up(H, sh), round_up(W, sw)
     nh, nw, L, C = Hp // sh, Wp // sw, sh * sw, h * d
     if not known_equal((Hp, Wp), (H, W)):
         qkv = F.pad(qkv, (0, 0, 0, 0, 0, 0, 0, Wp - W, 0, Hp - H))
@@ -149,3 +153,90 @@ def cswin_attention_packed(qkv: torch.Tensor, stripe: tuple[int, int], lepe_weig
     # (B, nh, nw, h, sh, sw, d) -> (B, nh, sh, nw, sw, h, d) -> (B, Hp, Wp, h, d), cropped.
     o = o.view(B, nh, nw, h, sh, sw, d).permute(0, 1, 4, 2, 5, 3, 6).reshape(B, Hp, Wp, h, d)
     return o[:, :H, :W]
+
+
+def _mod(t: torch.Tensor, n) -> torch.Tensor:
+    """t mod n for non-negative t, without a remainder by a symbolic scalar (ONNX's exporter has none)."""
+    return t - (t // n) * n if isinstance(n, torch.SymInt) else t % n
+
+
+def stripe_gather_index(hw: tuple[int, int], stripe: tuple[int, int],
+                        device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Index maps of the stripe partition of an (H, W) map padded bottom/right to multiples of (sh, sw).
+
+    Returns:
+        fwd: (nS * L,) long; stripe-order position (row-major stripes, row-major inside) -> source token in [0, N],
+            where N stands for a zero pad token.
+        inv: (N,) long; token -> its stripe-order position.
+        real: (nS, L) bool; which stripe positions hold a real token.
+    """
+    H, W = hw
+    sh, sw = stripe
+    nw = round_up(W, sw) // sw
+    L = sh * sw
+    p = torch.arange((round_up(H, sh) // sh) * nw * L, device=device)
+    sid, inside = p // L, _mod(p, L)
+    r = (sid // nw) * sh + inside // sw
+    c = _mod(sid, nw) * sw + _mod(inside, sw)
+    real = (r < H) & (c < W)
+    fwd = torch.where(real, r * W + c, torch.full_like(r, H * W))
+    t = torch.arange(H * W, device=device)
+    tr, tc = t // W, _mod(t, W)
+    inv = ((tr // sh) * nw + tc // sw) * L + _mod(tr, sh) * sw + _mod(tc, sw)
+    return fwd, inv, real.view(-1, L)
+
+
+def _stripe_lepe(v: torch.Tensor, stripe: tuple[int, int], weight: torch.Tensor,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+    """LePE on the whole map: the depthwise 3x3 conv with every tap that crosses a stripe border taken out.
+
+    v (B, C, H, W) -> (B, C, H, W); equal to the conv on each zero-padded stripe (`lepe_ref`). A CSwin stripe spans
+    the map's full height or width, so only one direction has inner borders.
+    """
+    B, C, H, W = v.shape
+    sh, sw = stripe
+    out = F.conv2d(v, weight, bias, padding=1, groups=C)
+    for axis, side, n in ((3, sw, W), (2, sh, H)):
+        if side is n or known_equal((side,), (n,)):
+            continue  # the stripe spans this axis: no inner border
+        pos = torch.arange(n, device=v.device)
+        for tap, cut in ((2, _mod(pos, side) == side - 1), (0, _mod(pos, side) == 0)):
+            # The taps reading the next (tap 2) or previous (tap 0) row/column, at positions whose neighbour there
+            # lies in another stripe.
+            w_tap = torch.zeros_like(weight)
+            if axis == 3:
+                w_tap[..., tap] = weight[..., tap]
+                m = cut.to(v.dtype)[None, None, None, :]
+            else:
+                w_tap[..., tap, :] = weight[..., tap, :]
+                m = cut.to(v.dtype)[None, None, :, None]
+            out = out - m * F.conv2d(v, w_tap, None, padding=1, groups=C)
+    return out
+
+
+def cswin_attention_gathered(qkv: torch.Tensor, stripe: tuple[int, int], lepe_weight: torch.Tensor | None = None,
+                             lepe_bias: torch.Tensor | None = None, scale: float | None = None,
+                             dropout_p: float = 0.0) -> torch.Tensor:
+    """`cswin_attention_packed` as gathers (the form a dynamic-size program traces): the padded stripe partition is
+    one index into the tokens plus a zero token, the reverse one index back, and LePE runs on the whole map with the
+    cross-stripe taps removed. The batch is never merged with the stripe count. Same arguments and result."""
+    B, H, W, _, h, d = qkv.shape
+    sh, sw = stripe
+    C, L = h * d, sh * sw
+    fwd, inv, real = stripe_gather_index((H, W), stripe, qkv.device)
+    nS = real.shape[0]
+    tok = qkv.reshape(B, H * W, 3 * C)
+    tok = torch.cat([tok, tok.new_zeros(B, 1, 3 * C)], dim=1)
+    # (B, nS, L, 3, h, d) -> (3, B, nS * h, L, d)
+    qs, ks, vs = tok[:, fwd.view(nS, L)].view(B, nS, L, 3, h, d).permute(3, 0, 1, 4, 2, 5).reshape(
+        3, B, nS * h, L, d).unbind(0)
+    # Real queries never read padded keys; padded query rows stay unmasked (dropped by the reverse gather).
+    mask = ~(real[:, :, None] & ~real[:, None, :])  # (nS, L, L)
+    mask = mask[:, None].expand(nS, h, L, L).reshape(1, nS * h, L, L)
+    o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    o = o.view(B, nS, h, L, d).transpose(2, 3).reshape(B, nS * L, C)
+    o = torch.index_select(o, 1, inv).view(B, H, W, h, d)
+    if lepe_weight is not None:
+        vmap = qkv[:, :, :, 2].reshape(B, H, W, C).permute(0, 3, 1, 2)  # (B, C, H, W), channel head * d + j
+        o = o + _stripe_lepe(vmap, stripe, lepe_weight, lepe_bias).permute(0, 2, 3, 1).view(B, H, W, h, d)
+    return o

@@ -25,6 +25,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..._shapes import ceil_div, crop_index, known_equal
+
 __all__ = [
     "window_ext",
     "dynamic_projection",
@@ -246,7 +248,7 @@ def long_short_1d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: to
     ext = window_ext(w)
     g = group or max(1, math.ceil(64 / w))
     qt = g * w
-    T = math.ceil(n / qt)
+    T = ceil_div(n, qt)  # integer ceil: a symbolic n stays symbolic (math.ceil of n / qt would not)
     npad = T * qt
     kt = qt + 2 * ext
     G = kg.shape[-2]
@@ -297,7 +299,7 @@ def long_short_2d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: to
     scale = d ** -0.5 if scale is None else scale
     ext = window_ext(w)
     kw = w + 2 * ext
-    Hp, Wp = math.ceil(H / w) * w, math.ceil(W / w) * w
+    Hp, Wp = ceil_div(H, w) * w, ceil_div(W, w) * w
     ny, nx = Hp // w, Wp // w
     T = ny * nx
     G = kg.shape[-2]
@@ -333,6 +335,10 @@ def long_short_2d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: to
         mask[..., G:].masked_fill_(~valid_t[:, :, None, None, :], _NEG_INF)
     out = _sdpa(q_t.transpose(1, 2), keys, vals, mask, scale, dropout_p, check=G == 0)  # (B, T, h, w*w, d)
     out = out.transpose(1, 2).reshape(B, h, ny, nx, w, w, d).permute(0, 1, 2, 4, 3, 5, 6).reshape(B, h, Hp, Wp, d)
+    if known_equal((Hp, Wp), (H, W)):
+        return out.reshape(B, h, N, d)
+    if isinstance(H, torch.SymInt) or isinstance(W, torch.SymInt):
+        return out.reshape(B, h, Hp * Wp, d).index_select(2, crop_index((H, W), (Hp, Wp), out.device))
     return out[:, :, :H, :W].reshape(B, h, N, d)
 
 
@@ -453,7 +459,7 @@ def long_short_causal_sdpa(q: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, 
     if Sc > w:
         kw, vw, S, Sc = kw[:, :, Sc - w:], vw[:, :, Sc - w:], M + w, w
     q_rw, q_rc, u_k = _causal_terms(q, kw, r_win, r_chunk, r_w_bias, r_r_bias, scale)
-    T = math.ceil(M / w)
+    T = ceil_div(M, w)
     Mp = T * w
     # window keys at positions t0 - w ... t0 + Mp - 1: front-pad the missing cache, back-pad the query tail
     front, back = w - Sc, Mp - M

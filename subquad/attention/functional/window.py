@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from ..._shapes import known_equal, sizes
+from ..._shapes import ceil_div, known_equal, sizes
 from .softmax import softmax_attention_probs
 
 __all__ = [
@@ -104,7 +104,7 @@ def window_geometry(hw: tuple[int, int], window_size: int, shift_size: int = 0, 
             w, s = torch.sym_min(m, w), torch.sym_ite(m <= w, 0, s) if s else 0
     elif clip and min(H, W) <= w:
         w, s = min(H, W), 0
-    Hp, Wp = -(-H // w) * w, -(-W // w) * w
+    Hp, Wp = ceil_div(H, w) * w, ceil_div(W, w) * w
     return WindowGeometry(w, s, (H, W), (Hp, Wp))
 
 
@@ -172,15 +172,34 @@ def window_mask(geo: WindowGeometry, mask_padding: bool, device=None,
     need_pad = mask_padding and not known_equal(geo.padded, geo.hw)
     if known_equal((geo.shift,), (0,)) and not need_pad:
         return None
-    _, label, pad = _token_layout(geo, device)
-    w = geo.window
-    label_w = window_partition(label[None, :, :, None], w)[..., 0]  # (nW, L)
-    pad_w = window_partition(pad[None, :, :, None], w)[..., 0]  # (nW, L)
+    (H, W), (Hp, Wp), w, s = geo.hw, geo.padded, geo.window, geo.shift
+    # Region label and padding flag of every window-order position, from its rolled-map coordinates (a gather
+    # form: partitioning the (Hp, Wp) label map would reshape over the window count, which a traced program
+    # guards at 1).
+    r, c = _window_coords(geo, device)
+    if isinstance(s, torch.SymInt) or s > 0:
+        lr = (r >= Hp - w).long() + (r >= Hp - s).long()
+        lc = (c >= Wp - w).long() + (c >= Wp - s).long()
+        label_w = (lr * 3 + lc).view(-1, w * w)  # (nW, L)
+    else:
+        label_w = torch.zeros_like(r).view(-1, w * w)
+    pad_w = ((_mod(r + s, Hp) >= H) | (_mod(c + s, Wp) >= W)).view(-1, w * w)  # (nW, L)
     m = torch.zeros(label_w.shape[0], w * w, w * w, device=device, dtype=dtype)
     m = m.masked_fill(label_w[:, :, None] != label_w[:, None, :], SHIFT_MASK_VALUE)
     if need_pad:
         m = m.masked_fill(~pad_w[:, :, None] & pad_w[:, None, :], float("-inf"))
     return m
+
+
+def _window_coords(geo: WindowGeometry, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rolled-map (row, column) of every window-order position (row-major windows, row-major inside), each
+    (nW * L,), from one flat arange: no broadcast over a window-count axis, whose size-1 checks would specialise a
+    traced program."""
+    (Hp, Wp), w = geo.padded, geo.window
+    nw = Wp // w
+    p = torch.arange((Hp // w) * nw * w * w, device=device)
+    win, inside = p // (w * w), _mod(p, w * w)
+    return (win // nw) * w + inside // w, _mod(win, nw) * w + _mod(inside, w)
 
 
 def window_gather_index(geo: WindowGeometry, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,20 +211,18 @@ def window_gather_index(geo: WindowGeometry, device=None) -> tuple[torch.Tensor,
         inv: (N,) long; real token -> its window-order position (reverse + unshift + crop).
     """
     (H, W), (Hp, Wp), w, s = geo.hw, geo.padded, geo.window, geo.shift
-    nh, nw = Hp // w, Wp // w
-    # Rolled-map coordinates of every window-order position (row-major windows, row-major inside), from one flat
-    # arange: no broadcast over a window-count axis, whose size-1 checks would specialise a traced program.
-    p = torch.arange(nh * nw * w * w, device=device)
-    win, inside = p // (w * w), p % (w * w)
-    r = (win // nw) * w + inside // w
-    c = _mod(win, nw) * w + inside % w
+    nw = Wp // w
+    r, c = _window_coords(geo, device)
     pr, pc = _mod(r + s, Hp), _mod(c + s, Wp)  # padded-map source coordinates
     real = (pr < H) & (pc < W)
     fwd = torch.where(real, pr * W + pc, torch.full_like(pr, H * W)).flatten()
-    # Scatter window positions to their tokens; every pad position lands in the extra slot N, which is dropped.
-    inv = torch.zeros(H * W + 1, dtype=torch.long, device=device)
-    inv.scatter_(0, fwd, torch.arange(fwd.numel(), device=device))
-    return fwd, inv[: H * W]
+    # The inverse in closed form (a scatter would write every pad position into one slot; ONNX Runtime's
+    # ScatterElements leaves duplicate writes undefined): token (i, j) sits at rolled-map position
+    # ((i - s) mod Hp, (j - s) mod Wp), i.e. in window (r // w, c // w) at offset (r mod w, c mod w).
+    t = torch.arange(H * W, device=device)
+    ri, ci = _mod(t // W + (Hp - s), Hp), _mod(_mod(t, W) + (Wp - s), Wp)
+    inv = ((ri // w) * nw + ci // w) * (w * w) + _mod(ri, w) * w + _mod(ci, w)
+    return fwd, inv
 
 
 def _pad_fill(x: torch.Tensor, hw: tuple[int, int], padded: tuple[int, int], fill: torch.Tensor | None) -> torch.Tensor:
