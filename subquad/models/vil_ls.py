@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from torch import nn
 
-from .._shapes import as_hw, merge_heads
+from .._shapes import as_hw, known_equal, merge_heads
 from ..attention import build_attention
 from ..attention.functional.softmax import softmax_attention, softmax_attention_ref
 from ..errors import UserError
@@ -60,7 +60,9 @@ def _vil_rel_index(hw: tuple[int, int], device=None) -> torch.Tensor:
 
 def resize_rel_table(table: torch.Tensor, src: tuple[int, int], dst: tuple[int, int]) -> torch.Tensor:
     """Bicubic resize of a ((2H - 1)(2W - 1), h) ViL table from grid `src` to grid `dst` [ours; docs/deviations.md]."""
-    if tuple(src) == tuple(dst):
+    # known_equal: a traced (symbolic) grid always takes the resize, which is exact at equal sizes (bicubic at
+    # scale 1 samples the grid points), so one program serves every size without a guard on the grid.
+    if known_equal(tuple(src), tuple(dst)):
         return table
     (H, W), (H2, W2) = src, dst
     h = table.shape[1]
