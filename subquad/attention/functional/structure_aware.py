@@ -559,6 +559,8 @@ def no_autocast(x: torch.Tensor):
     """Context with autocast disabled on x's device (a no-op on devices without autocast, e.g. meta); the LiSA and
     global-filter FFT cores run in float32 inside it (the precision rule listed in docs/deviations.md, "Every
     backbone")."""
-    if x.device.type in ("cpu", "cuda", "xpu", "mps"):
+    # Only where autocast is on: a disabled-autocast region traced with nothing to disable would still become a
+    # wrap_with_autocast node, which torch.export cannot serialise with symbolic sizes among its inputs.
+    if x.device.type in ("cpu", "cuda", "xpu", "mps") and torch.is_autocast_enabled(x.device.type):
         return torch.autocast(x.device.type, enabled=False)
     return contextlib.nullcontext()
