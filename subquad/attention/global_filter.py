@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._shapes import as_hw, check_heads, map_to_tokens, tokens_to_map
+from .._shapes import as_hw, check_heads, known_equal, map_to_tokens, tokens_to_map
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.structure_aware import no_autocast, relative_index
@@ -96,7 +96,9 @@ class GlobalFilter(TokenMixer):
         """The half-spectrum filter (H, W//2+1, C, 2) for grid hw (resampled when hw differs from input_size)."""
         H, W = hw
         w = self.complex_weight
-        if tuple(hw) == self.input_size:
+        # known_equal: a traced (symbolic) grid always resamples, which is the identity at input_size (bilinear
+        # with align_corners=True samples the grid points).
+        if known_equal(tuple(hw), self.input_size):
             return w
         C = w.shape[2]
         grid = w.permute(2, 3, 0, 1).reshape(1, C * 2, *w.shape[:2])

@@ -9,7 +9,7 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
-from .._shapes import check_heads, check_tokens, merge_heads, sizes, tracing
+from .._shapes import check_heads, check_tokens, known_equal, merge_heads, sizes, tracing
 from ..backend import cpu_schedules, real_dft_active
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
@@ -199,7 +199,8 @@ class StructureAwareAttention(TokenMixer):
         ka, kb = self.kernel_a, self.kernel_b
         if dtype is not None:
             ka, kb = ka.to(dtype), kb.to(dtype)
-        if self.local_kernel is None and tuple(grid) != self.kernel_grid:
+        # known_equal: a traced (symbolic) grid always resamples, which is the identity at input_size.
+        if self.local_kernel is None and not known_equal(tuple(grid), self.kernel_grid):
             target = tuple(grid) if self.boundary == "circular" else tuple(2 * g - 1 for g in grid)
             ka = resize_kernel(ka, target, self.kernel_resize)
             kb = resize_kernel(kb, target, self.kernel_resize)

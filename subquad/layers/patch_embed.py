@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from torch import nn
 
-from .._shapes import map_to_tokens, pad_to_multiple, tokens_to_map
+from .._shapes import known_equal, map_to_tokens, pad_to_multiple, tokens_to_map
 
 __all__ = ["ConvStem", "L2ViTStem", "PreNormDownsample", "PatchEmbedLN", "OverlapPatchEmbed",
            "resize_pos_embed_2d"]
@@ -142,7 +142,8 @@ def resize_pos_embed_2d(pos: torch.Tensor, src_hw: tuple[int, int], dst_hw: tupl
 
     Official: PVT v1 `_get_pos_embed` (bilinear) and FLatten `utils.load_pretrained` (bicubic).
     """
-    if tuple(src_hw) == tuple(dst_hw):
+    # known_equal: a traced (symbolic) grid always resamples, which is the identity at the same size.
+    if known_equal(tuple(src_hw), tuple(dst_hw)):
         return pos
     C = pos.shape[-1]
     grid = pos.reshape(1, src_hw[0], src_hw[1], C).permute(0, 3, 1, 2)

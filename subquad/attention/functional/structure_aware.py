@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..._shapes import sizes
+from ..._shapes import known_equal, sizes
 from ...backend import cpu_schedules
 
 __all__ = [
@@ -497,16 +497,20 @@ def offsets_range(n: int) -> tuple[int, int]:
 
 
 def _pad_axis(kernel: torch.Tensor, dim: int, new: int) -> torch.Tensor:
+    """Axis `dim` of length K0 -> `new`: new[delta mod new] = old[delta mod K0] on the offsets both represent, 0
+    elsewhere. One gather over the output positions, so a symbolic `new` (bigger or smaller than K0) needs no
+    branch."""
     old = kernel.shape[dim]
-    lo = max(offsets_range(old)[0], offsets_range(new)[0])
-    hi = min(offsets_range(old)[1], offsets_range(new)[1])
-    deltas = torch.arange(lo, hi + 1, device=kernel.device)
-    # delta mod n for |delta| < n, without `%` by a size (ONNX's exporter has no remainder by a symbolic size).
-    src = kernel.index_select(dim, torch.where(deltas < 0, deltas + old, deltas))
-    shape = list(kernel.shape)
-    shape[dim] = new
-    out = kernel.new_zeros(shape)
-    return out.index_copy(dim, torch.where(deltas < 0, deltas + new, deltas), src)
+    i = torch.arange(new, device=kernel.device)
+    delta = torch.where(i <= (new + 1) // 2 - 1, i, i - new)  # the offset output position i represents
+    lo, hi = offsets_range(old)
+    valid = (delta >= lo) & (delta <= hi)
+    # delta mod K0 for the valid offsets (|delta| < K0), without `%` by a size (ONNX's exporter has none).
+    src = torch.where(delta < 0, delta + old, delta).clamp(0, old - 1)
+    shape = [1] * kernel.dim()
+    shape[dim] = -1
+    picked = kernel.index_select(dim, src)
+    return torch.where(valid.view(shape), picked, picked.new_zeros(()))
 
 
 def resize_kernel(kernel: torch.Tensor, size: Sequence[int], mode: str = "pad") -> torch.Tensor:
@@ -520,7 +524,7 @@ def resize_kernel(kernel: torch.Tensor, size: Sequence[int], mode: str = "pad") 
     size = sizes(size)
     nd = len(size)
     old = tuple(kernel.shape[-nd:])
-    if old == size:
+    if known_equal(old, size):
         return kernel
     if mode == "pad":
         out = kernel
