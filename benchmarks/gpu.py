@@ -70,6 +70,27 @@ def _measure(fn, device, warmup: int, repeats: int) -> tuple[float, float]:
     return t.median * 1e3, peak
 
 
+def _checked(fn, device, warmup: int, repeats: int) -> tuple[float, float]:
+    """Run fn once (its output must be finite), then `_measure` it."""
+    import torch
+
+    if not bool(torch.isfinite(fn()).all()):
+        raise FloatingPointError("non-finite output")
+    return _measure(fn, device, warmup, repeats)
+
+
+def _failed(e: Exception, **kw) -> dict:
+    """The row of a configuration that raised (out of memory, non-finite output): the reason in `status`."""
+    return _row(**kw, status=f"{type(e).__name__}: {str(e)[:120]}")
+
+
+def _release() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _row(**kw) -> dict:
     import torch
 
@@ -95,39 +116,34 @@ def attention_rows(dtypes, grids, batch, warmup, repeats, log) -> list[dict]:
             base: dict[str, float] = {}
             for name in names:
                 for pas in ("forward", "forward+backward"):
+                    key = dict(kind="attention", name=name, dtype=dtype, size=f"{g}x{g}", batch_size=batch,
+                               **{"pass": pas})
                     try:
                         torch.manual_seed(0)
                         m = build_attention(name, 192, 6, input_size=(g, g)).to(dev)
                         x = torch.randn(batch, g * g, 192, device=dev, requires_grad=pas != "forward")
                         m.train(pas != "forward")
 
-                        def fwd(m=m, x=x, g=g):
+                        def fwd(m=m, x=x, g=g, dtype=dtype):
                             with torch.no_grad(), _autocast(dtype):
                                 return m(x, (g, g))
 
-                        def step(m=m, x=x, g=g):
+                        def step(m=m, x=x, g=g, dtype=dtype):
                             with _autocast(dtype):
                                 out = m(x, (g, g))
                             out.float().square().mean().backward()
                             return out
 
-                        fn = fwd if pas == "forward" else step
-                        out = fn()
-                        if not bool(torch.isfinite(out).all()):
-                            raise FloatingPointError("non-finite output")
-                        ms, peak = _measure(fn, dev, warmup, repeats)
+                        ms, peak = _checked(fwd if pas == "forward" else step, dev, warmup, repeats)
                         if name == "softmax":
                             base[pas] = ms
                         ratio = ms / base[pas] if pas in base else float("nan")
-                        rows.append(_row(kind="attention", name=name, dtype=dtype, **{"pass": pas}, size=f"{g}x{g}",
-                                         batch_size=batch, ms=round(ms, 4), ratio_to_baseline=round(ratio, 3),
+                        rows.append(_row(**key, ms=round(ms, 4), ratio_to_baseline=round(ratio, 3),
                                          baseline="softmax (SDPA)", peak_mem_mb=round(peak, 1), status="ok"))
                     except Exception as e:  # noqa: BLE001 - recorded in the row, the sweep goes on
-                        rows.append(_row(kind="attention", name=name, dtype=dtype, **{"pass": pas}, size=f"{g}x{g}",
-                                         batch_size=batch, status=f"{type(e).__name__}: {str(e)[:120]}"))
+                        rows.append(_failed(e, **key))
                     finally:
-                        if DEVICE == "cuda":
-                            torch.cuda.empty_cache()
+                        _release()
                     log(rows[-1])
     return rows
 
@@ -144,6 +160,8 @@ def model_rows(dtypes, models, batch, size, warmup, repeats, log) -> list[dict]:
     for dtype in dtypes:
         for name in models:
             for pas in ("forward", "forward+backward"):
+                key = dict(kind="model", name=name, dtype=dtype, size=f"{size}x{size}", batch_size=batch,
+                           **{"pass": pas})
                 try:
                     torch.manual_seed(0)
                     m = timm.create_model(name, num_classes=1000).to(dev)
@@ -151,31 +169,24 @@ def model_rows(dtypes, models, batch, size, warmup, repeats, log) -> list[dict]:
                     x = torch.randn(batch, 3, size, size, device=dev)
                     y = torch.randint(0, 1000, (batch,), device=dev)
 
-                    def fwd(m=m, x=x):
+                    def fwd(m=m, x=x, dtype=dtype):
                         with torch.no_grad(), _autocast(dtype):
                             return m(x)
 
-                    def step(m=m, x=x, y=y):
+                    def step(m=m, x=x, y=y, dtype=dtype):
                         with _autocast(dtype):
                             out = m(x)
                         F.cross_entropy(out.float(), y).backward()
                         return out
 
-                    fn = fwd if pas == "forward" else step
-                    out = fn()
-                    if not bool(torch.isfinite(out).all()):
-                        raise FloatingPointError("non-finite output")
-                    ms, peak = _measure(fn, dev, warmup, repeats)
+                    ms, peak = _checked(fwd if pas == "forward" else step, dev, warmup, repeats)
                     params = sum(p.numel() for p in m.parameters()) / 1e6
-                    rows.append(_row(kind="model", name=name, dtype=dtype, **{"pass": pas}, size=f"{size}x{size}",
-                                     batch_size=batch, ms=round(ms, 3), peak_mem_mb=round(peak, 1),
-                                     params_m=round(params, 2), status="ok"))
-                except Exception as e:  # noqa: BLE001
-                    rows.append(_row(kind="model", name=name, dtype=dtype, **{"pass": pas}, size=f"{size}x{size}",
-                                     batch_size=batch, status=f"{type(e).__name__}: {str(e)[:120]}"))
+                    rows.append(_row(**key, ms=round(ms, 3), peak_mem_mb=round(peak, 1), params_m=round(params, 2),
+                                     status="ok"))
+                except Exception as e:  # noqa: BLE001 - recorded in the row, the sweep goes on
+                    rows.append(_failed(e, **key))
                 finally:
-                    if DEVICE == "cuda":
-                        torch.cuda.empty_cache()
+                    _release()
                 log(rows[-1])
     # Ratio of each model to the timm counterpart of its family, same dtype and pass.
     counterpart = {"swin": "swin_tiny_patch4_window7_224", "cswin": "swin_tiny_patch4_window7_224",

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
 import timm
 import torch
 
+from tests.bench._scripts import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("_attention_share", ROOT / "benchmarks" / "attention_share.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("attention_share")
 
 
 def test_free_core_skips_only_the_core_and_restores():

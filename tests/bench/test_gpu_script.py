@@ -4,20 +4,18 @@ tiny sizes) and writes every row; without CUDA the real run refuses in one line 
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.bench._scripts import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "benchmarks" / "gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gpu")
 
 
 def test_smoke_run_on_cpu_writes_every_row(tmp_path):

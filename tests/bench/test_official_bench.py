@@ -13,16 +13,14 @@ import torch
 from torch import nn
 
 from subquad._official import build_official
+from tests.bench._scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "_fixtures"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("_bench_official", ROOT / "benchmarks" / "official.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("official")
 
 
 def _one_line_error(capsys) -> str:
