@@ -191,7 +191,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, h, N, d) -> (B, N, h*d)."""
     B, h, N, d = x.shape
-    if tracing():
+    if torch.compiler.is_exporting():
         # An explicit copy: the traced reshape would be recorded as a view if the example's strides allowed one,
         # and an exported program's SDPA decomposition may hand it other strides (ONNX: "cannot view").
         return x.transpose(1, 2).clone(memory_format=torch.contiguous_format).view(B, N, h * d)
