@@ -112,7 +112,8 @@ def _torchrun(args: list[str], tmp_path) -> None:
 
 
 @pytest.mark.parametrize("task,kind,flags,keys", [
-    ("detect", "fasterrcnn", DETECT, ("bbox_mAP", "bbox_mAP50")),
+    # The detector's run is slow-only: its eval gather is tested in the default suite with an oracle model.
+    pytest.param("detect", "fasterrcnn", DETECT, ("bbox_mAP", "bbox_mAP50"), marks=pytest.mark.slow),
     ("segment", "upernet", SEGMENT, ("mIoU", "aAcc")),
 ])
 def test_torchrun_two_ranks(tmp_path, data, task, kind, flags, keys):
