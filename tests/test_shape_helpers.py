@@ -1,0 +1,25 @@
+"""The traced-size helpers of subquad._shapes: ceil_div, round_up and crop_index against their plain meaning."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from subquad._shapes import ceil_div, crop_index, round_up
+
+
+def test_ceil_div_and_round_up():
+    for a in range(1, 40):
+        for b in range(1, 12):
+            assert ceil_div(a, b) == math.ceil(a / b)
+            assert round_up(a, b) == math.ceil(a / b) * b
+    assert round_up(13, 13) == 13
+
+
+def test_crop_index_equals_the_slice():
+    """Flattened padded map + crop_index == map[:H, :W] flattened, on odd, non-square sizes."""
+    for (H, W), (Hp, Wp) in [((5, 7), (8, 9)), ((3, 10), (3, 14)), ((7, 2), (9, 2)), ((1, 1), (4, 5))]:
+        x = torch.randn(2, Hp, Wp, 3)
+        got = x.reshape(2, Hp * Wp, 3).index_select(1, crop_index((H, W), (Hp, Wp)))
+        torch.testing.assert_close(got, x[:, :H, :W].reshape(2, H * W, 3), rtol=0, atol=0)
