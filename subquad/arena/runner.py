@@ -102,12 +102,47 @@ def _check_out(out: Path, task: Task, budget: str) -> None:
             raise UserError(f"--out {out} holds the arena run of task {meta.get('task')!r} budget "
                             f"{meta.get('budget')!r}, not {task.name!r} {budget!r}; choose another --out")
         if meta.get("fingerprint") != task.fingerprint(budget):
-            raise UserError(f"--out {out}: the recipe of task {task.name!r} changed since these cells were trained "
-                            "(seeds, budgets and recipes are fixed before a run); choose another --out")
+            raise UserError(f"--out {out}: the recipe, seeds or claims of task {task.name!r} changed since these "
+                            "cells were trained (they are fixed before a run); choose another --out")
         return
     if out.is_dir() and any(out.iterdir()):
         raise UserError(f"--out {out} holds other files (no {ARENA_FILE}: not an arena run); choose an empty or new "
                         "directory")
+
+
+def _record_entries(meta: dict[str, Any], task: Task, labels: list[str], out: Path) -> bool:
+    """Record the entry of each label that joins the run; refuse a label whose entry changed since it trained.
+    Returns whether `meta` changed."""
+    recorded = meta.setdefault("mechanisms", {})
+    changed = False
+    for label in labels:
+        entry = json.loads(json.dumps(task.mechanism(label), sort_keys=True, default=str))
+        if label not in recorded:
+            recorded[label] = entry
+            changed = True
+        elif recorded[label] != entry:
+            raise UserError(f"--out {out}: mechanism {label!r} was trained with {recorded[label]}, the task now "
+                            f"gives {entry} (entries are fixed before a run); choose another --out or another label")
+    return changed
+
+
+def provenance() -> dict[str, Any]:
+    """The git commit of the subquad source this process runs, and whether the package's tracked files matched it
+    (`commit` is "" outside a git checkout, e.g. an installed wheel; the version then identifies the code)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            r = subprocess.run(["git", "-C", os.fspath(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD") if (root / ".git").exists() else None
+    if not commit:
+        return {"commit": "", "tree_clean": None}
+    status = git("status", "--porcelain", "--untracked-files=no", "--", "subquad")
+    return {"commit": commit, "tree_clean": status == ""}
 
 
 def _fmt_time(s: float | None) -> str:
@@ -147,10 +182,11 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
 
     from ..version import __version__
 
-    if not (out / ARENA_FILE).is_file():
-        write_json({"task": task.name, "source": task.source, "budget": budget, "fingerprint": task.fingerprint(budget),
-                    "subquad": __version__, "torch": torch.__version__,
-                    "created": time.strftime("%Y-%m-%d %H:%M:%S")}, out / ARENA_FILE)
+    meta = _read_json(out / ARENA_FILE) or {
+        "task": task.name, "source": task.source, "budget": budget, "fingerprint": task.fingerprint(budget),
+        "subquad": __version__, "torch": torch.__version__, "created": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if _record_entries(meta, task, labels, out):
+        write_json(meta, out / ARENA_FILE)
     mod = kind_module(task.kind)
     skipped: dict[str, str] = {}
     for label in labels:
@@ -279,8 +315,10 @@ def run_one_cell(out: Path, label: str, seed: int) -> dict[str, Any]:
     meta = json.loads((out / ARENA_FILE).read_text())
     task = task_of_run(out, meta)
     if task.fingerprint(meta["budget"]) != meta.get("fingerprint"):
-        raise UserError(f"{out}: the recipe of task {task.name!r} ({task.source}) changed since this run began "
-                        "(seeds, budgets and recipes are fixed before a run); start another --out")
+        raise UserError(f"{out}: the recipe, seeds or claims of task {task.name!r} ({task.source}) changed since "
+                        "this run began (they are fixed before a run); start another --out")
+    _record_entries(dict(meta), task, [label], out)  # refuses an entry that changed since the run recorded it
+    source = provenance()
     train = task.recipe(meta["budget"])
     mod = kind_module(task.kind)
     cell_dir = out / "cells" / label / f"seed{seed}"
@@ -293,6 +331,6 @@ def run_one_cell(out: Path, label: str, seed: int) -> dict[str, Any]:
 
     res = mod.run_cell(train, mech_entry(task, label), seed, cell_dir, progress)
     row = {"task": task.name, "attention": label, "mechanism": entry[task.name_key],
-           "options": options_text(entry, task.name_key), "seed": seed, **res}
+           "options": options_text(entry, task.name_key), "seed": seed, **res, **source}
     write_json(row, cell_dir / "cell.json")
     return row

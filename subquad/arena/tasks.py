@@ -96,9 +96,11 @@ class Task:
                 "default_mechanisms": list(self.default_mechanisms), "claims": list(self.claims)}
 
     def fingerprint(self, budget: str) -> str:
-        """What a run's numbers depend on (recipe, host, data, seeds), as canonical JSON."""
+        """What every cell's numbers and the run's verdicts depend on (recipe, host, data, seeds, claims), as
+        canonical JSON. Mechanism entries are not in it: a run records each label's entry when the label first
+        trains (`arena.json`, "mechanisms"), so a mechanism can join a run but its entry cannot change under it."""
         return json.dumps({"kind": self.kind, "train": self.recipe(budget), "host": self.host, "data": self.data,
-                           "mechanisms": self.mechanisms}, sort_keys=True, default=str)
+                           "seeds": list(self.seeds), "claims": self.claims}, sort_keys=True, default=str)
 
 
 def options_text(entry: dict[str, Any], name_key: str) -> str:

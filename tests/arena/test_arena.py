@@ -54,6 +54,9 @@ def test_quick_run_writes_the_leaderboard(tmp_path, capsys):
     for f in ("args.yaml", "summary.csv", "best.safetensors", "best.json", "last_state.pth", "results.json"):
         assert (cell / f).is_file(), f
     assert json.loads((cell / "results.json").read_text())["selected_on"] == "val"
+    from subquad.arena.runner import provenance
+
+    assert json.loads((cell / "cell.json").read_text())["commit"] == provenance()["commit"]  # what it trained with
     assert (out / "leaderboard.png").is_file() and (out / "curves.png").is_file()
     out_text = capsys.readouterr().out
     assert "done softmax seed 0" in out_text and "run ETA" in out_text
@@ -150,7 +153,7 @@ def test_out_holding_another_run_is_refused(tmp_path, capsys):
     assert "budget 'default'" in _err_line(capsys)
     (arena / "arena.json").write_text(json.dumps({"task": "fmnist", "budget": "quick", "fingerprint": "old"}))
     assert main(["arena", "run", "--task", "fmnist", "--budget", "quick", "--out", str(arena)]) == 2
-    assert "recipe" in _err_line(capsys)
+    assert "recipe, seeds or claims" in _err_line(capsys)
 
 
 def _fake_cells(out: Path, accs: dict[str, list[float]]) -> None:
@@ -224,3 +227,37 @@ def test_a_task_file_is_the_recipe_its_cells_train(tmp_path, capsys):
 
     with pytest.raises(UserError, match="changed since this run began"):
         run_one_cell(out, "softmax", 1)
+
+
+def test_mechanism_may_join_a_run_but_its_entry_may_not_change(tmp_path, capsys):
+    from subquad.arena.runner import _record_entries
+
+    task = load_task("fmnist")
+    meta: dict = {}
+    assert _record_entries(meta, task, ["softmax", "window"], tmp_path)
+    assert meta["mechanisms"]["window"] == {"attn": "window", "attn_kwargs": {"window_size": 7}}
+    assert _record_entries(meta, task, ["linear_relu+lcm"], tmp_path)  # a new label joins
+    assert not _record_entries(meta, task, ["softmax", "window"], tmp_path)  # nothing new
+    task.mechanisms["window"] = {"attn": "window", "attn_kwargs": {"window_size": 4}}
+    with pytest.raises(Exception, match="'window' was trained with"):
+        _record_entries(meta, task, ["window"], tmp_path)
+    # Claims and seeds are part of the fingerprint: a claim edited after a run started is refused.
+    before = load_task("fmnist").fingerprint("quick")
+    task = load_task("fmnist")
+    task.claims[0] = {**task.claims[0], "a": "linear_l1"}
+    assert task.fingerprint("quick") != before
+    task = load_task("fmnist")
+    task.seeds = [0, 1]
+    assert task.fingerprint("quick") != before
+
+
+def test_provenance_names_the_checkout_commit():
+    from subquad.arena.runner import provenance
+
+    root = Path(__file__).resolve().parents[2]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    p = provenance()
+    if head.returncode == 0:
+        assert p["commit"] == head.stdout.strip() and p["tree_clean"] in (True, False)
+    else:  # not a git checkout (an sdist): no commit, and it says so
+        assert p == {"commit": "", "tree_clean": None}
