@@ -18,6 +18,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, check_hw, check_mask, check_tokens, merge_heads, size_oblivious, split_heads
+from ..errors import UserError
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.long_short import (
@@ -26,6 +27,7 @@ from .functional.long_short import (
     long_short_2d_sdpa,
     long_short_causal_ref,
     long_short_causal_sdpa,
+    long_short_global_sdpa,
     long_short_ref,
     post_cls_ref,
     post_cls_sdpa,
@@ -47,6 +49,16 @@ def _check_positive(who: str, **values: int) -> None:
     for name, v in values.items():
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{who}: {name} must be an int >= 1, got {v!r}")
+
+
+def _check_terms(who: str, window_size: int, rank: int) -> None:
+    """w >= 0 and r >= 0, not both 0: w = 0 is the dynamic-projection-only and r = 0 the window-only ablation
+    (Transformer-LS, arXiv 2107.02192, Tab. 1)."""
+    for name, v in (("window_size", window_size), ("rank", rank)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise UserError(f"{who}: {name} must be an int >= 0 (0 drops that branch), got {v!r}")
+    if window_size == 0 and rank == 0:
+        raise UserError(f"{who}: window_size=0 and rank=0 leave no keys; keep at least one of them >= 1")
 
 
 def _dual_ln(dim: int, on: bool, dd: dict) -> nn.Module:
@@ -77,8 +89,11 @@ class LongShortAttention(TokenMixer):
     Args:
         dim: channels C.
         num_heads: heads h.
-        window_size: w >= 1 (default 7 for a 2-D build, i.e. `dims=2` or `input_size` given, else 8).
-        rank: r >= 1 (default 8 for a 2-D build, else 32).
+        window_size: w >= 1 (default 7 for a 2-D build, i.e. `dims=2` or `input_size` given, else 8); 0 drops the
+            short-term window: the "dynamic projection only" ablation (Transformer-LS, arXiv 2107.02192, Tab. 1).
+        rank: r >= 1 (default 8 for a 2-D build, else 32); 0 drops the dynamic projection: the window-only ablation
+            (ibid.). Both 0 is refused. A dropped branch builds no parameters (no W^P with r = 0; its DualLN is
+            built only where a global token still uses it).
         causal: False here (True builds a `ChunkedLongShortAttention`).
         dims: None (1-D when hw is None, 2-D when hw is given), 1 or 2.
         layout: "vision" (keys `qkv`, `proj`, `to_dynamic_projection`, `dual_ln_full`, `dual_ln_dp`,
@@ -133,7 +148,7 @@ class LongShortAttention(TokenMixer):
         two_d = dims == 2 or (dims is None and input_size is not None)
         window_size = (7 if two_d else 8) if window_size is None else window_size
         rank = (8 if two_d else 32) if rank is None else rank
-        _check_positive(who, window_size=window_size, rank=rank)
+        _check_terms(who, window_size, rank)
         if rpe is None:
             rpe = two_d and layout != "lra" and window_size >= 2
         if rpe and window_size < 2:
@@ -150,22 +165,27 @@ class LongShortAttention(TokenMixer):
         self.fused, self.group = fused, group
         self.attn_drop = attn_drop
         self.rpe = bool(rpe)
+        # the LayerNorms a dropped branch leaves unused (Tab. 1 ablations): LN_G also normalises the raw global
+        # token under the "lra" rule, LN_L the global token's key/value under the "vision" rule
+        global_ln = rank > 0 or (num_prefix_tokens > 0 and rule == "lra")
+        local_ln = window_size > 0 or (num_prefix_tokens > 0 and rule == "vision")
         if layout != "lra":
             if layout == "vision":
                 self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
             self.proj = nn.Linear(dim, dim, **dd)
-            if layout == "vision":
+            if layout == "vision" and rank:
                 self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
-            self.dual_ln_dp = _dual_ln(dim, dual_ln, dd)
-            self.dual_ln_full = _dual_ln(dim, dual_ln, dd)
+            self.dual_ln_dp = _dual_ln(dim, dual_ln and global_ln, dd)
+            self.dual_ln_full = _dual_ln(dim, dual_ln and local_ln, dd)
         else:
             self.W_q = nn.Linear(dim, dim, **dd)
             self.W_k = nn.Linear(dim, dim, **dd)
             self.W_v = nn.Linear(dim, dim, **dd)
             self.W_o = nn.Linear(dim, dim, **dd)
-            self.dual_ln_s = _dual_ln(dim, dual_ln, dd)
-            self.dual_ln_l = _dual_ln(dim, dual_ln, dd)
-            self.dconv_fc = nn.Linear(dim, num_heads * rank, **dd)
+            self.dual_ln_s = _dual_ln(dim, dual_ln and global_ln, dd)
+            self.dual_ln_l = _dual_ln(dim, dual_ln and local_ln, dd)
+            if rank:
+                self.dconv_fc = nn.Linear(dim, num_heads * rank, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         if self.rpe:
             self.local_relative_position_bias_table = nn.Parameter(
@@ -224,15 +244,18 @@ class LongShortAttention(TokenMixer):
             if self.layout == "external":
                 raise ValueError("long_short attention: layout='external' is called through forward_qkv()")
             q, k, v = self._qkv(x)  # (B, N, C) each
-            dp = self._dp_logits(x[:, P:])
+            dp = self._dp_logits(x[:, P:]) if self.rank else None
         else:
             q, k, v, dp = ext
         kl, vl = self._ln_local(k), self._ln_local(v)
         valid = None if mask is None else mask[:, P:]
-        proj = dynamic_projection(dp, h, self.rank, valid)  # (B, h, r, n)
         qh, kh, vh = split_heads(q[:, P:], h), split_heads(kl[:, P:], h), split_heads(vl[:, P:], h)
-        # (B, r, C) compressed keys/values, LN_G over the full width (all heads jointly)
-        kbar, vbar = merge_heads(proj @ kh), merge_heads(proj @ vh.to(proj.dtype))
+        if self.rank:
+            proj = dynamic_projection(dp, h, self.rank, valid)  # (B, h, r, n)
+            # (B, r, C) compressed keys/values, LN_G over the full width (all heads jointly)
+            kbar, vbar = merge_heads(proj @ kh), merge_heads(proj @ vh.to(proj.dtype))
+        else:  # window-only ablation: no projected keys
+            kbar, vbar = k[:, :0], v[:, :0]
         cls = None
         if P and self.global_token_rule == "lra":
             # raw global K/V join the projections before LN_G; the post-CLS rule uses them raw
@@ -240,7 +263,10 @@ class LongShortAttention(TokenMixer):
             vg = split_heads(self._ln_global(torch.cat([v[:, :P], vbar], dim=1)), h)
             cls = (split_heads(q[:, :P], h), split_heads(k[:, :P], h), split_heads(v[:, :P], h))
         else:
-            kg, vg = split_heads(self._ln_global(kbar), h), split_heads(self._ln_global(vbar), h)
+            if self.rank:
+                kg, vg = split_heads(self._ln_global(kbar), h), split_heads(self._ln_global(vbar), h)
+            else:
+                kg, vg = split_heads(kbar, h), split_heads(vbar, h)
             if P:
                 kc, vc = split_heads(kl[:, :P], h), split_heads(vl[:, :P], h)
                 kg, vg = torch.cat([kg, kc], dim=2), torch.cat([vg, vc], dim=2)
@@ -281,7 +307,9 @@ class LongShortAttention(TokenMixer):
             grid = self._grid(x, hw, mask)
             qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask, ext)
             p = self.attn_drop if self.training else 0.0
-            if grid is None:
+            if not self.window_size:
+                out = long_short_global_sdpa(qh, kg, vg, self.scale, p)
+            elif grid is None:
                 out = long_short_1d_sdpa(qh, kh, vh, kg, vg, self.window_size, valid, self.scale, self.group, p)
             else:
                 bias = self._tile_bias() if self.rpe else None
@@ -293,7 +321,9 @@ class LongShortAttention(TokenMixer):
         qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask, ext)
         n = qh.shape[2]
         bias = None
-        if grid is None:
+        if not self.window_size:
+            local = None
+        elif grid is None:
             local = window_mask_1d(n, self.window_size, x.device)
         else:
             local = window_mask_2d(grid, self.window_size, x.device)
@@ -319,11 +349,13 @@ class LongShortAttention(TokenMixer):
         B, N, _ = x.shape
         P = self.num_prefix_tokens
         (out, (pg, pl)), _, cls = self._dense(x, hw, None, return_probs=True)
-        proj = dynamic_projection(self._dp_logits(x[:, P:]), self.num_heads, self.rank)  # (B, h, r, n)
         r = self.rank
         lra = P and self.global_token_rule == "lra"
-        pg_proj = pg[..., P:P + r] if lra else pg[..., :r]
-        a = pl + pg_proj @ proj  # (B, h, n, n)
+        a = pl
+        if r:
+            proj = dynamic_projection(self._dp_logits(x[:, P:]), self.num_heads, r)  # (B, h, r, n)
+            pg_proj = pg[..., P:P + r] if lra else pg[..., :r]
+            a = a + pg_proj @ proj  # (B, h, n, n)
         if not P:
             return a
         p_cls = pg[..., :P] if lra else pg[..., r:]  # (B, h, n, 1)
@@ -394,8 +426,12 @@ class ChunkedLongShortAttention(TokenMixer):
 
     Args:
         dim, num_heads: C and h.
-        window_size: w >= 1 (default 512, official).
-        rank: r >= 1 (default 1, official).
+        window_size: w >= 1 (default 512, official); 0 = no window keys, the "dynamic projection only" ablation
+            (Transformer-LS, arXiv 2107.02192, Tab. 1): a query sees only the chunks before its own, so the first
+            chunk's outputs are the output-projection bias. Builds no `r_net`, `r_r_bias`, `r_w_bias`,
+            `dual_ln_win`, and needs `causal_form="official"` (the paper form compresses LN_L(K)).
+        rank: r >= 1 (default 1, official); 0 = no chunk vectors, the window-only ablation (ibid.; builds no
+            `dconv_1`, `r_net_chunk`, `dual_ln_dproj`). Both 0 is refused.
         chunk_size: l >= 1 (default 16, official).
         causal_form: "official" or "paper" (see above).
         qkv_bias: bias on the four projections (official `use_bias`, default False).
@@ -424,10 +460,14 @@ class ChunkedLongShortAttention(TokenMixer):
         window_size = 512 if window_size is None else window_size
         rank = 1 if rank is None else rank
         chunk_size = 16 if chunk_size is None else chunk_size
-        _check_positive(who, window_size=window_size, rank=rank, chunk_size=chunk_size)
+        _check_terms(who, window_size, rank)
+        _check_positive(who, chunk_size=chunk_size)
         causal_form = causal_form or "official"
         if causal_form not in ("official", "paper"):
             raise ValueError(f"{who}: causal_form must be 'official' or 'paper', got {causal_form!r}")
+        if causal_form == "paper" and window_size == 0:
+            raise UserError(f"{who}: causal_form='paper' compresses LN_L(K) of the window branch, which "
+                            "window_size=0 removes; use causal_form='official'")
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = check_heads(dim, num_heads, who)
         self.scale = qk_scale or self.head_dim ** -0.5
@@ -439,15 +479,21 @@ class ChunkedLongShortAttention(TokenMixer):
         self.proj_key = nn.Linear(dim, dim, bias=qkv_bias, **dd)
         self.proj_val = nn.Linear(dim, dim, bias=qkv_bias, **dd)
         self.proj_out = nn.Linear(dim, dim, bias=qkv_bias, **dd)
-        self.dconv_1 = nn.Linear(dim, num_heads * rank, **dd)
-        self.r_net = nn.Linear(dim, dim, bias=False, **dd)
-        self.r_net_chunk = nn.Linear(dim, dim, **dd)
-        self.r_r_bias = nn.Parameter(torch.zeros(1, num_heads, 1, self.head_dim, **dd))
-        self.r_w_bias = nn.Parameter(torch.zeros(1, num_heads, 1, 1, self.head_dim, **dd))
-        self.dual_ln_dproj = nn.LayerNorm(dim, **dd)
-        self.dual_ln_win = nn.LayerNorm(dim, **dd)
+        if rank:
+            self.dconv_1 = nn.Linear(dim, num_heads * rank, **dd)
+        if window_size:
+            self.r_net = nn.Linear(dim, dim, bias=False, **dd)
+        if rank:
+            self.r_net_chunk = nn.Linear(dim, dim, **dd)
+        if window_size:
+            self.r_r_bias = nn.Parameter(torch.zeros(1, num_heads, 1, self.head_dim, **dd))
+            self.r_w_bias = nn.Parameter(torch.zeros(1, num_heads, 1, 1, self.head_dim, **dd))
+        if rank:
+            self.dual_ln_dproj = nn.LayerNorm(dim, **dd)
+        if window_size:
+            self.dual_ln_win = nn.LayerNorm(dim, **dd)
         self.dropout = nn.Dropout(proj_drop)
-        if not self.r_r_bias.is_meta:
+        if window_size and not self.r_r_bias.is_meta:
             # the official model re-initialises these with normal(0, 0.02); zeros would starve their gradients
             nn.init.normal_(self.r_r_bias, std=0.02)
             nn.init.normal_(self.r_w_bias, std=0.02)
@@ -471,22 +517,44 @@ class ChunkedLongShortAttention(TokenMixer):
             raise ValueError(f"long_short (causal): cache holds batch {cache.batch_size}, x has batch {x.shape[0]}")
 
     def _rel_tables(self, n_chunk_pos: int, ref: torch.Tensor):
-        """R_win (h, w, d) for delta = 0 ... w-1 and R_chunk (h, P, d) for rho = 0 ... P-1."""
+        """R_win (h, w, d) for delta = 0 ... w-1 and R_chunk (h, P, d) for rho = 0 ... P-1 (an empty table for a
+        dropped branch)."""
         h, d = self.num_heads, self.head_dim
         pos_w = torch.arange(self.window_size, device=ref.device, dtype=ref.dtype)
         pos_c = torch.arange(max(n_chunk_pos, 1), device=ref.device, dtype=ref.dtype)
         if self.clamp_len > 0:
             pos_w, pos_c = pos_w.clamp(max=self.clamp_len), pos_c.clamp(max=self.clamp_len)
-        r_win = self.r_net(xl_sinusoid(pos_w, self.dim)).reshape(-1, h, d).transpose(0, 1)
-        r_chunk = self.r_net_chunk(xl_sinusoid(pos_c, self.dim)).reshape(-1, h, d).transpose(0, 1)
+        if self.window_size:
+            r_win = self.r_net(xl_sinusoid(pos_w, self.dim)).reshape(-1, h, d).transpose(0, 1)
+        else:
+            r_win = ref.new_zeros(h, 0, d)
+        if self.rank:
+            r_chunk = self.r_net_chunk(xl_sinusoid(pos_c, self.dim)).reshape(-1, h, d).transpose(0, 1)
+        else:
+            r_chunk = ref.new_zeros(h, 0, d)
         return r_win, r_chunk
+
+    def _xl_biases(self, ref: torch.Tensor):
+        """(u, v) = (r_w_bias, r_r_bias) as (h, d); zeros without the window branch (they act on it only)."""
+        h, d = self.num_heads, self.head_dim
+        if not self.window_size:
+            return ref.new_zeros(h, d), ref.new_zeros(h, d)
+        return self.r_w_bias.reshape(h, d), self.r_r_bias.reshape(h, d)
+
+    def _scores(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, h*r) chunk-projection logits (B, T, 0 without the chunk branch)."""
+        return self.dconv_1(x) if self.rank else x[..., :0]
+
+    def _win_ln(self, t: torch.Tensor) -> torch.Tensor:
+        """LN_L of the window keys/values; no tokens without the window branch."""
+        return self.dual_ln_win(t) if self.window_size else t[:, :0]
 
     def _compress(self, k: torch.Tensor, v: torch.Tensor, s: torch.Tensor):
         """Complete chunks of (B, L, C) keys/values with logits s (B, L, h*r) -> LN_G'd (B, h, L/l * r, d)."""
         B, L, C = k.shape
         l, r, h, d = self.chunk_size, self.rank, self.num_heads, self.head_dim
         n = L // l
-        if n == 0:
+        if n == 0 or r == 0:
             return k.new_zeros(B, h, 0, d), v.new_zeros(B, h, 0, d)
         # (B, h, n, r, l): softmax over the l positions of each chunk, in float32 (official)
         sc = s[:, :n * l].reshape(B, n, l, h, r).permute(0, 3, 1, 4, 2)
@@ -528,15 +596,18 @@ class ChunkedLongShortAttention(TokenMixer):
             raise ValueError(f"{who}: memory length L={L} must be a multiple of chunk_size={l} and >= "
                              f"window_size - 1 = {self.window_size - 1}")
         n = L // l
-        sc = self.dconv_1(memory).reshape(B, n, l, h, r).permute(0, 3, 1, 4, 2)
-        sc = sc.softmax(dim=-1, dtype=torch.promote_types(memory.dtype, torch.float32)).to(memory.dtype)
-        hid = (sc @ memory.reshape(B, n, l, h, d).permute(0, 3, 1, 2, 4)).reshape(B, h, n * r, d)
-        hid = merge_heads(hid)  # (B, n r, C), heads mixed by the projections below (official)
-        kc = split_heads(self.dual_ln_dproj(self.proj_key(hid)), h)
-        vc = split_heads(self.dual_ln_dproj(self.proj_val(hid)), h)
+        if r:
+            sc = self.dconv_1(memory).reshape(B, n, l, h, r).permute(0, 3, 1, 4, 2)
+            sc = sc.softmax(dim=-1, dtype=torch.promote_types(memory.dtype, torch.float32)).to(memory.dtype)
+            hid = (sc @ memory.reshape(B, n, l, h, d).permute(0, 3, 1, 2, 4)).reshape(B, h, n * r, d)
+            hid = merge_heads(hid)  # (B, n r, C), heads mixed by the projections below (official)
+            kc = split_heads(self.dual_ln_dproj(self.proj_key(hid)), h)
+            vc = split_heads(self.dual_ln_dproj(self.proj_val(hid)), h)
+        else:
+            kc = vc = memory.new_zeros(B, h, 0, d)
         tail = memory[:, L - (self.window_size - 1):] if self.window_size > 1 else memory[:, :0]
-        kw = split_heads(self.dual_ln_win(self.proj_key(tail)), h)
-        vw = split_heads(self.dual_ln_win(self.proj_val(tail)), h)
+        kw = split_heads(self._win_ln(self.proj_key(tail)), h)
+        vw = split_heads(self._win_ln(self.proj_val(tail)), h)
         return LongShortCache(owner=self._signature(), batch_size=B, t=L, kw=kw, vw=vw, kc=kc, vc=vc,
                               pk=memory[:, :0], pv=memory[:, :0], ps=memory.new_zeros(B, 0, h * r))
 
@@ -556,11 +627,11 @@ class ChunkedLongShortAttention(TokenMixer):
             if cache.batch_size != x.shape[0]:
                 raise ValueError(f"{who}: memory has batch {cache.batch_size}, x has batch {x.shape[0]}")
         B, M, C = x.shape
-        h, d, w, l, r = self.num_heads, self.head_dim, self.window_size, self.chunk_size, self.rank
+        h, w, l, r = self.num_heads, self.window_size, self.chunk_size, self.rank
         t0 = cache.t if cache is not None else 0
         q = split_heads(self.proj_query(x), h)
-        k, v, s = self.proj_key(x), self.proj_val(x), self.dconv_1(x)
-        klw, vlw = self.dual_ln_win(k), self.dual_ln_win(v)
+        k, v, s = self.proj_key(x), self.proj_val(x), self._scores(x)
+        klw, vlw = self._win_ln(k), self._win_ln(v)
         # what the chunk branch compresses: projected K/V (official) or LN_L(K/V) (paper Eq. 3)
         ck, cv = (k, v) if self.causal_form == "official" else (klw, vlw)
         kw, vw = split_heads(klw, h), split_heads(vlw, h)
@@ -573,7 +644,7 @@ class ChunkedLongShortAttention(TokenMixer):
             kc, vc = torch.cat([cache.kc, kc], dim=2), torch.cat([cache.vc, vc], dim=2)
         n_pos = ((t0 + M - 1) // l) * r
         r_win, r_chunk = self._rel_tables(n_pos, x)
-        u, vb = self.r_w_bias.reshape(h, d), self.r_r_bias.reshape(h, d)
+        u, vb = self._xl_biases(x)
         p = self.attn_drop if self.training else 0.0
         if ref or (M <= w and not p):
             # a block no longer than one tile (incremental decoding): the dense form costs M (w + chunks) scores,
@@ -596,19 +667,20 @@ class ChunkedLongShortAttention(TokenMixer):
         """(B, T, C) -> (B, h, T, T): window probabilities plus chunk-vector probabilities mapped back to tokens
         through the chunk projections (LN_G ignored: the linearised map). Lower triangular."""
         B, T, C = x.shape
-        h, d, w, l, r = self.num_heads, self.head_dim, self.window_size, self.chunk_size, self.rank
+        h, w, l, r = self.num_heads, self.window_size, self.chunk_size, self.rank
         q = split_heads(self.proj_query(x), h)
-        k, s = self.proj_key(x), self.dconv_1(x)
-        kl = self.dual_ln_win(k)
+        k, s = self.proj_key(x), self._scores(x)
+        kl = self._win_ln(k)
         kc, _ = self._compress(k if self.causal_form == "official" else kl, k, s)
-        n = kc.shape[2] // r
+        n = kc.shape[2] // r if r else 0
         r_win, r_chunk = self._rel_tables(((T - 1) // l) * r, x)
-        u, vb = self.r_w_bias.reshape(h, d), self.r_r_bias.reshape(h, d)
+        u, vb = self._xl_biases(x)
         eye_c = torch.eye(kc.shape[2], dtype=x.dtype, device=x.device).expand(B, h, -1, -1)
-        eye_w = torch.eye(T, dtype=x.dtype, device=x.device).expand(B, h, -1, -1)
-        # probabilities: feed identity "values" through the reference
         kw = split_heads(kl, h)
-        pc = long_short_causal_ref(q, kw, torch.zeros(B, h, T, kc.shape[2], dtype=x.dtype, device=x.device), kc,
+        S = kw.shape[2]  # T, or 0 without the window branch
+        eye_w = torch.eye(T, dtype=x.dtype, device=x.device)[T - S:].expand(B, h, -1, -1)
+        # probabilities: feed identity "values" through the reference
+        pc = long_short_causal_ref(q, kw, torch.zeros(B, h, S, kc.shape[2], dtype=x.dtype, device=x.device), kc,
                                    eye_c, r_win, r_chunk, u, vb, 0, w, l, r, self.scale)
         pw = long_short_causal_ref(q, kw, eye_w, kc, torch.zeros(B, h, kc.shape[2], T, dtype=x.dtype,
                                                                  device=x.device),

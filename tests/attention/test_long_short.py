@@ -181,9 +181,9 @@ def test_dispatch_and_defaults():
 
 def test_bad_input_clear_errors():
     with pytest.raises(ValueError, match="window_size"):
-        subquad.build_attention("long_short", C, H, window_size=0)
+        subquad.build_attention("long_short", C, H, window_size=-1)
     with pytest.raises(ValueError, match="rank"):
-        subquad.build_attention("long_short", C, H, rank=0)
+        subquad.build_attention("long_short", C, H, rank=-2)
     with pytest.raises(ValueError, match="chunk_size"):
         subquad.build_attention("long_short", C, H, causal=True, chunk_size=0)
     with pytest.raises(ValueError, match="rpe"):

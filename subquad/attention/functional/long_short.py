@@ -38,6 +38,7 @@ __all__ = [
     "long_short_ref",
     "long_short_1d_sdpa",
     "long_short_2d_sdpa",
+    "long_short_global_sdpa",
     "post_cls_ref",
     "post_cls_sdpa",
     "xl_sinusoid",
@@ -154,11 +155,14 @@ def long_short_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: torch.
                    return_probs: bool = False):
     """Dense reference: one softmax over [global keys ; local keys] with an explicit mask.
 
+    The two ablations of Transformer-LS (arXiv 2107.02192) Tab. 1 drop one term of the union: G = 0 global keys is
+    the window-only form (rank r = 0), `local_mask=None` the dynamic-projection-only form (window w = 0).
+
     Args:
         q: (B, h, N, d) queries (unscaled).
         k, v: (B, h, N, d) local keys/values (all tokens; the mask picks each query's window).
-        kg, vg: (B, h, G, d) global keys/values (projected keys, global tokens), visible to every query.
-        local_mask: (N, N) bool, geometric window membership (query, key).
+        kg, vg: (B, h, G, d) global keys/values (projected keys, global tokens), visible to every query; G may be 0.
+        local_mask: (N, N) bool, geometric window membership (query, key); None = no local keys at all.
         key_valid: (B, N) bool, True = real token (padding is never a key).
         local_bias: float bias on the local logits only, broadcastable to (B, h, N, N) (ViL RPE).
         scale: logit scale (default d^-1/2).
@@ -170,21 +174,43 @@ def long_short_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: torch.
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     sd = _softmax_dtype(q.dtype)
     lg = ((q * scale) @ kg.transpose(-2, -1)).to(sd)  # (B, h, N, G)
-    ll = ((q * scale) @ k.transpose(-2, -1)).to(sd)  # (B, h, N, N)
-    if local_bias is not None:
-        ll = ll + local_bias.to(sd)
-    allowed = local_mask[None, None]
-    if key_valid is not None:
-        allowed = allowed & key_valid[:, None, None, :]
-    ll = ll.masked_fill(~allowed, _NEG_INF)
+    if local_mask is None:
+        ll = lg.new_zeros(*lg.shape[:-1], 0)  # no local keys (dynamic-projection-only ablation)
+    else:
+        ll = ((q * scale) @ k.transpose(-2, -1)).to(sd)  # (B, h, N, N)
+        if local_bias is not None:
+            ll = ll + local_bias.to(sd)
+        allowed = local_mask[None, None]
+        if key_valid is not None:
+            allowed = allowed & key_valid[:, None, None, :]
+        ll = ll.masked_fill(~allowed, _NEG_INF)
     logits = torch.cat([lg, ll], dim=-1)
     any_key = torch.isfinite(logits).any(dim=-1, keepdim=True)
     logits = torch.where(any_key, logits, torch.zeros_like(logits))
     p = torch.where(any_key, logits.softmax(dim=-1), torch.zeros_like(logits)).to(q.dtype)
     G = kg.shape[-2]
     pg, pl = p[..., :G], p[..., G:]
-    out = pg @ vg + pl @ v
+    out = pg @ vg
+    if local_mask is None:
+        pl = p.new_zeros(*p.shape[:-1], k.shape[-2])
+    else:
+        out = out + pl @ v
     return (out, (pg, pl)) if return_probs else out
+
+
+def long_short_global_sdpa(q: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, scale: float | None = None,
+                           dropout_p: float = 0.0) -> torch.Tensor:
+    """Fast path of the dynamic-projection-only ablation (Transformer-LS, arXiv 2107.02192, Tab. 1, w = 0): every
+    query attends to the G global keys only (the projected keys and any global token), one SDPA call.
+
+    Args:
+        q: (B, h, N, d). kg, vg: (B, h, G, d), G >= 1 (global keys are never masked).
+
+    Returns:
+        (B, h, N, d), equal to `long_short_ref` with `local_mask=None`.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return F.scaled_dot_product_attention(q, kg, vg, scale=scale, dropout_p=dropout_p)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
@@ -401,7 +427,9 @@ def long_short_causal_ref(q: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, k
     """Dense causal reference (official ChunkedLSAttention semantics).
 
     Query t (absolute position) sees exactly the window keys t-w+1 ... t and the chunk vectors of chunks strictly
-    before its own (c < t // l); ONE softmax over both. Logits (s = d^-1/2):
+    before its own (c < t // l); ONE softmax over both. w = 0 (no window keys) or rank = 0 (no chunk vectors) are
+    the ablations of Transformer-LS (arXiv 2107.02192) Tab. 1; a query with no key at all (w = 0, first chunk)
+    gives zero. Logits (s = d^-1/2):
       window key j:  (q s + r_w_bias) . k_j + (q s + r_r_bias) . R_win[t - j]
       chunk vector m: (q s) . kc_m + (q s) . R_chunk[rho],  rho = (t // l) r - 1 - m.
 
@@ -428,7 +456,8 @@ def long_short_causal_ref(q: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, k
     delta = tq[:, None] - tk[None, :]  # (M, S)
     allow_w = (delta >= 0) & (delta < w)
     lw = (q * scale) @ kw.transpose(-2, -1) + u_k
-    lw = lw + torch.gather(q_rw, 3, delta.clamp(0, w - 1)[None, None].expand(B, h, M, S))
+    if S:
+        lw = lw + torch.gather(q_rw, 3, delta.clamp(0, w - 1)[None, None].expand(B, h, M, S))
     cq = tq // chunk_size
     m = torch.arange(Nc, device=dev)
     allow_c = (m[None, :] // rank) < cq[:, None]  # (M, Nc)
@@ -437,7 +466,9 @@ def long_short_causal_ref(q: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, k
         rho = (cq[:, None] * rank - 1 - m[None, :]).clamp(0, max(r_chunk.shape[1] - 1, 0))
         lc = lc + torch.gather(q_rc, 3, rho[None, None].expand(B, h, M, Nc))
     logits = torch.cat([lc.masked_fill(~allow_c, _NEG_INF), lw.masked_fill(~allow_w, _NEG_INF)], dim=-1).to(sd)
-    p = logits.softmax(dim=-1).to(q.dtype)
+    any_key = torch.isfinite(logits).any(dim=-1, keepdim=True)
+    logits = torch.where(any_key, logits, torch.zeros_like(logits))
+    p = torch.where(any_key, logits.softmax(dim=-1), torch.zeros_like(logits)).to(q.dtype)
     return p[..., :Nc] @ vc + p[..., Nc:] @ vw
 
 
@@ -455,6 +486,8 @@ def long_short_causal_sdpa(q: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, 
     S, Nc = kw.shape[2], kc.shape[2]
     scale = d ** -0.5 if scale is None else scale
     dev = q.device
+    if w == 0:
+        return _causal_chunks_only_sdpa(q, kc, vc, r_chunk, t0, chunk_size, rank, scale, dropout_p)
     Sc = S - M
     if Sc > w:
         kw, vw, S, Sc = kw[:, :, Sc - w:], vw[:, :, Sc - w:], M + w, w
@@ -498,3 +531,21 @@ def long_short_causal_sdpa(q: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, 
     # every row keeps a key: a real query sees itself, a tail query (only when w >= 2) sees the last real token
     out = _sdpa(q_t, keys, vals, mask, scale, dropout_p, check=False)  # (B, T, h, w, d)
     return out.transpose(1, 2).reshape(B, h, Mp, d)[:, :, :M]
+
+
+def _causal_chunks_only_sdpa(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, r_chunk: torch.Tensor, t0: int,
+                             chunk_size: int, rank: int, scale: float, dropout_p: float) -> torch.Tensor:
+    """`long_short_causal_sdpa` without window keys (w = 0): each query attends to the chunk vectors of the chunks
+    before its own, with the Transformer-XL chunk term in a float mask; rows with no earlier chunk are zero."""
+    B, h, M, d = q.shape
+    Nc = kc.shape[2]
+    if Nc == 0:
+        return q * 0.0
+    tq = t0 + torch.arange(M, device=q.device)
+    cq = tq // chunk_size
+    m = torch.arange(Nc, device=q.device)
+    allow_c = (m[None, :] // rank) < cq[:, None]  # (M, Nc)
+    q_rc = (q * scale) @ r_chunk.transpose(-2, -1)[None]  # (B, h, M, P)
+    rho = (cq[:, None] * rank - 1 - m[None, :]).clamp(0, max(r_chunk.shape[1] - 1, 0))
+    bias = torch.gather(q_rc, 3, rho[None, None].expand(B, h, M, Nc)).masked_fill(~allow_c, _NEG_INF)
+    return _sdpa4(q, kc, vc, bias, scale, dropout_p)
