@@ -9,6 +9,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import as_hw, check_heads, known_equal, map_to_tokens, tokens_to_map, tracing
+from ..errors import UserError
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.focused import (
@@ -51,7 +52,8 @@ class FocusedLinearAttention(TokenMixer):
             'external' (CSwin: no projections; use `forward_qkv`).
         qkv_bias: bias on the input projections.
         focusing_factor: p.
-        kernel_size: DWC kernel k.
+        kernel_size: DWC kernel k (odd); 0 builds no DWC: FLatten Tab. 4's "+ f_p" rung (focused function without
+            the rank-restoring DWC, arXiv 2308.00442 Sec. 5.3).
         sr_ratio: PVT spatial reduction of K/V ('q_kv' only).
         linear_sr: PVTv2 pooled reduction (AdaptiveAvgPool2d(7) -> 1x1 `sr` -> `norm` -> GELU; 'q_kv' only).
         sr_mode: 'bilinear' (2-D resize of the V map for the DWC) or 'flat1d' (official 1-D interpolation).
@@ -106,8 +108,9 @@ class FocusedLinearAttention(TokenMixer):
                              f"got {qkv_layout!r}")
         if sr_ratio > 1 and linear_sr:
             raise ValueError(f"{who}: use either sr_ratio > 1 or linear_sr=True (PVTv2 uses sr_ratio=1 with linear)")
-        if kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"{who}: kernel_size={kernel_size} must be a positive odd int")
+        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 0 or \
+                (kernel_size and kernel_size % 2 == 0):
+            raise UserError(f"{who}: kernel_size={kernel_size!r} must be a positive odd int, or 0 for no DWC")
         if focusing_factor <= 0:
             raise ValueError(f"{who}: focusing_factor={focusing_factor} must be > 0")
         if num_prefix_tokens < 0:
@@ -142,7 +145,7 @@ class FocusedLinearAttention(TokenMixer):
         # Eval-only cache of the resized PE: (key, tensor). Not state (not saved).
         self._pe_cache: tuple | None = None
         d = self.head_dim
-        self.dwc = nn.Conv2d(d, d, kernel_size, padding=kernel_size // 2, groups=d, **dd)
+        self.dwc = nn.Conv2d(d, d, kernel_size, padding=kernel_size // 2, groups=d, **dd) if kernel_size else None
         self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd) if lepe else None
         if qkv_layout != "external":
             self.proj = nn.Linear(dim, dim, **dd)
@@ -160,7 +163,7 @@ class FocusedLinearAttention(TokenMixer):
                 trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
-        if self.dwc_init == "pvt_v2":
+        if self.dwc_init == "pvt_v2" and self.dwc is not None:
             fan_out = self.dwc.kernel_size[0] * self.dwc.kernel_size[1] * self.dwc.out_channels // self.dwc.groups
             nn.init.normal_(self.dwc.weight, 0.0, math.sqrt(2.0 / fan_out))
             nn.init.zeros_(self.dwc.bias)
@@ -218,7 +221,9 @@ class FocusedLinearAttention(TokenMixer):
         fn = focused_linear_attention_kv if fused else focused_linear_attention_ref
         lw = None if self.get_v is None else self.get_v.weight
         lb = None if self.get_v is None else self.get_v.bias
-        return fp32_island(fn, q, k, v, self.scale, self.dwc.weight, self.dwc.bias, lw, lb, hw=tuple(hw),
+        dw = None if self.dwc is None else self.dwc.weight
+        db = None if self.dwc is None else self.dwc.bias
+        return fp32_island(fn, q, k, v, self.scale, dw, db, lw, lb, hw=tuple(hw),
                            kv_hw=kv_hw, num_heads=self.num_heads, p=self.focusing_factor,
                            normaliser=self.normaliser, prefix=self.num_prefix_tokens, sr_mode=self.sr_mode)
 
@@ -266,7 +271,8 @@ class FocusedLinearAttention(TokenMixer):
             q, k, _, kv_hw = self._project(x, hw)
         k = k + self._pe(kv_hw)
         lw = None if self.get_v is None else self.get_v.weight
-        return focused_attention_matrix(q, k, self.scale, self.dwc.weight, lw, hw=tuple(hw), kv_hw=kv_hw,
+        dw = None if self.dwc is None else self.dwc.weight
+        return focused_attention_matrix(q, k, self.scale, dw, lw, hw=tuple(hw), kv_hw=kv_hw,
                                         num_heads=self.num_heads, p=self.focusing_factor, normaliser=self.normaliser,
                                         prefix=self.num_prefix_tokens, sr_mode=self.sr_mode, channel=channel)
 

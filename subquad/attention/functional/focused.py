@@ -133,21 +133,27 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw, kv_hw, num_hea
                          f"q {tuple(q.shape)} and key grid {kv_hw[0]}x{kv_hw[1]} + {prefix} prefix token(s)")
 
 
-def _dwc_fast(v: torch.Tensor, hw, kv_hw, num_heads: int, prefix: int, sr_mode: str, dwc_weight: torch.Tensor,
-              dwc_bias: torch.Tensor | None, lepe_weight: torch.Tensor | None,
-              lepe_bias: torch.Tensor | None) -> torch.Tensor:
-    """DWC (+ LePE) term on the grid tokens as (B, H * W, C) via conv2d."""
+def _dwc_fast(v: torch.Tensor, hw, kv_hw, num_heads: int, prefix: int, sr_mode: str,
+              dwc_weight: torch.Tensor | None, dwc_bias: torch.Tensor | None, lepe_weight: torch.Tensor | None,
+              lepe_bias: torch.Tensor | None) -> torch.Tensor | None:
+    """DWC (+ LePE) term on the grid tokens as (B, H * W, C) via conv2d; None when there is neither (the
+    "+ f_p only" ablation without LePE)."""
+    if dwc_weight is None and lepe_weight is None:
+        return None
     # (B, C, H, W) in channels-last memory (the token-major layout): the fastest depthwise conv on CPU.
     vm = upsample_v(v[:, prefix:], kv_hw, hw, sr_mode).contiguous(memory_format=torch.channels_last)
-    # The d-channel kernel shared by all heads is the C-channel depthwise kernel repeated h times (head-major).
     C = vm.shape[1]
-    w = torch.cat([dwc_weight] * num_heads)
-    b = None if dwc_bias is None else torch.cat([dwc_bias] * num_heads)
-    y = F.conv2d(vm, w, b, padding=(w.shape[-2] // 2, w.shape[-1] // 2), groups=C)
+    y = None
+    if dwc_weight is not None:
+        # The d-channel kernel shared by all heads is the C-channel depthwise kernel repeated h times (head-major).
+        w = torch.cat([dwc_weight] * num_heads)
+        b = None if dwc_bias is None else torch.cat([dwc_bias] * num_heads)
+        y = F.conv2d(vm, w, b, padding=(w.shape[-2] // 2, w.shape[-1] // 2), groups=C)
     if lepe_weight is not None:
         # LePE on the same v map as the DWC (CSwin 'L' blocks have n == N, so no resize happens there).
-        y = y + F.conv2d(vm, lepe_weight, lepe_bias, padding=(lepe_weight.shape[-2] // 2, lepe_weight.shape[-1] // 2),
-                         groups=C)
+        lp = F.conv2d(vm, lepe_weight, lepe_bias, padding=(lepe_weight.shape[-2] // 2, lepe_weight.shape[-1] // 2),
+                      groups=C)
+        y = lp if y is None else y + lp
     return y.flatten(2).transpose(1, 2)  # (B, H*W, C)
 
 
@@ -164,7 +170,8 @@ def focused_linear_attention_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         k: (B, n, C) projected keys with the positional encoding already added, n = prefix + H_kv * W_kv.
         v: (B, n, C) projected values.
         scale: (1, 1, C) raw `scale` parameter.
-        dwc_weight: (d, 1, k, k) shared depthwise kernel (`dwc.weight`); dwc_bias: (d,) or None.
+        dwc_weight: (d, 1, k, k) shared depthwise kernel (`dwc.weight`), or None for no DWC term (FLatten Tab. 4,
+            "+ f_p" without DWC); dwc_bias: (d,) or None.
         lepe_weight: (C, 1, 3, 3) CSwin LePE kernel (`get_v.weight`) or None; lepe_bias: (C,) or None.
         hw: query grid (H, W); kv_hw: key grid (default hw).
         num_heads: h.
@@ -185,14 +192,21 @@ def focused_linear_attention_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     h = num_heads
     out = _merge(linear_attention(_split(qf, h), _split(kf, h), _split(v, h), normaliser, NORM_EPS, order="kv"))
     conv = _dwc_fast(v, hw, kv_hw, h, prefix, sr_mode, dwc_weight, dwc_bias, lepe_weight, lepe_bias)
+    if conv is None:
+        return out
     if prefix:
         return torch.cat([out[:, :prefix], out[:, prefix:] + conv], dim=1)
     return out + conv
 
 
-def _conv_matrices(dwc_weight: torch.Tensor, lepe_weight: torch.Tensor | None, hw, num_heads: int,
-                   channel: int | None) -> torch.Tensor:
-    """Equivalent conv matrices per head (h, d or 1, N_g, N_g): DWC (shared) + LePE (per channel) on the grid."""
+def _conv_matrices(dwc_weight: torch.Tensor | None, lepe_weight: torch.Tensor | None, hw, num_heads: int,
+                   channel: int | None, d: int | None = None) -> torch.Tensor:
+    """Equivalent conv matrices per head (h, d or 1, N_g, N_g): DWC (shared) + LePE (per channel) on the grid.
+    Without a DWC (`dwc_weight=None`, head width `d` given) its part is a zero kernel."""
+    if dwc_weight is None:
+        ref = lepe_weight
+        z = (d, 1, 1, 1)
+        dwc_weight = torch.zeros(z, dtype=torch.float64) if ref is None else ref.new_zeros(z)
     d = dwc_weight.shape[0]
     if channel is None:
         m = depthwise_conv_matrix(dwc_weight.mean(0, keepdim=True), hw)[None]  # (1, 1, N_g, N_g)
@@ -229,8 +243,10 @@ def focused_linear_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     qf, kf = focused_feature_map(q, scale, p), focused_feature_map(k, scale, p)
     vh = _split(v, h)  # (B, h, n, d)
     out = linear_attention_ref(_split(qf, h), _split(kf, h), vh, normaliser, NORM_EPS)  # (B, h, N, d)
+    if dwc_weight is None and lepe_weight is None:
+        return _merge(out)  # no conv term at all (FLatten Tab. 4, "+ f_p" without DWC)
     u = upsample_matrix(kv_hw, hw, sr_mode, v.dtype, v.device)  # (N_g, n_g)
-    m = _conv_matrices(dwc_weight, lepe_weight, hw, h, True)  # (h, d, N_g, N_g)
+    m = _conv_matrices(dwc_weight, lepe_weight, hw, h, True, q.shape[-1] // h).to(v.dtype)  # (h, d, N_g, N_g)
     conv = torch.einsum("hcij,jk,bhkc->bhic", m, u, vh[:, :, prefix:])  # (B, h, N_g, d)
     if dwc_bias is not None:
         conv = conv + dwc_bias
@@ -258,9 +274,12 @@ def focused_attention_matrix(q: torch.Tensor, k: torch.Tensor, scale: torch.Tens
     h = num_heads
     qf, kf = focused_feature_map(q, scale, p), focused_feature_map(k, scale, p)
     a = linear_attention_matrix(_split(qf, h), _split(kf, h), normaliser, NORM_EPS)  # (B, h, N, n)
+    if dwc_weight is None and lepe_weight is None:
+        return a
     u = upsample_matrix(kv_hw, hw, sr_mode, a.dtype, a.device)  # (N_g, n_g)
-    m = _conv_matrices(dwc_weight.to(a.dtype), None if lepe_weight is None else lepe_weight.to(a.dtype), hw, h,
-                       channel)[:, 0] @ u  # (h, N_g, n_g)
+    m = _conv_matrices(None if dwc_weight is None else dwc_weight.to(a.dtype),
+                       None if lepe_weight is None else lepe_weight.to(a.dtype), hw, h, channel,
+                       q.shape[-1] // h)[:, 0].to(a.dtype) @ u  # (h, N_g, n_g)
     a = a.clone()
     a[:, :, prefix:, prefix:] += m
     return a
