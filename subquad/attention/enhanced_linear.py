@@ -8,6 +8,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, map_to_tokens, merge_heads, tokens_to_map
+from ..errors import UserError
 from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.linear import (
@@ -41,6 +42,9 @@ class EnhancedLinearAttention(TokenMixer):
         proj_drop: dropout after `proj` (official rate 0).
         input_size: accepted for interface uniformity; ignored.
         fused: K^T V first (True) or the dense reference (False); both compute the same function.
+        learnable_scale: the per-head `temperature` s (default). False builds no `temperature` and uses s = 1, the
+            linear attention of paper Eq. 4 with the clamped denominator: the "without scale parameter" row of
+            L2ViT paper Tab. 6.
     """
 
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=False, supports_mask=False,
@@ -48,28 +52,30 @@ class EnhancedLinearAttention(TokenMixer):
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, clamp_min: float = 100.0,
                  qk_scale: float | None = None, proj_drop: float = 0.0, input_size: tuple[int, int] | None = None,
-                 fused: bool = True, device=None, dtype=None) -> None:
+                 fused: bool = True, learnable_scale: bool = True, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads, "enhanced_linear attention")
-        if not clamp_min > 0:
+        if isinstance(clamp_min, bool) or not isinstance(clamp_min, (int, float)) or not clamp_min > 0:
             # No epsilon in the official denominator: a clamp of 0 divides all-zero ReLU rows by 0.
-            raise ValueError(f"enhanced_linear: clamp_min={clamp_min} must be > 0 (official: 100)")
+            raise UserError(f"enhanced_linear: clamp_min={clamp_min!r} must be a number > 0 (official: 100)")
         self.clamp_min = float(clamp_min)
         self.fused = fused
-        self.temperature = nn.Parameter(torch.empty(num_heads, 1, 1, **dd))
+        self.learnable_scale = bool(learnable_scale)
+        self.temperature = nn.Parameter(torch.empty(num_heads, 1, 1, **dd)) if learnable_scale else None
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self._temperature_init = qk_scale or self.head_dim ** -0.5
-        if not self.temperature.is_meta:
+        if not self.qkv.weight.is_meta:
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Official init: trunc_normal(0.02) weights, zero biases, temperature d^-1/2."""
-        nn.init.constant_(self.temperature, self._temperature_init)
+        if self.temperature is not None:
+            nn.init.constant_(self.temperature, self._temperature_init)
         for lin in (self.qkv, self.proj):
             trunc_normal_(lin.weight, std=0.02)
             if lin.bias is not None:
@@ -85,7 +91,7 @@ class EnhancedLinearAttention(TokenMixer):
         self._check_input(x, hw, mask)
         q, k, v = self._qkv(x)
         core = enhanced_linear_attention_kv if self.fused else enhanced_linear_attention_ref
-        o = fp32_island(core, q, k, v, self.temperature, clamp_min=self.clamp_min)
+        o = fp32_island(core, q, k, v, self._scale(q), clamp_min=self.clamp_min)
         return self.proj_drop(self.proj(merge_heads(o)))
 
     def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
@@ -93,7 +99,7 @@ class EnhancedLinearAttention(TokenMixer):
         """Dense reference of `forward` (explicit N x N matrix)."""
         self._check_input(x, hw, mask)
         q, k, v = self._qkv(x)
-        o = enhanced_linear_attention_ref(q, k, v, self.temperature, self.clamp_min)
+        o = enhanced_linear_attention_ref(q, k, v, self._scale(q), self.clamp_min)
         return self.proj(merge_heads(o))
 
     @torch.no_grad()
@@ -103,7 +109,11 @@ class EnhancedLinearAttention(TokenMixer):
         The LCM is a separate residual branch on another input; see `LocalConcentrationModule.equivalent_matrix`.
         """
         q, k, _ = self._qkv(x)
-        return linear_attention_matrix(F.relu(q), F.relu(k), "sum", 0.0, self.clamp_min, self.temperature)
+        return linear_attention_matrix(F.relu(q), F.relu(k), "sum", 0.0, self.clamp_min, self._scale(q))
+
+    def _scale(self, ref: torch.Tensor) -> torch.Tensor:
+        """(h, 1, 1) numerator scale: the learnable `temperature`, or ones (paper Eq. 4, no scale parameter)."""
+        return self.temperature if self.temperature is not None else ref.new_ones(self.num_heads, 1, 1)
 
     def denominator(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, C) -> (B, h, N, 1): the un-clamped denominators q_i . sum_j k_j (for clamp statistics)."""
@@ -112,7 +122,8 @@ class EnhancedLinearAttention(TokenMixer):
         return q @ k.sum(dim=-2, keepdim=True).transpose(-2, -1)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, clamp_min={self.clamp_min}"
+        return (f"dim={self.dim}, num_heads={self.num_heads}, clamp_min={self.clamp_min}, "
+                f"learnable_scale={self.learnable_scale}")
 
 
 class LocalConcentrationModule(nn.Module):

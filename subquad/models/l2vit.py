@@ -21,7 +21,7 @@ from torch import nn
 from ..attention import build_attention
 from ..attention.enhanced_linear import LocalConcentrationModule
 from ..errors import UserError
-from ..layers.mlp import Mlp
+from ..layers.mlp import ConvMlp, Mlp
 from ..layers.patch_embed import L2ViTStem, PreNormDownsample
 from ..layers.pos_embed import ConvPosEnc
 from ._base import Backbone, drop_path_rates
@@ -30,12 +30,31 @@ from ._builder import Variant, register_family, unwrap_state_dict
 __all__ = ["L2ViT", "LWABlock", "LGABlock", "remap_official"]
 
 
-def _attn_kwargs(name: str, window_size: int, input_size: tuple[int, int] | None) -> dict:
-    """Options for the mechanism `name` in an L2ViT block (the official settings for 'window'/'enhanced_linear')."""
+MLP_TYPES = ("plain", "pvtv2")
+
+
+def _attn_kwargs(name: str, window_size: int, input_size: tuple[int, int] | None, extra: dict | None = None) -> dict:
+    """Options for the mechanism `name` in an L2ViT block (the official settings for 'window'/'enhanced_linear'),
+    plus the LGA ablation options `extra` (enhanced_linear only)."""
     if name == "window":
         return dict(window_size=window_size, shift_size=0, rel_pos_bias=False, pad_mode="zero", qkv_bias=True,
                     input_size=input_size)
-    return dict(qkv_bias=True, input_size=input_size)
+    kw = dict(qkv_bias=True, input_size=input_size)
+    if name == "enhanced_linear":
+        kw.update(extra or {})
+    return kw
+
+
+def _build_mlp(dim: int, hidden: int, mlp_type: str, dd: dict) -> nn.Module:
+    """'plain' (fc1 -> GELU -> fc2, every released model) or 'pvtv2' (fc1 -> depthwise 3x3 -> GELU -> fc2, the
+    PVTv2 MLP of L2ViT paper Tab. 12 / Fig. 4 middle)."""
+    if mlp_type == "pvtv2":
+        return ConvMlp(dim, hidden, **dd)
+    return Mlp(dim, hidden, **dd)
+
+
+def _run_mlp(mlp: nn.Module, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+    return mlp(x, hw) if isinstance(mlp, ConvMlp) else mlp(x)
 
 
 @register_notrace_module
@@ -51,7 +70,7 @@ class LWABlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, window_size: int = 7, mlp_ratio: float = 4.0,
                  drop_path: float = 0.0, attn: str = "window", input_size: tuple[int, int] | None = None,
-                 device=None, dtype=None) -> None:
+                 mlp_type: str = "plain", device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.cpe = nn.ModuleList([ConvPosEnc(dim, 3, **dd), ConvPosEnc(dim, 3, **dd)])
@@ -59,13 +78,13 @@ class LWABlock(nn.Module):
         self.attn = build_attention(attn, dim, num_heads, **_attn_kwargs(attn, window_size, input_size), **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), **dd)
+        self.mlp = _build_mlp(dim, int(dim * mlp_ratio), mlp_type, dd)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         s = self.cpe[0](x, hw)
         x = s + self.drop_path(self.attn(self.norm1(s), hw))
         x = self.cpe[1](x, hw)
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return x + self.drop_path(_run_mlp(self.mlp, self.norm2(x), hw))
 
 
 @register_notrace_module
@@ -73,7 +92,8 @@ class LGABlock(nn.Module):
     """Linear global attention block with LCM (one CPE). x: (B, H*W, C) with hw -> (B, H*W, C).
 
     x = CPE0(x); x = x + DropPath(LinearAttn(LN1(x))); x = x + DropPath(LCM(LN3(x), hw));
-    x = x + DropPath(MLP(LN2(x))).
+    x = x + DropPath(MLP(LN2(x))). `lcm_kernel_size=0` builds no LCM and no LN3 (official `enhanced=False`; the
+    "without LCM" rows of L2ViT paper Tab. 6 and 12).
 
     Paper: L2ViT Sec. 3.1-3.2, Eq. 8 (LGA + LCM). Official: L2ViT `LGABlock(enhanced=True)` (keys `cpe.0.proj`,
     `norm1`, `attn.{temperature,qkv,proj}`, `norm2`, `mlp`, `norm3`, `local_mp.{conv1,bn,conv2}`).
@@ -81,23 +101,28 @@ class LGABlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, drop_path: float = 0.0,
                  attn: str = "enhanced_linear", lcm_kernel_size: int = 7,
-                 input_size: tuple[int, int] | None = None, device=None, dtype=None) -> None:
+                 input_size: tuple[int, int] | None = None, mlp_type: str = "plain",
+                 attn_kwargs: dict | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.cpe = nn.ModuleList([ConvPosEnc(dim, 3, **dd)])
         self.norm1 = nn.LayerNorm(dim, **dd)
-        self.attn = build_attention(attn, dim, num_heads, **_attn_kwargs(attn, 0, input_size), **dd)
+        self.attn = build_attention(attn, dim, num_heads, **_attn_kwargs(attn, 0, input_size, attn_kwargs), **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), **dd)
-        self.norm3 = nn.LayerNorm(dim, **dd)
-        self.local_mp = LocalConcentrationModule(dim, kernel_size=lcm_kernel_size, **dd)
+        self.mlp = _build_mlp(dim, int(dim * mlp_ratio), mlp_type, dd)
+        if lcm_kernel_size:
+            self.norm3 = nn.LayerNorm(dim, **dd)
+            self.local_mp = LocalConcentrationModule(dim, kernel_size=lcm_kernel_size, **dd)
+        else:
+            self.local_mp = None
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         x = self.cpe[0](x, hw)
         x = x + self.drop_path(self.attn(self.norm1(x), hw))
-        x = x + self.drop_path(self.local_mp(self.norm3(x), hw))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        if self.local_mp is not None:
+            x = x + self.drop_path(self.local_mp(self.norm3(x), hw))
+        return x + self.drop_path(_run_mlp(self.mlp, self.norm2(x), hw))
 
 
 class L2ViT(Backbone):
@@ -120,7 +145,19 @@ class L2ViT(Backbone):
         stem_stride: 4 (official) or 2 (tiny layout).
         lwa_attn: mechanism of the LWA blocks ('window' as the official code; e.g. 'softmax' for a global baseline).
         lga_attn: mechanism of the LGA blocks ('enhanced_linear' as the official code).
-        lcm_kernel_size: LCM depthwise kernel (7; 3 in the paper's ablation).
+        lcm_kernel_size: LCM depthwise kernel (7; 3 in the paper's ablation); 0 = no LCM (Tab. 6, Tab. 12).
+        Ablation switches of the L2ViT paper (each off by default; the default builds the released models):
+        conv_stem_type: '2L' (default, `ConvStem`), '4L' (Tab. 7, `ConvStem_4L` of the official code) or
+            'patchify' (Tab. 6 "primitive L2ViT": a k = s conv as Swin, official `conv_stem=False`).
+        last_proj: Linear(C_4, 1280) + ReLU on the final tokens before pooling, head from 1280 (Tab. 7; official
+            `last_proj`, keys `last_proj.*`). `forward_features` stays the normed C_4 tokens; the projection is
+            part of `forward_head` (so `num_features` stays C_4 and `head_hidden_size` becomes 1280).
+        overlapped: 3x3 stride-2 downsampling convs (padding 1) instead of 2x2 (Tab. 7; official `overlapped`).
+        learnable_scale: the per-head temperature of the enhanced linear attention (default); False uses s = 1
+            (Tab. 6 "without scale parameter").
+        clamp_min: the denominator clamp C_min of the enhanced linear attention (default 100; Tab. 10).
+        mlp_type: 'plain' (default) or 'pvtv2' (fc1 -> depthwise 3x3 -> GELU -> fc2 in every block; Tab. 12,
+            usually with `lcm_kernel_size=0`).
         drop_rate: dropout before the head.
         drop_path_rate: stochastic depth, linear over all blocks.
         img_size: nominal resolution (timm's cfg); the model runs at any size.
@@ -139,22 +176,37 @@ class L2ViT(Backbone):
                  mlp_ratio: float = 4.0, window_size: int = 7, stem_stride: int = 4, lwa_attn: str = "window",
                  lga_attn: str = "enhanced_linear", lcm_kernel_size: int = 7, drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, img_size: int | tuple[int, int] = 224, global_pool: str = "avg",
+                 conv_stem_type: str = "2L", last_proj: bool = False, overlapped: bool = False,
+                 learnable_scale: bool = True, clamp_min: float = 100.0, mlp_type: str = "plain",
                  device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if not (len(dims) == len(depths) == len(num_heads) == 4):
             raise UserError(f"L2ViT needs 4 stages: got dims={tuple(dims)}, depths={tuple(depths)}, "
                             f"num_heads={tuple(num_heads)}")
+        if mlp_type not in MLP_TYPES:
+            raise UserError(f"L2ViT: mlp_type={mlp_type!r} is not one of {MLP_TYPES}")
+        if isinstance(lcm_kernel_size, bool) or not isinstance(lcm_kernel_size, int) or lcm_kernel_size < 0 or \
+                (lcm_kernel_size and lcm_kernel_size % 2 == 0):
+            raise UserError(f"L2ViT: lcm_kernel_size={lcm_kernel_size!r} must be a positive odd int, or 0 for no LCM")
+        lga_extra = {}
+        if not learnable_scale or clamp_min != 100.0:
+            if lga_attn != "enhanced_linear":
+                raise UserError(f"L2ViT: learnable_scale / clamp_min are options of lga_attn='enhanced_linear', "
+                                f"got lga_attn={lga_attn!r}")
+            lga_extra = dict(learnable_scale=learnable_scale, clamp_min=clamp_min)
         self.in_chans = in_chans
         self.num_stages = 4
         self.total_stride = stem_stride * 8
         self.num_features = self.head_hidden_size = dims[-1]
+        if last_proj:
+            self.head_hidden_size = 1280
         self.grad_checkpointing = False
         img_hw = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
 
-        self.downsample_layers = nn.ModuleList([L2ViTStem(in_chans, dims[0], stem_stride, **dd)])
+        self.downsample_layers = nn.ModuleList([L2ViTStem(in_chans, dims[0], stem_stride, conv_stem_type, **dd)])
         for i in range(1, 4):
-            self.downsample_layers.append(PreNormDownsample(dims[i - 1], dims[i], 2, **dd))
+            self.downsample_layers.append(PreNormDownsample(dims[i - 1], dims[i], 2, overlapped, **dd))
         dpr = drop_path_rates(drop_path_rate, depths)
         self.stages = nn.ModuleList()
         self.feature_info = []
@@ -165,16 +217,43 @@ class L2ViT(Backbone):
             for j in range(depths[i]):
                 if j % 2 == 0:
                     blocks.append(LWABlock(dims[i], num_heads[i], window_size, mlp_ratio, dpr[i][j], lwa_attn,
-                                           grid, **dd))
+                                           grid, mlp_type, **dd))
                 else:
                     blocks.append(LGABlock(dims[i], num_heads[i], mlp_ratio, dpr[i][j], lga_attn,
-                                           lcm_kernel_size, grid, **dd))
+                                           lcm_kernel_size, grid, mlp_type, lga_extra, **dd))
             self.stages.append(nn.ModuleList(blocks))
             self.feature_info.append(dict(num_chs=dims[i], reduction=stride, module=f"stages.{i}"))
             stride *= 2
         self.norm = nn.LayerNorm(dims[-1], **dd)
+        if last_proj:
+            self.last_proj = nn.Linear(dims[-1], 1280, **dd)
+            self.last_act = nn.ReLU()
+        else:
+            self.last_proj = None
         self._init_head(num_classes, global_pool, drop_rate, **dd)
+        self._fit_head()
         self._finish_init()
+
+    def _fit_head(self) -> None:
+        """With `last_proj` the classifier reads the 1280 projected channels."""
+        if self.last_proj is not None and isinstance(self.head, nn.Linear):
+            ref = self.last_proj.weight
+            self.head = nn.Linear(self.head_hidden_size, self.num_classes, device=ref.device, dtype=ref.dtype)
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        super().reset_classifier(num_classes, global_pool)
+        if self.last_proj is not None and isinstance(self.head, nn.Linear):
+            self._fit_head()
+            if not self.head.weight.is_meta:
+                self._init_module(self.head)
+            self.head.train(self.training)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Features (B, H, W, C_4) -> logits; with `last_proj`, Linear(C_4, 1280) + ReLU per token first (official
+        order: norm, projection, ReLU, mean)."""
+        if self.last_proj is not None:
+            x = self.last_act(self.last_proj(x))
+        return super().forward_head(x, pre_logits)
 
     def _forward_level(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
         x, hw = self.downsample_layers[i](x) if i == 0 else self.downsample_layers[i](x, hw)
