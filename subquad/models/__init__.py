@@ -38,7 +38,11 @@ def create_model(name: str, pretrained: bool = False, checkpoint_path: str | Non
 
     Args:
         name: a registered name (`subquad.list_models()`, or any timm model).
-        pretrained: load weights named by `pretrained_cfg_overlay=dict(file=PATH)` (no downloads).
+        pretrained: load the released weights of the tag in `name` (e.g. `l2vit_base.in22k_ft_in1k`; the first
+            tag without one): downloaded once from the official release URL into
+            `<torch.hub.get_dir()>/checkpoints/subquad/<name>.<tag>-<url hash>.pth` (`TORCH_HOME` moves it) and read
+            from there afterwards, or read from `pretrained_cfg_overlay=dict(file=PATH)` (a file downloaded by
+            hand; no network). Offline, a one-line `UserError` names the URL.
         checkpoint_path: an official `.pth` or a subquad `.safetensors` file, loaded safely (weights only) through
             the family's remap function with strict key checking.
         **kwargs: model options (`num_classes`, `img_size`, `features_only`, `device`, attention choices, ...).

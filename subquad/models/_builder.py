@@ -4,6 +4,7 @@
 `features_only=True` works through `forward_intermediates`), and `load_checkpoint` loads official `.pth` files
 (`torch.load(weights_only=True)`, unwrapping `model` / `state_dict` / `model_ema`) or our safetensors, through the
 family's `remap_official`, with strict semantics and a one-line report of what did not match.
+`download_pretrained` fetches a release into a cache file of its own per tag (checked before it is kept).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from torch import nn
 
 from ..errors import UserError
 
-__all__ = ["build", "load_checkpoint", "read_state_dict", "unwrap_state_dict", "load_into", "Variant",
-           "register_family", "NON_STD", "FAMILY_MODULES", "IMAGENET_CFG"]
+__all__ = ["build", "download_pretrained", "pretrained_cache_path", "load_checkpoint", "read_state_dict",
+           "unwrap_state_dict", "load_into", "Variant", "register_family", "NON_STD", "FAMILY_MODULES", "IMAGENET_CFG"]
 
 _logger = logging.getLogger(__name__)
 
@@ -36,10 +37,11 @@ def build(model_cls: type[nn.Module], variant: str, pretrained: bool = False,
           **kwargs: Any) -> nn.Module:
     """Build a registered variant through timm (features via `forward_intermediates`).
 
-    `pretrained=True` (or a tagged name such as `l2vit_tiny.in1k`) loads the weights that timm's pretrained cfg
-    names: `file` (e.g. `pretrained_cfg_overlay=dict(file=...)`) or the official release `url` (downloaded into
-    timm's cache). Either is read without unpickling objects and mapped strictly through `remap`; a head of another
-    size than the checkpoint's is left freshly initialised. A variant without released weights says so.
+    `pretrained=True` loads the weights of the tag in the name (`l2vit_base.in22k_ft_in1k`; the first released tag
+    when the name has none) that timm's pretrained cfg names: `file` (e.g. `pretrained_cfg_overlay=dict(file=...)`)
+    or the official release `url`, downloaded once into a cache file of its own (`download_pretrained`). Either is
+    read without unpickling objects and mapped strictly through `remap`; a head of another size than the
+    checkpoint's is left freshly initialised. A variant without released weights says so.
     """
     checkpoint_path = kwargs.pop("subquad_checkpoint", None)
     # A caller's out_indices (features_only=True) overrides the family default.
@@ -50,14 +52,18 @@ def build(model_cls: type[nn.Module], variant: str, pretrained: bool = False,
             feature_cls="getter", out_indices=out_indices if isinstance(out_indices, int) else tuple(out_indices)),
         **kwargs)
     skip_head = False
+    sd = None
     if pretrained:
         cfg = model.pretrained_cfg
-        checkpoint_path = cfg.get("file") or _download(cfg.get("url"), variant, cfg)
+        checkpoint_path = cfg.get("file")
+        if not checkpoint_path:
+            checkpoint_path, sd = download_pretrained(cfg.get("url"), variant, cfg)
         backbone = model.model if features else model
         skip_head = getattr(backbone, "num_classes", cfg.get("num_classes")) != cfg.get("num_classes")
     if checkpoint_path:
         backbone = model.model if features else model
-        sd = read_state_dict(checkpoint_path)
+        if sd is None:
+            sd = read_state_dict(checkpoint_path)
         sd = remap(sd, backbone) if remap is not None else sd
         own = backbone.state_dict()
         if features:
@@ -73,13 +79,125 @@ def build(model_cls: type[nn.Module], variant: str, pretrained: bool = False,
     return model
 
 
-def _download(url: str | None, variant: str, cfg: dict) -> str:
+#: Suffixes of a release URL's file name that name its format; anything else (e.g. TsinghuaCloud's `/f/<key>/?dl=1`,
+#: whose path ends in `/`) is cached as `.pth` (torch.save's format, sniffed before it is kept).
+_CKPT_SUFFIXES = (".safetensors", ".pth.tar", ".pth", ".pt", ".bin", ".ckpt")
+_DOWNLOAD_TIMEOUT_S = 60.0
+_CHUNK = 1 << 20
+
+
+def pretrained_cache_path(url: str, variant: str, tag: str | None) -> Path:
+    """Where the release at `url` is cached: `<torch hub dir>/checkpoints/subquad/<variant>.<tag>-<8 hex>.<ext>`.
+
+    The name carries the variant, the tag and a hash of the URL, so two tags (or two URLs) never share a file; the
+    folder follows `torch.hub.get_dir()` (so `TORCH_HOME` moves it).
+    """
+    import hashlib
+    from urllib.parse import urlsplit
+
+    leaf = urlsplit(url).path.rsplit("/", 1)[-1].lower()
+    ext = next((s for s in _CKPT_SUFFIXES if leaf.endswith(s)), ".pth")
+    digest = hashlib.sha256(url.encode()).hexdigest()[:8]
+    name = f"{variant}.{tag}-{digest}{ext}" if tag else f"{variant}-{digest}{ext}"
+    return Path(torch.hub.get_dir()) / "checkpoints" / "subquad" / name
+
+
+def _by_hand() -> str:
+    return ("download the file by hand and load it with pretrained_cfg_overlay=dict(file=PATH) (Python) or "
+            "--checkpoint PATH (CLI)")
+
+
+def _size(n: int | None) -> str:
+    return "unknown size" if n is None else f"{n / 1e6:.1f} MB"
+
+
+def _sniff(head: bytes) -> str | None:
+    """The checkpoint format that a file's first bytes announce: 'torch' (zip or legacy pickle), 'safetensors'
+    (8-byte little-endian header length, then JSON), or None (e.g. an HTML page instead of the file)."""
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return "torch"
+    if len(head) > 8 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < (1 << 32):
+        return "safetensors"
+    return None
+
+
+def download_pretrained(url: str | None, variant: str, cfg: dict) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The released checkpoint of one tag: its cache file and its state dict (read once).
+
+    A cached file (`pretrained_cache_path`) is used without touching the network. Otherwise the file is downloaded
+    into a temporary file in the cache folder, checked (complete, a torch or safetensors checkpoint that
+    `torch.load(weights_only=True)` / safetensors reads) and only then renamed to its cache name. One log line
+    (INFO) says what happens: URL, size and cache path. Offline, an HTTP error or a file that is not a checkpoint
+    raise a one-line `UserError` naming the URL and how to load a file downloaded by hand; nothing is kept.
+    """
     if not url:
         raise UserError(f"{variant}: no released weights exist ({cfg.get('notes') or 'none published'}); pass "
                         "checkpoint_path=... or pretrained_cfg_overlay=dict(file=...)")
-    from timm.models._hub import download_cached_file
+    if not isinstance(url, str):  # timm allows (url, filename) pairs; no subquad cfg uses them
+        raise UserError(f"{variant}: unsupported pretrained url {url!r} (expected one https URL)")
+    tag = cfg.get("tag")
+    what = f"{variant}.{tag}" if tag else variant
+    path = pretrained_cache_path(url, variant, tag)
+    if path.is_file():
+        _logger.info("%s: loading cached %s (%s) from %s", what, url, _size(path.stat().st_size), path)
+        try:
+            return path, read_state_dict(path)
+        except UserError as e:  # kept only after a check, so someone else wrote or damaged it
+            raise UserError(f"{e}; delete that cached file to download {url} again") from None
+    import http.client
+    import urllib.error
+    import urllib.request
 
-    return download_cached_file(url, check_hash=False, progress=True)
+    from ..engine.checkpoint import atomic_write
+
+    def fail(reason: str) -> UserError:
+        return UserError(f"cannot download the {what} weights from {url}: {reason}; nothing was cached; "
+                         + _by_hand())
+
+    sd: dict[str, torch.Tensor] = {}
+
+    def write(tmp: str) -> None:
+        try:
+            response = urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "subquad"}),
+                                              timeout=_DOWNLOAD_TIMEOUT_S)
+        except urllib.error.HTTPError as e:
+            raise fail(f"HTTP {e.code} {e.reason}") from None
+        except urllib.error.URLError as e:
+            raise fail(f"{e.reason} (offline?)") from None
+        except (OSError, ValueError, http.client.HTTPException) as e:  # timeouts, a malformed URL or reply
+            raise fail(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+        with response:
+            length = response.headers.get("Content-Length")
+            expected = int(length) if length and length.isdigit() else None
+            _logger.info("%s: downloading %s (%s) to %s", what, url, _size(expected), path)
+            got, head = 0, b""
+            with open(tmp, "wb") as f:
+                while True:
+                    try:
+                        chunk = response.read(_CHUNK)
+                    except (OSError, http.client.HTTPException) as e:  # a dropped connection mid-file
+                        raise fail(f"the transfer broke off after {got} bytes ({type(e).__name__})") from None
+                    if not chunk:
+                        break
+                    if len(head) < 16:
+                        head += chunk[: 16 - len(head)]
+                    f.write(chunk)
+                    got += len(chunk)
+        if expected is not None and got != expected:
+            raise fail(f"the transfer is incomplete ({got} of {expected} bytes)")
+        fmt = _sniff(head)
+        if fmt is None:
+            kind = "an HTML page" if head.lstrip()[:1] == b"<" else f"a file starting with {head[:8]!r}"
+            raise fail(f"the server sent {kind}, not a checkpoint")
+        if (fmt == "safetensors") != (path.suffix == ".safetensors"):
+            raise fail(f"the file is {fmt} but its URL names a {path.suffix} file")
+        try:
+            sd.update(read_state_dict(tmp, fmt=fmt))
+        except UserError as e:
+            raise fail(f"the file is not a readable checkpoint ({str(e).replace(tmp, 'download')})") from None
+
+    atomic_write(path, write)
+    return path, sd
 
 
 def unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> dict[str, torch.Tensor]:
@@ -104,12 +222,16 @@ def unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> dict[str, torch.Ten
     return sd
 
 
-def read_state_dict(path: str | os.PathLike, prefer_ema: bool = False) -> dict[str, torch.Tensor]:
-    """Read weights from a safetensors or torch file without unpickling arbitrary objects."""
+def read_state_dict(path: str | os.PathLike, prefer_ema: bool = False,
+                    fmt: str | None = None) -> dict[str, torch.Tensor]:
+    """Read weights from a safetensors or torch file without unpickling arbitrary objects.
+
+    `fmt` ('safetensors' or 'torch') overrides the format that the suffix names.
+    """
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint file not found: {path}")
-    if path.suffix == ".safetensors":
+    if (fmt or ("safetensors" if path.suffix == ".safetensors" else "torch")) == "safetensors":
         from safetensors.torch import load_file
 
         try:
@@ -122,7 +244,7 @@ def read_state_dict(path: str | os.PathLike, prefer_ema: bool = False) -> dict[s
         from ..errors import unsafe_pickle
 
         raise unsafe_pickle(path, e) from None
-    except (RuntimeError, EOFError, ValueError) as e:
+    except (RuntimeError, EOFError, ValueError, OSError) as e:  # OSError: a truncated zip (errno 22)
         raise UserError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
             from None
     return unwrap_state_dict(obj, prefer_ema=prefer_ema)
