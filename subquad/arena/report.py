@@ -46,7 +46,7 @@ from ..engine.checkpoint import atomic_write
 from ..errors import UserError
 
 __all__ = ["LEADERBOARD_COLUMNS", "write_leaderboard", "read_leaderboard", "leaderboard_markdown", "check_claims",
-           "claims_text", "method_text", "check_run_claims", "cell_rows", "SERIES_STYLES", "HOLM_ALPHA"]
+           "claims_text", "method_text", "check_run_claims", "cell_rows", "replot", "SERIES_STYLES", "HOLM_ALPHA"]
 
 LEADERBOARD_COLUMNS = ["task", "attention", "options", "seeds", "n_seeds", "mean_acc", "std_acc", "best_acc",
                        "params", "gmacs", "train_per_sec", "eval_per_sec", "peak_mem_mb", "wall_s", "subquad",
@@ -230,6 +230,27 @@ def write_plots(out: Path, task: Any, board: list[dict[str, Any]],
     finish(fig, ax, out / "curves.png")
     written.append(out / "curves.png")
     return written
+
+
+def replot(out: str | Path, task: Any = None) -> list[Path]:
+    """Rewrite leaderboard.png and curves.png of the run in `out` from its leaderboard.csv and cells (nothing is
+    trained; leaderboard.csv is left as it is). Returns the files written."""
+    out = Path(out)
+    task = _task_or_none(out, task)
+    if task is None:
+        raise UserError(f"{out} is not an arena run directory (no arena.json)")
+
+    def num(x: str) -> Any:
+        return "" if x in ("", None) else float(x)
+
+    board = [{**r, "n_seeds": int(r["n_seeds"] or 0), "mean_acc": num(r["mean_acc"]), "std_acc": num(r["std_acc"]),
+              "train_per_sec": num(r["train_per_sec"])} for r in read_leaderboard(out)]
+    labels = {r["attention"] for r in board}
+    by_label: dict[str, list[dict[str, Any]]] = {}
+    for c in cell_rows(out):
+        if c["attention"] in labels:
+            by_label.setdefault(c["attention"], []).append(c)
+    return write_plots(out, task, board, by_label)
 
 
 def read_leaderboard(out: str | Path) -> list[dict[str, str]]:

@@ -2,7 +2,8 @@
 
     subquad arena run --task TASK [--attention a,b,c | all] [--seeds 0,1,2] [--budget default|quick] --out DIR
                       [--workers N] [--device cpu|cuda]
-    subquad arena report DIR        the leaderboard as a Markdown table (mean ± std over seeds)
+    subquad arena report DIR [--plots]   the leaderboard as a Markdown table (mean ± std over seeds); --plots
+                                    rewrites its two plots from the cells
     subquad arena check DIR         the papers' claims: both means, the difference with a 95 % interval, a verdict
                                     and the verdict after a Holm correction over the task's claims
     subquad arena tasks             the shipped tasks and their mechanisms
@@ -33,6 +34,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.set_defaults(func=run_run)
     rep = asub.add_parser("report", help="print DIR/leaderboard.csv as a Markdown table")
     rep.add_argument("dir")
+    rep.add_argument("--plots", action="store_true", help="also rewrite DIR/leaderboard.png and curves.png from the "
+                     "cells (nothing is trained; leaderboard.csv is left as it is)")
     rep.set_defaults(func=run_report)
     c = asub.add_parser("check", help="test the task's claims on the cells in DIR")
     c.add_argument("dir")
@@ -78,6 +81,13 @@ def run_report(args: argparse.Namespace) -> int:
     print(f"arena {task.name}: {task.description}")
     print()
     print(leaderboard_markdown(args.dir, task))
+    if args.plots:
+        from subquad.arena.report import replot
+
+        written = replot(args.dir, task)
+        print()
+        print("plots: " + (", ".join(str(p) for p in written) if written else "none (matplotlib is not installed: "
+                           "pip install subquad[plot])"))
     return 0
 
 

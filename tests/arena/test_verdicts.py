@@ -354,3 +354,21 @@ def test_lra_cell_eval_and_memory_mean_what_the_image_cells_do(tmp_path):
     assert out["test_seconds"] > 0 and out["test_cpu_seconds"] >= 0
     assert res["eval_per_sec"] == pytest.approx(out["test_samples"] / out["test_seconds"])
     assert res["peak_mem_mb"] == out["peak_mem_mb"] >= 0
+
+
+def test_report_plots_rewrites_the_plots_and_nothing_else(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    task = load_task("listops")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "arena.json").write_text(json.dumps({"task": "listops", "budget": "default",
+                                                "fingerprint": task.fingerprint("default")}))
+    _fake_cells(out, {"softmax": [30.0, 31.0], "linear": [20.0, 22.0]}, full=True)
+    write_leaderboard(out, task, ["softmax", "linear"], [0, 1], {})
+    board = (out / "leaderboard.csv").read_bytes()
+    for f in ("leaderboard.png", "curves.png"):
+        (out / f).unlink()
+    assert main(["arena", "report", str(out), "--plots"]) == 0
+    assert "plots:" in capsys.readouterr().out
+    assert (out / "leaderboard.png").is_file() and (out / "curves.png").is_file()
+    assert (out / "leaderboard.csv").read_bytes() == board
