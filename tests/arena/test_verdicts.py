@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -372,3 +373,61 @@ def test_report_plots_rewrites_the_plots_and_nothing_else(tmp_path, capsys):
     assert "plots:" in capsys.readouterr().out
     assert (out / "leaderboard.png").is_file() and (out / "curves.png").is_file()
     assert (out / "leaderboard.csv").read_bytes() == board
+
+
+def _load_backfill():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "backfill_arena_commits.py"
+    spec = importlib.util.spec_from_file_location("backfill_arena_commits", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_backfill_reconstructs_the_commit_from_git_history(tmp_path, monkeypatch):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "subquad").mkdir(parents=True)
+
+    def commit(msg: str, when: str) -> str:
+        env = {**os.environ, "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when, "GIT_AUTHOR_NAME": "t",
+               "GIT_COMMITTER_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_EMAIL": "t@t"}
+        subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True, env=env)
+        subprocess.run(["git", "-C", str(repo), "commit", "-qm", msg], check=True, env=env)
+        return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "subquad" / "x.py").write_text("a = 1\n")
+    c1 = commit("code 1", "2026-12-01T09:00:00+00:00")
+    run = repo / "run"
+    (run / "cells" / "m" / "seed0").mkdir(parents=True)
+    (run / "cells" / "m" / "seed1").mkdir(parents=True)
+    (run / "arena.json").write_text(json.dumps({"task": "t", "created": "2026-12-01 09:30:00"}))
+    (run / "cells" / "m" / "seed0" / "cell.json").write_text(json.dumps({"seed": 0, "wall_s": 600.0}))
+    commit("cell 0", "2026-12-01T10:00:00+00:00")  # trained 09:30-09:50 at the latest: code 1, exact
+    (repo / "subquad" / "x.py").write_text("a = 2\n")
+    c2 = commit("code 2", "2026-12-01T11:00:00+00:00")
+    (repo / "notes.txt").write_text("n\n")
+    c3 = commit("not code", "2026-12-01T11:30:00+00:00")
+    (run / "cells" / "m" / "seed1" / "cell.json").write_text(json.dumps({"seed": 1, "wall_s": 1800.0}))
+    commit("cell 1", "2026-12-01T12:00:00+00:00")  # started 09:30-11:30: code 1 or code 2
+    done = run / "cells" / "m" / "seed2"
+    done.mkdir()
+    (done / "cell.json").write_text(json.dumps({"seed": 2, "wall_s": 1.0, "commit": "abc", "tree_clean": True}))
+    commit("cell 2", "2026-12-01T12:30:00+00:00")
+    mod = _load_backfill()
+    monkeypatch.setattr(mod, "ROOT", repo)
+    assert mod.backfill(run, dry_run=False) == 2
+    r0 = json.loads((run / "cells" / "m" / "seed0" / "cell.json").read_text())
+    r1 = json.loads((run / "cells" / "m" / "seed1" / "cell.json").read_text())
+    assert r0["commit"] == c1 and r0["tree_clean"] is None and "exact" in r0["commit_source"]
+    assert r0["commit_source"].startswith("reconstructed from git history:") and "commit_earliest" not in r0
+    # The newest code that can have trained it (c3: subquad/ as at c2), and the code at the run's start.
+    assert r1["commit"] == c3 and r1["commit_earliest"] == c1 and "1 first-parent commit(s)" in r1["commit_source"]
+    assert c2 != c3
+    assert json.loads((done / "cell.json").read_text()) == {"seed": 2, "wall_s": 1.0, "commit": "abc",
+                                                            "tree_clean": True}  # untouched
+    assert mod.backfill(run, dry_run=False) == 0  # idempotent
