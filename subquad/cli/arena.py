@@ -123,6 +123,8 @@ def run_tasks(args: argparse.Namespace) -> int:
 
     for name in task_names():
         t = load_task(name)
-        print(f"{name} ({t.kind}, seeds {','.join(map(str, t.seeds))}): {t.description}")
+        needs = ", needs a GPU (--device cpu forces the CPU)" if t.requires == "gpu" else ""
+        metric = "" if t.metric["name"] == "acc" else f", metric {t.metric['name']} ({t.metric['goal']})"
+        print(f"{name} ({t.kind}, seeds {','.join(map(str, t.seeds))}{metric}{needs}): {t.description}")
         print(f"  mechanisms: {', '.join(t.default_mechanisms)}")
     return 0

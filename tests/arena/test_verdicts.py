@@ -431,3 +431,9 @@ def test_backfill_reconstructs_the_commit_from_git_history(tmp_path, monkeypatch
     assert json.loads((done / "cell.json").read_text()) == {"seed": 2, "wall_s": 1.0, "commit": "abc",
                                                             "tree_clean": True}  # untouched
     assert mod.backfill(run, dry_run=False) == 0  # idempotent
+
+
+def test_tasks_lists_the_gpu_requirement(capsys):
+    assert main(["arena", "tasks"]) == 0
+    lines = {ln.split(" ")[0]: ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith(" ")}
+    assert "needs a GPU" in lines["pathfinder32"] and "needs a GPU" not in lines["listops"]
