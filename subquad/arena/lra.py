@@ -236,7 +236,7 @@ def _cell_result(cfg, res: dict[str, Any], out: Path) -> dict[str, Any]:
             "params": int(res["params"]), "gmacs": count_gmacs(cfg),
             "train_per_sec": per(res["train_examples"], res["train_cpu_seconds"]),
             "train_per_wall_sec": per(res["train_examples"], res["train_seconds"]),
-            "eval_per_sec": per(res["eval_samples"], res["eval_cpu_seconds"]),
+            "eval_per_sec": per(res["test_samples"], res["test_seconds"]),
             "peak_mem_mb": float(res["peak_mem_mb"]), "wall_s": float(res["wall_seconds"]), "curve": _curve(out)}
 
 
@@ -273,7 +273,7 @@ def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | 
             progress({"step": int(row["step"]), "steps": int(row["steps"]), "val_acc": float(row["eval_acc"])})
 
     res = train_lra(cfg, log=lambda s: None, on_eval=on_eval)
-    if "train_cpu_seconds" not in res:
+    if "train_cpu_seconds" not in res or "test_seconds" not in res:
         raise UserError(f"{out} holds a run of an older subquad without the arena's timings; use another --out")
     return _cell_result(cfg, res, out)
 

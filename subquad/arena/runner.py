@@ -159,17 +159,44 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+DEVICES = ("cpu", "cuda")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def resolve_device(task: Task, device: str | None) -> str | None:
+    """The device override of a run (None: the task recipe's own `device`). A task marked `requires: gpu` trains on
+    CUDA; on a machine without CUDA it is refused unless `device` asks for the CPU explicitly."""
+    if device is not None and device not in DEVICES:
+        raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "cuda" and not _cuda_available():
+        raise UserError("--device cuda: this machine has no CUDA device (torch.cuda.is_available() is False)")
+    if task.requires == "gpu" and device is None and not _cuda_available():
+        raise UserError(f"task {task.name!r} needs a GPU (requires: gpu in its YAML) and this machine has no CUDA "
+                        "device; pass --device cpu to run it on the CPU anyway")
+    if task.requires == "gpu" and device is None:
+        return "cuda"
+    return device
+
+
 def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = None, budget: str = "default",
               out: str | os.PathLike = "runs/arena", workers: int | None = None,
-              log: Callable[[str], None] = print, poll: float = 2.0) -> dict[str, Any]:
+              log: Callable[[str], None] = print, poll: float = 2.0, device: str | None = None) -> dict[str, Any]:
     """Train the cells that are not finished, then write the leaderboard; returns a summary.
 
     Cells a mechanism cannot run (a causal-only mechanism on an image task, a 2-D one on a 1-D sequence) are
     skipped with their reason, on screen and in the leaderboard. A cell that fails is reported and the others go on.
+    `device` ("cpu" or "cuda") overrides the recipe's device for every cell of the run (recorded in arena.json; a
+    run keeps the device it started with); a task marked `requires: gpu` needs it on a machine without CUDA.
     """
     from .report import write_leaderboard
 
     task = load_task(task_name)
+    device = resolve_device(task, device)
     labels = task.resolve(attention)
     seeds = list(task.seeds if seeds is None else seeds)
     if not seeds:
@@ -185,7 +212,15 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
     meta = _read_json(out / ARENA_FILE) or {
         "task": task.name, "source": task.source, "budget": budget, "fingerprint": task.fingerprint(budget),
         "subquad": __version__, "torch": torch.__version__, "created": time.strftime("%Y-%m-%d %H:%M:%S")}
-    if _record_entries(meta, task, labels, out):
+    if meta.get("device") != device and (meta.get("device") is not None or (out / "cells").is_dir()):
+        raise UserError(f"--out {out} was started with --device {meta.get('device') or '(the recipe default)'}, "
+                        f"not {device or '(the recipe default)'}; run it with the same --device or choose another "
+                        "--out")
+    changed = _record_entries(meta, task, labels, out)
+    if device is not None and "device" not in meta:
+        meta["device"] = device
+        changed = True
+    if changed:
         write_json(meta, out / ARENA_FILE)
     mod = kind_module(task.kind)
     skipped: dict[str, str] = {}
@@ -320,6 +355,8 @@ def run_one_cell(out: Path, label: str, seed: int) -> dict[str, Any]:
     _record_entries(dict(meta), task, [label], out)  # refuses an entry that changed since the run recorded it
     source = provenance()
     train = task.recipe(meta["budget"])
+    if meta.get("device"):
+        train = {**train, "device": meta["device"]}
     mod = kind_module(task.kind)
     cell_dir = out / "cells" / label / f"seed{seed}"
     if task.kind == "lra":

@@ -13,6 +13,16 @@ A task file holds, fixed before any run:
     mechanisms: {label: {...}}   # label -> entry; the label is what the leaderboard shows
     default_mechanisms: [...]    # what `--attention all` runs
     claims: [...]                # what `subquad arena check` tests (see subquad.arena.report)
+    metric: {name: acc, goal: max}   # the score cells store in test_acc / best_val_acc (default: accuracy in %,
+                                     # higher is better; e.g. {name: bpc, goal: min} for bits per byte)
+
+Keys that change no cell's numbers and no verdict, outside the fingerprint:
+
+    reference_levels: {label: value}   # horizontal lines drawn in the plots (e.g. input-blind baselines)
+    requires: gpu                      # `arena run` refuses the task without CUDA unless `--device cuda`
+
+A claim is `{id, source, a, b}` plus `test: superior` (the default: a beats b) or `test: noninferior` with a
+positive `margin` in the metric's units (a is at most `margin` worse than b).
 
 A mechanism entry names a registered mechanism (`attn` for image tasks, `attention` for lra tasks) and its options;
 `options` in the leaderboard is the entry without that name.
@@ -31,6 +41,10 @@ __all__ = ["TASKS", "CONFIG_DIR", "Task", "load_task", "task_names"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "arena"
 KINDS = ("image", "lra")
+CLAIM_TESTS = ("superior", "noninferior")
+METRIC_GOALS = ("max", "min")
+DEFAULT_METRIC = {"name": "acc", "goal": "max"}
+REQUIRES = ("gpu",)
 
 
 def task_names() -> list[str]:
@@ -53,8 +67,16 @@ class Task:
     host: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
     claims: list[dict[str, Any]] = field(default_factory=list)
+    metric: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_METRIC))
+    # Outside the fingerprint: plot reference lines, and what the task needs to run (None or "gpu").
+    reference_levels: dict[str, float] = field(default_factory=dict)
+    requires: str | None = None
     # What `load_task` was given to find it again: the shipped task's name, or the absolute path of a YAML file.
     source: str = ""
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.metric.get("goal") == "min"
 
     @property
     def name_key(self) -> str:
@@ -93,14 +115,20 @@ class Task:
         return {"task": self.name, "kind": self.kind, "description": self.description, "seeds": list(self.seeds),
                 "data": dict(self.data), "train": dict(self.train), "host": dict(self.host),
                 "budgets": {k: dict(v) for k, v in self.budgets.items()}, "mechanisms": dict(self.mechanisms),
-                "default_mechanisms": list(self.default_mechanisms), "claims": list(self.claims)}
+                "default_mechanisms": list(self.default_mechanisms), "claims": list(self.claims),
+                "metric": dict(self.metric)}
 
     def fingerprint(self, budget: str) -> str:
         """What every cell's numbers and the run's verdicts depend on (recipe, host, data, seeds, claims), as
         canonical JSON. Mechanism entries are not in it: a run records each label's entry when the label first
-        trains (`arena.json`, "mechanisms"), so a mechanism can join a run but its entry cannot change under it."""
-        return json.dumps({"kind": self.kind, "train": self.recipe(budget), "host": self.host, "data": self.data,
-                           "seeds": list(self.seeds), "claims": self.claims}, sort_keys=True, default=str)
+        trains (`arena.json`, "mechanisms"), so a mechanism can join a run but its entry cannot change under it.
+        A metric other than the default (accuracy, higher is better) is in it too; `reference_levels` and
+        `requires` are not (they change no number and no verdict)."""
+        fp: dict[str, Any] = {"kind": self.kind, "train": self.recipe(budget), "host": self.host, "data": self.data,
+                              "seeds": list(self.seeds), "claims": self.claims}
+        if self.metric != DEFAULT_METRIC:
+            fp["metric"] = self.metric
+        return json.dumps(fp, sort_keys=True, default=str)
 
 
 def options_text(entry: dict[str, Any], name_key: str) -> str:
@@ -143,6 +171,14 @@ def load_task(name: str) -> Task:
                 mechanisms={str(k): dict(v) for k, v in raw["mechanisms"].items()},
                 default_mechanisms=[str(m) for m in raw["default_mechanisms"]], host=dict(raw.get("host") or {}),
                 data=dict(raw.get("data") or {}), claims=list(raw.get("claims") or []), source=source)
+    task.metric = _metric(raw.get("metric"), path)
+    task.reference_levels = _levels(raw.get("reference_levels"), path)
+    requires = raw.get("requires")
+    if requires is not None and requires not in REQUIRES:
+        raise UserError(f"{path}: requires must be one of {', '.join(REQUIRES)}, got {requires!r}")
+    task.requires = requires
+    for claim in task.claims:
+        _check_claim(claim, path)
     for label, entry in task.mechanisms.items():
         if task.name_key not in entry:
             raise UserError(f"{path}: mechanism {label!r} has no {task.name_key!r} key")
@@ -150,3 +186,39 @@ def load_task(name: str) -> Task:
     if unknown:
         raise UserError(f"{path}: default_mechanisms lists unknown label(s) {', '.join(unknown)}")
     return task
+
+
+def _metric(raw: Any, path: Path) -> dict[str, str]:
+    if raw is None:
+        return dict(DEFAULT_METRIC)
+    if not isinstance(raw, dict) or set(raw) - {"name", "goal"} or not raw.get("name"):
+        raise UserError(f"{path}: metric must be a mapping {{name: NAME, goal: max|min}}, got {raw!r}")
+    goal = raw.get("goal", "max")
+    if goal not in METRIC_GOALS:
+        raise UserError(f"{path}: metric goal must be one of {', '.join(METRIC_GOALS)}, got {goal!r}")
+    return {"name": str(raw["name"]), "goal": goal}
+
+
+def _levels(raw: Any, path: Path) -> dict[str, float]:
+    if raw is None:
+        return {}
+    try:
+        return {str(k): float(v) for k, v in dict(raw).items()}
+    except (TypeError, ValueError):
+        raise UserError(f"{path}: reference_levels must map labels to numbers, got {raw!r}") from None
+
+
+def _check_claim(claim: Any, path: Path) -> None:
+    if not isinstance(claim, dict) or "a" not in claim or "b" not in claim:
+        raise UserError(f"{path}: a claim needs `a` and `b` (mechanism labels), got {claim!r}")
+    name = claim.get("id", f"{claim['a']} vs {claim['b']}")
+    test = claim.get("test", "superior")
+    if test not in CLAIM_TESTS:
+        raise UserError(f"{path}: claim {name!r} has test {test!r}; allowed: {', '.join(CLAIM_TESTS)}")
+    margin = claim.get("margin")
+    if test == "noninferior":
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
+            raise UserError(f"{path}: noninferior claim {name!r} needs a positive `margin` (in the metric's "
+                            f"units), got {margin!r}")
+    elif margin is not None:
+        raise UserError(f"{path}: claim {name!r} gives a margin, which only `test: noninferior` takes")

@@ -1,9 +1,11 @@
 """`subquad arena`: every mechanism in the same host under the same recipe, over seeds; leaderboard and claims.
 
     subquad arena run --task TASK [--attention a,b,c | all] [--seeds 0,1,2] [--budget default|quick] --out DIR
-                      [--workers N]
-    subquad arena report DIR        the leaderboard as a Markdown table (mean ± std over seeds)
+                      [--workers N] [--device cpu|cuda]
+    subquad arena report DIR [--plots]   the leaderboard as a Markdown table (mean ± std over seeds); --plots
+                                    rewrites its two plots from the cells
     subquad arena check DIR         the papers' claims: both means, the difference with a 95 % interval, a verdict
+                                    and the verdict after a Holm correction over the task's claims
     subquad arena tasks             the shipped tasks and their mechanisms
 """
 
@@ -26,9 +28,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="run directory (refused when it holds another kind of run)")
     r.add_argument("--workers", type=int, default=None, help="cells side by side (default and maximum: the cores "
                    "this process may use)")
+    r.add_argument("--device", default=None,
+                   help="cpu or cuda: train every cell on this device (default: the task recipe's); a task marked "
+                   "`requires: gpu` needs --device cpu to run on a machine without CUDA")
     r.set_defaults(func=run_run)
     rep = asub.add_parser("report", help="print DIR/leaderboard.csv as a Markdown table")
     rep.add_argument("dir")
+    rep.add_argument("--plots", action="store_true", help="also rewrite DIR/leaderboard.png and curves.png from the "
+                     "cells (nothing is trained; leaderboard.csv is left as it is)")
     rep.set_defaults(func=run_report)
     c = asub.add_parser("check", help="test the task's claims on the cells in DIR")
     c.add_argument("dir")
@@ -56,7 +63,8 @@ def run_run(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
-    r = run_arena(args.task, args.attention, _seeds(args.seeds), args.budget, args.out, args.workers)
+    r = run_arena(args.task, args.attention, _seeds(args.seeds), args.budget, args.out, args.workers,
+                  device=args.device)
     return 1 if r["failed"] else 0
 
 
@@ -72,19 +80,31 @@ def run_report(args: argparse.Namespace) -> int:
     task = _task_of(args.dir)
     print(f"arena {task.name}: {task.description}")
     print()
-    print(leaderboard_markdown(args.dir))
+    print(leaderboard_markdown(args.dir, task))
+    if args.plots:
+        from subquad.arena.report import replot
+
+        written = replot(args.dir, task)
+        print()
+        print("plots: " + (", ".join(str(p) for p in written) if written else "none (matplotlib is not installed: "
+                           "pip install subquad[plot])"))
     return 0
 
 
 def run_check(args: argparse.Namespace) -> int:
     from subquad.arena import check_claims
-    from subquad.arena.report import claims_text
+    from subquad.arena.report import check_run_claims, claims_text, method_text
 
     task = _task_of(args.dir)
+    note = check_run_claims(args.dir, task)  # refuses claims edited since the run began
     if not task.claims:
         print(f"arena {task.name}: the task states no claims")
         return 0
-    print(claims_text(check_claims(args.dir, task)))
+    results = check_claims(args.dir, task)
+    if note:
+        print(note)
+    print(method_text(results))
+    print(claims_text(results))
     if task.data.get("generator") == "listops":
         from pathlib import Path
 
@@ -103,6 +123,8 @@ def run_tasks(args: argparse.Namespace) -> int:
 
     for name in task_names():
         t = load_task(name)
-        print(f"{name} ({t.kind}, seeds {','.join(map(str, t.seeds))}): {t.description}")
+        needs = ", needs a GPU (--device cpu forces the CPU)" if t.requires == "gpu" else ""
+        metric = "" if t.metric["name"] == "acc" else f", metric {t.metric['name']} ({t.metric['goal']})"
+        print(f"{name} ({t.kind}, seeds {','.join(map(str, t.seeds))}{metric}{needs}): {t.description}")
         print(f"  mechanisms: {', '.join(t.default_mechanisms)}")
     return 0

@@ -273,7 +273,7 @@ def _train_batches(n: int, batch_size: int, seed: int, first_step: int) -> Itera
 # results.json / summary.csv fields that measure time or memory (they differ between an uninterrupted and a resumed
 # run; everything else is identical).
 LRA_TIMING_FIELDS = ("time", "sec_per_step", "train_seconds", "train_cpu_seconds", "eval_seconds",
-                     "eval_cpu_seconds", "wall_seconds", "peak_mem_mb")
+                     "eval_cpu_seconds", "test_seconds", "test_cpu_seconds", "wall_seconds", "peak_mem_mb")
 
 
 def _resume_state(out: Path, cfg: LRAConfig) -> dict[str, Any]:
@@ -311,6 +311,7 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
     from .classify import _rng_state, _seed_everything, _set_rng_state
 
     log = log or _logger.info
+    rss_start = _rss_mb()  # before data and model: the baseline of peak_mem_mb, as the image trainer's
     torch.manual_seed(cfg.seed)
     device = _device(cfg.device)
     steps = cfg.max_steps or cfg.steps
@@ -370,7 +371,6 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
         f"test={len(test_set)} steps={steps} batch={cfg.batch_size} device={device}")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    rss0 = _rss_mb()
     wall0 = time.perf_counter() - tot["wall_seconds"]
     # The loader's own generator keeps DataLoader from drawing on the global RNG (it would shift dropout draws).
     train_loader = DataLoader(train_set, batch_sampler=_train_batches(len(train_set), cfg.batch_size, cfg.seed,
@@ -439,12 +439,18 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
             save_state(st, out / "last_state.pth")
             if on_eval is not None:
                 on_eval({**row, "steps": steps})
-    peak = peak_memory_mb(device, rss0)
     from safetensors.torch import load_file
 
     model.load_state_dict(load_file(out / "best.safetensors"))
     test_loader = DataLoader(test_set, cfg.batch_size, shuffle=False, num_workers=cfg.workers)
+    t_test, c_test = time.perf_counter(), time.process_time()
     test = evaluate_lra(model, test_loader, device, 0, cfg.amp)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    tot["test_seconds"] = time.perf_counter() - t_test
+    tot["test_cpu_seconds"] = time.process_time() - c_test
+    # Peak memory from before the data and model were built to the end of the test pass (as the image trainer).
+    peak = peak_memory_mb(device, rss_start)
     tot["wall_seconds"] = time.perf_counter() - wall0
     results = {"task": cfg.task, "attention": cfg.attention, "encoding": cfg.encoding if cfg.task == "listops"
                else "", "steps": steps, "batch_size": cfg.batch_size, "params": n_params,

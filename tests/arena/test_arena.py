@@ -47,7 +47,7 @@ def test_quick_run_writes_the_leaderboard(tmp_path, capsys):
     assert [r["attention"] for r in rows] == ["softmax", "focused_linear"]
     for r in rows:
         assert r["task"] == "fmnist" and r["seeds"] == "0" and r["n_seeds"] == "1" and r["status"] == "ok"
-        assert 0 <= float(r["mean_acc"]) <= 100 and float(r["std_acc"]) == 0 and int(r["params"]) > 0
+        assert 0 <= float(r["mean_acc"]) <= 100 and r["std_acc"] == "" and int(r["params"]) > 0  # 1 seed: no std
         assert float(r["gmacs"]) > 0 and float(r["train_per_sec"]) > 0 and float(r["eval_per_sec"]) > 0
     # Each cell keeps the image trainer's run directory; the test split was read once, for the selected checkpoint.
     cell = out / "cells" / "softmax" / "seed0"
@@ -62,7 +62,7 @@ def test_quick_run_writes_the_leaderboard(tmp_path, capsys):
     assert "done softmax seed 0" in out_text and "run ETA" in out_text
     assert main(["arena", "report", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "| `softmax` |" in table and "±" in table
+    assert "| `softmax` |" in table and "±" not in table and "Smoke test" in table
     # A rerun trains nothing.
     stamp = (cell / "cell.json").stat().st_mtime_ns
     assert main(["arena", "run", "--task", "fmnist", "--attention", "softmax,focused_linear", "--seeds", "0",
@@ -211,7 +211,7 @@ def test_a_task_file_is_the_recipe_its_cells_train(tmp_path, capsys):
     task_file.write_text(yaml.safe_dump(raw))
     out = tmp_path / "run"
     assert main(["arena", "run", "--task", str(task_file), "--attention", "softmax", "--seeds", "0", "--budget",
-                 "quick", "--out", str(out)]) == 0
+                 "quick", "--out", str(out), "--device", "cpu"]) == 0  # pathfinder32 requires a GPU unless forced
     meta = json.loads((out / "arena.json").read_text())
     assert meta["source"] == str(task_file.resolve())
     args = yaml.safe_load((out / "cells" / "softmax" / "seed0" / "args.yaml").read_text())
