@@ -118,3 +118,25 @@ def test_shipped_lm_recipes_set_the_host():
     assert m.layers[0].ff.fc1.out_features == 2048 and m.layers[0].attn_dropout.p == 0.2
     assert abs(sum(p.numel() for p in m.parameters()) - 44e6) / 44e6 < 0.02  # paper Table 4: 44M
     assert cfg("small").residual == "official"  # the README's small run
+
+
+def test_cli_flags_and_checkpoint_keep_the_host(tmp_path):
+    import argparse
+
+    from subquad.cli.lm import resolve_config
+    from subquad.data.char import prepare_corpus
+    from subquad.engine.sequence import load_lm, train_lm
+
+    (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 40)
+    prepare_corpus(tmp_path / "t.txt", tmp_path / "prep")
+    ns = argparse.Namespace(data=str(tmp_path / "prep"), attention="sliding_window", config=None,
+                            attn_opt=["window_size=4"], dim=16, depth=1, num_heads=2, ffn_dim=24, dropout=0.1, emb_dropout=None,
+                            residual="official", seq_len=32, batch_size=2, max_steps=1, eval_every=1, eval_ctx=32,
+                            eval_score=16, eval_tokens=32, final_eval_tokens=32, output=str(tmp_path / "run"),
+                            device="cpu")
+    cfg = resolve_config(ns)
+    assert (cfg.ffn_dim, cfg.dropout, cfg.residual) == (24, 0.1, "official")
+    train_lm(cfg, log=lambda s: None)
+    model, side = load_lm(tmp_path / "run")
+    assert model.layers[0].ff.fc1.out_features == 24 and model.residual == "official" and model.norm is None
+    assert model.layers[0].attn.window_size == 4 and side["model_args"]["dropout"] == 0.1
