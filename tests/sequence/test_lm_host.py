@@ -130,7 +130,8 @@ def test_cli_flags_and_checkpoint_keep_the_host(tmp_path):
     (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 40)
     prepare_corpus(tmp_path / "t.txt", tmp_path / "prep")
     ns = argparse.Namespace(data=str(tmp_path / "prep"), attention="sliding_window", config=None,
-                            attn_opt=["window_size=4"], dim=16, depth=1, num_heads=2, ffn_dim=24, dropout=0.1, emb_dropout=None,
+                            attn_opt=["window_size=4"], dim=16, depth=1, num_heads=2, ffn_dim=24, dropout=0.1,
+                            emb_dropout=None,
                             residual="official", seq_len=32, batch_size=2, max_steps=1, eval_every=1, eval_ctx=32,
                             eval_score=16, eval_tokens=32, final_eval_tokens=32, output=str(tmp_path / "run"),
                             device="cpu")
