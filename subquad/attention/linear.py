@@ -74,7 +74,7 @@ class LinearAttention(TokenMixer):
     """
 
     caps = AttentionCaps(bidirectional=True, causal=True, needs_hw=False, supports_mask=True, complexity="O(N)",
-                         sequence=True, notes="kernel linear attention baselines; causal=True for relu and elu1")
+                         sequence=True, notes="kernel linear attention baselines; causal=True with relu or elu1")
     default_feature_map = "relu"
 
     def __init__(self, dim: int, num_heads: int = 8, feature_map: str | None = None, qkv_bias: bool = True,
@@ -177,7 +177,9 @@ def _make_variant(map_name: str) -> type[LinearAttention]:
 
     class _Variant(LinearAttention):
         default_feature_map = map_name
-        caps = dataclasses.replace(LinearAttention.caps, causal=map_name in CAUSAL_MAPS)
+        caps = dataclasses.replace(LinearAttention.caps, causal=map_name in CAUSAL_MAPS,
+                                   notes="kernel linear attention baselines" + (
+                                       "; causal=True: chunked prefix sums" if map_name in CAUSAL_MAPS else ""))
 
         def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, eps: float = 1e-6,
                      input_size: tuple[int, int] | None = None, fused: bool = True, causal: bool = False,
