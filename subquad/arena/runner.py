@@ -43,6 +43,10 @@ def kind_module(kind: str):
         from . import image
 
         return image
+    if kind == "lm":
+        from . import lm
+
+        return lm
     from . import lra
 
     return lra
@@ -359,7 +363,7 @@ def run_one_cell(out: Path, label: str, seed: int) -> dict[str, Any]:
         train = {**train, "device": meta["device"]}
     mod = kind_module(task.kind)
     cell_dir = out / "cells" / label / f"seed{seed}"
-    if task.kind == "lra":
+    if task.kind in ("lra", "lm"):
         train = {**train, "data": os.fspath(mod.prepare_data(task.as_dict(), out / "data", meta["budget"]))}
     entry = task.mechanism(label)
 

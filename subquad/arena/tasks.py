@@ -3,10 +3,11 @@
 A task file holds, fixed before any run:
 
     task: fmnist                 # the name `--task` takes (the file is <task>.yaml)
-    kind: image | lra            # which trainer runs a cell (subquad.arena.image / subquad.arena.lra)
+    kind: image | lra | lm       # which trainer runs a cell (subquad.arena.image / .lra / .lm)
     description: ...             # one line, with the papers' tables it is the analogue of
     seeds: [0, 1, 2]
-    data: {...}                  # lra: the generator and its settings (image tasks name their data in `train`)
+    data: {...}                  # lra: the generator and its settings; lm: the corpus (image tasks name their data
+                                 # in `train`)
     train: {...}                 # the recipe: TrainConfig keys (image) or LRAConfig keys (lra)
     host: {...}                  # image: model keyword arguments shared by every cell
     budgets: {default: {...}, quick: {...}}   # overrides of `train` per budget
@@ -40,7 +41,7 @@ from ..errors import UserError
 __all__ = ["TASKS", "CONFIG_DIR", "Task", "load_task", "task_names"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "arena"
-KINDS = ("image", "lra")
+KINDS = ("image", "lra", "lm")
 CLAIM_TESTS = ("superior", "noninferior")
 METRIC_GOALS = ("max", "min")
 DEFAULT_METRIC = {"name": "acc", "goal": "max"}

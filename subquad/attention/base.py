@@ -28,6 +28,8 @@ class AttentionCaps:
         dtypes: floating dtypes the module computes in (others are refused).
         complexity: cost in tokens N, e.g. "O(N)" or "O(N^2)".
         sequence: usable on 1-D token sequences without a grid (LRA, LM).
+        relative_positions: the module encodes token positions itself (e.g. Transformer-XL relative terms); a host
+            then adds no absolute position embedding.
     """
 
     bidirectional: bool = True
@@ -38,6 +40,7 @@ class AttentionCaps:
     complexity: str = "O(N^2)"
     sequence: bool = True
     notes: str = ""
+    relative_positions: bool = False
 
 
 @dataclass(frozen=True)

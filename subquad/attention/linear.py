@@ -5,6 +5,8 @@ These are the baselines of L2ViT Table 8 and FLatten Table 3, all on the shared 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from timm.layers import trunc_normal_
 from torch import nn
@@ -15,6 +17,8 @@ from .base import AttentionCaps, TokenMixer
 from .functional.linear import (
     FEATURE_MAPS,
     SELF_NORMALISED,
+    causal_linear_attention_chunked,
+    causal_linear_attention_ref,
     feature_map,
     fp32_island,
     linear_attention,
@@ -22,7 +26,12 @@ from .functional.linear import (
     linear_attention_ref,
 )
 
-__all__ = ["LinearAttention"]
+__all__ = ["LinearAttention", "CAUSAL_MAPS"]
+
+# Feature maps with a causal (prefix-sum) form: strictly non-negative features computed token by token. The others
+# normalise over all tokens (l1, softmax, hydra's keys), re-weight by the sequence length (cosformer) or can make
+# the running denominator vanish (leaky_relu).
+CAUSAL_MAPS = ("relu", "elu1")
 
 
 def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, name: str, eps: float,
@@ -57,20 +66,35 @@ class LinearAttention(TokenMixer):
         eps: added to the denominator (maps with a denominator).
         input_size: accepted for interface uniformity; ignored.
         fused: fast path (True) or the dense reference (False).
+        causal: query t sees keys <= t only (language models; feature maps in `CAUSAL_MAPS`):
+            out_t = phi(q_t) S_t / (phi(q_t) . z_t + eps) with the prefix sums S_t = sum_{j<=t} phi(k_j)^T v_j and
+            z_t = sum_{j<=t} phi(k_j) (Katharopoulos et al. 2020, arXiv 2006.16236, Eq. 9-12), computed in chunks
+            of `chunk_size` tokens; no masks.
+        chunk_size: tokens per chunk of the causal fast path (speed only; the function does not depend on it).
     """
 
-    caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=False, supports_mask=True, complexity="O(N)",
-                         sequence=True, notes="kernel linear attention baselines")
+    caps = AttentionCaps(bidirectional=True, causal=True, needs_hw=False, supports_mask=True, complexity="O(N)",
+                         sequence=True, notes="kernel linear attention baselines; causal=True with relu or elu1")
     default_feature_map = "relu"
 
     def __init__(self, dim: int, num_heads: int = 8, feature_map: str | None = None, qkv_bias: bool = True,
                  eps: float = 1e-6, input_size: tuple[int, int] | None = None, fused: bool = True,
-                 device=None, dtype=None) -> None:
+                 causal: bool = False, chunk_size: int = 64, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         feature_map = feature_map or self.default_feature_map
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"linear attention: feature_map={feature_map!r} is not one of {sorted(FEATURE_MAPS)}")
+        if causal and feature_map not in CAUSAL_MAPS:
+            raise ValueError(f"linear attention: feature_map={feature_map!r} has no causal form; causal=True needs "
+                             f"one of {', '.join(CAUSAL_MAPS)}")
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"linear attention: chunk_size must be an int >= 1, got {chunk_size!r}")
+        self.causal, self.chunk_size = bool(causal), chunk_size
+        if feature_map not in CAUSAL_MAPS:
+            self.caps = dataclasses.replace(type(self).caps, causal=False)
+        elif causal:
+            self.caps = dataclasses.replace(type(self).caps, bidirectional=False, supports_mask=False)
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads, f"linear attention ({feature_map})")
@@ -102,7 +126,13 @@ class LinearAttention(TokenMixer):
 
     def _run(self, x: torch.Tensor, mask: torch.Tensor | None, fused: bool) -> torch.Tensor:
         q, k, v = self._qkv(x)
-        if self.feature_map == "hydra":
+        if self.causal:
+            qf, kf = feature_map(self.feature_map, q, k)
+            if fused:
+                o = fp32_island(causal_linear_attention_chunked, qf, kf, v, eps=self.eps, chunk_size=self.chunk_size)
+            else:
+                o = fp32_island(causal_linear_attention_ref, qf, kf, v, eps=self.eps)
+        elif self.feature_map == "hydra":
             kk = k if mask is None else k * mask[:, None, :, None].to(k.dtype)
             core = linear_attention if fused else linear_attention_ref
             o = fp32_island(core, q, kk, v, normaliser="none")
@@ -131,11 +161,15 @@ class LinearAttention(TokenMixer):
         if self.feature_map == "hydra":
             return linear_attention_matrix(q, k, "none")
         qf, kf = feature_map(self.feature_map, q, k)
+        if self.causal:
+            a = (qf @ kf.transpose(-2, -1)).tril()
+            return a / (a.sum(-1, keepdim=True) + self.eps)
         normaliser = "none" if self.feature_map in SELF_NORMALISED else "sum"
         return linear_attention_matrix(qf, kf, normaliser, self.eps)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, feature_map={self.feature_map!r}"
+        return (f"dim={self.dim}, num_heads={self.num_heads}, feature_map={self.feature_map!r}"
+                + (f", causal=True, chunk_size={self.chunk_size}" if self.causal else ""))
 
 
 def _make_variant(map_name: str) -> type[LinearAttention]:
@@ -143,11 +177,15 @@ def _make_variant(map_name: str) -> type[LinearAttention]:
 
     class _Variant(LinearAttention):
         default_feature_map = map_name
+        caps = dataclasses.replace(LinearAttention.caps, causal=map_name in CAUSAL_MAPS,
+                                   notes="kernel linear attention baselines" + (
+                                       "; causal=True: chunked prefix sums" if map_name in CAUSAL_MAPS else ""))
 
         def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, eps: float = 1e-6,
-                     input_size: tuple[int, int] | None = None, fused: bool = True, device=None,
-                     dtype=None) -> None:
-            super().__init__(dim, num_heads, map_name, qkv_bias, eps, input_size, fused, device, dtype)
+                     input_size: tuple[int, int] | None = None, fused: bool = True, causal: bool = False,
+                     chunk_size: int = 64, device=None, dtype=None) -> None:
+            super().__init__(dim, num_heads, map_name, qkv_bias, eps, input_size, fused, causal, chunk_size,
+                             device, dtype)
 
     _Variant.__name__ = _Variant.__qualname__ = f"LinearAttention_{map_name}"
     _Variant.__doc__ = f"`LinearAttention` with feature_map={map_name!r} (see `LinearAttention`)."

@@ -11,6 +11,7 @@ The math lives in `functional/long_short.py`; these modules hold the parameters 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -438,10 +439,13 @@ class ChunkedLongShortAttention(TokenMixer):
         clamp_len: clamp of the window/chunk relative positions (official `clamp_len` / `cpos_clamp_len`; -1 off).
         attn_drop, proj_drop: dropout on the attention probabilities / after `proj_out`.
         fused: SDPA tile path (True) or the dense reference (False).
+        dual_ln: the two DualLN LayerNorms `dual_ln_win` / `dual_ln_dproj` (default); False replaces both by the
+            identity, the "without DualLN" ablation (Transformer-LS, arXiv 2107.02192, Sec. 3 and Fig. 2 right).
         input_size, dims, layout, ...: accepted for interface uniformity where meaningful; 2-D options refused.
     """
 
-    caps = _CAPS
+    # Transformer-XL relative terms on both branches: a host adds no absolute positions.
+    caps = dataclasses.replace(_CAPS, relative_positions=True)
     name = "long_short"
 
     def __init__(self, dim: int, num_heads: int = 8, window_size: int | None = None, rank: int | None = None,
@@ -450,7 +454,7 @@ class ChunkedLongShortAttention(TokenMixer):
                  rpe: bool | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0,
                  input_size: tuple[int, int] | None = None, fused: bool = True, group: int | None = None,
                  chunk_size: int | None = None, causal_form: str | None = None, clamp_len: int = -1,
-                 device=None, dtype=None) -> None:
+                 dual_ln: bool = True, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         who = "long_short attention (causal)"
@@ -489,9 +493,9 @@ class ChunkedLongShortAttention(TokenMixer):
             self.r_r_bias = nn.Parameter(torch.zeros(1, num_heads, 1, self.head_dim, **dd))
             self.r_w_bias = nn.Parameter(torch.zeros(1, num_heads, 1, 1, self.head_dim, **dd))
         if rank:
-            self.dual_ln_dproj = nn.LayerNorm(dim, **dd)
+            self.dual_ln_dproj = _dual_ln(dim, dual_ln, dd)
         if window_size:
-            self.dual_ln_win = nn.LayerNorm(dim, **dd)
+            self.dual_ln_win = _dual_ln(dim, dual_ln, dd)
         self.dropout = nn.Dropout(proj_drop)
         if window_size and not self.r_r_bias.is_meta:
             # the official model re-initialises these with normal(0, 0.02); zeros would starve their gradients

@@ -23,6 +23,10 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("dim", int, "model width"),
     ("depth", int, "layers"),
     ("num_heads", int, "heads"),
+    ("ffn_dim", int, "FFN width (0 = 4 x dim)"),
+    ("dropout", float, "dropout on attention outputs and in the FFN"),
+    ("emb_dropout", float, "dropout on the embeddings and the last hidden state"),
+    ("residual", str, "standard (textbook pre-LN, final LN) or official (Transformer-LS normalised-input residual)"),
     ("seq_len", int, "training sample length (tokens)"),
     ("batch_size", int, "batch size"),
     ("lr", float, "learning rate after warm-up (fixed)"),
@@ -65,7 +69,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t = lsub.add_parser("train", help="train the character LM and report BPC on valid/test")
     t.add_argument("--data", required=True, help="prepared corpus folder (subquad lm prepare)")
     t.add_argument("--attention", default="long_short",
-                   help="a mechanism with a causal form: long_short (default) or softmax")
+                   help="a mechanism with a causal form: long_short (default), softmax, sliding_window, linear_elu1, "
+                   "linear_relu")
     t.add_argument("-c", "--config", default=None,
                    help="YAML recipe (default subquad/configs/charlm/small.yaml; base.yaml = the paper's model)")
     t.add_argument("--attn-opt", action="append", default=[], metavar="KEY=VALUE",

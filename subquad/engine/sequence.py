@@ -104,6 +104,13 @@ class LMConfig:
     dim: int = 128
     depth: int = 2
     num_heads: int = 4
+    # FFN width (0: 4 * dim).
+    ffn_dim: int = 0
+    # Dropout on each attention output and inside each FFN; emb_dropout on the embeddings and the last hidden state.
+    dropout: float = 0.0
+    emb_dropout: float = 0.0
+    # "standard": the textbook pre-LN causal LM (final LN); "official": Transformer-LS's normalised-input residual.
+    residual: str = "standard"
     seq_len: int = 256
     batch_size: int = 16
     lr: float = 1e-3
@@ -464,14 +471,34 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
     return results
 
 
-def build_lm(vocab_size: int, cfg: LMConfig) -> nn.Module:
-    """The character LM: `subquad.sequence.CharLM(vocab_size, dim, depth, num_heads, attention, **attn_kw)`."""
+def lm_model_args(vocab_size: int, cfg: LMConfig) -> dict[str, Any]:
+    """The keyword arguments of the `CharLM` that `build_lm` makes (also stored in checkpoint sidecars)."""
+    return {"vocab_size": vocab_size, "dim": cfg.dim, "depth": cfg.depth, "num_heads": cfg.num_heads,
+            "attention": cfg.attention, "ffn_dim": cfg.ffn_dim, "dropout": cfg.dropout,
+            "emb_dropout": cfg.emb_dropout, "residual": cfg.residual,
+            "attn_kw": dict(cfg.attn_kw.get(cfg.attention, {}))}
+
+
+def build_lm(vocab_size: int, cfg: LMConfig, device: torch.device | None = None) -> nn.Module:
+    """The character LM of `cfg`: `subquad.sequence.CharLM` with its width, depth, heads, FFN width (`ffn_dim`,
+    0 = 4 d), dropout, residual form and the mechanism `attention` with `attn_kw[attention]`. Bad values are a
+    UserError naming them."""
+    from ..sequence.char_lm import CharLM
+
+    if cfg.residual not in ("standard", "official"):
+        raise UserError(f"LM residual must be 'standard' or 'official', got {cfg.residual!r}")
+    for name in ("dropout", "emb_dropout"):
+        if not 0.0 <= getattr(cfg, name) < 1.0:
+            raise UserError(f"LM {name} must be in [0, 1), got {getattr(cfg, name)}")
+    if cfg.ffn_dim < 0:
+        raise UserError(f"LM ffn_dim must be >= 0 (0 = 4 * dim), got {cfg.ffn_dim}")
+    a = lm_model_args(vocab_size, cfg)
     try:
-        from ..sequence.char_lm import CharLM
-    except ImportError as e:
-        raise UserError(f"subquad.sequence.CharLM is not available in this build ({e})") from None
-    return CharLM(vocab_size, cfg.dim, cfg.depth, cfg.num_heads, attention=cfg.attention,
-                           **dict(cfg.attn_kw.get(cfg.attention, {})))
+        return CharLM(vocab_size, a["dim"], a["depth"], a["num_heads"], attention=a["attention"],
+                      ffn_dim=a["ffn_dim"] or None, dropout=a["dropout"], emb_dropout=a["emb_dropout"],
+                      residual=a["residual"], device=device, **a["attn_kw"])
+    except ValueError as e:
+        raise UserError(str(e).splitlines()[0]) from None
 
 
 def _lm_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -532,8 +559,16 @@ def _load_split(root: Path, split: str) -> np.ndarray:
 
 
 def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
-             model_fn: Callable[[int, LMConfig], nn.Module] | None = None) -> dict[str, Any]:
-    """Train the character LM on a prepared corpus (`subquad lm prepare`); returns metrics and paths."""
+             model_fn: Callable[[int, LMConfig], nn.Module] | None = None,
+             on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train the character LM on a prepared corpus (`subquad lm prepare`); returns metrics and paths.
+
+    Every `eval_every` steps the valid split (its first `eval_tokens` targets) is scored and `best.safetensors`
+    keeps the weights of the lowest valid bpc; at the end that checkpoint is scored once on valid and test
+    (`final_eval_tokens`, 0 = whole splits). `on_eval(row)` follows each periodic evaluation with the summary.csv
+    row plus `steps`. results.json also holds the CPU and wall seconds of training and evaluation, the tokens each
+    processed, and the peak memory (CUDA max allocated, or the growth of the process's peak RSS on CPU).
+    """
     from ..data.char import read_meta
 
     log = log or _logger.info
@@ -559,11 +594,13 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
     _refuse_existing_run(out)
     out.mkdir(parents=True, exist_ok=True)
     _write_args(out, cfg)
-    model_args = {"vocab_size": vocab_size, "dim": cfg.dim, "depth": cfg.depth, "num_heads": cfg.num_heads,
-                  "attention": cfg.attention, "attn_kw": dict(cfg.attn_kw.get(cfg.attention, {}))}
+    model_args = lm_model_args(vocab_size, cfg)
     side = {"arch": "char_lm", "model_args": model_args, "corpus": meta.get("name", ""),
             "variant": meta.get("variant", ""), "vocab": meta.get("vocab"), "args": asdict(cfg)}
     rng = np.random.default_rng(cfg.seed)
+    rss0 = _rss_mb()
+    tot = {"train_cpu_seconds": 0.0, "eval_seconds": 0.0, "eval_cpu_seconds": 0.0, "eval_tokens": 0}
+    best_step = 0
     log(f"lm: attention={cfg.attention} params={n_params} vocab={vocab_size} train_tokens={len(train)} "
         f"seq_len={cfg.seq_len} batch={cfg.batch_size} device={device} (corpus {meta.get('name', '?')}; "
         "not comparable to enwik8/text8)")
@@ -576,7 +613,7 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
         starts = rng.integers(0, len(train) - cfg.seq_len - 1, size=cfg.batch_size)
         chunk = np.stack([train[s:s + cfg.seq_len + 1] for s in starts]).astype(np.int64)
         xy = torch.from_numpy(chunk).to(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         logits = _lm_logits(model, xy[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
@@ -585,14 +622,21 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
         optimizer.step()
         scheduler.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         train_time += time.perf_counter() - t0
+        tot["train_cpu_seconds"] += time.process_time() - c0
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"non-finite training loss at step {step}")
         loss_sum += loss.item()
         k += 1
         out_of_time = budget > 0 and time.perf_counter() - t_start > budget
         if step % cfg.eval_every == 0 or step == cfg.max_steps or out_of_time:
+            t_ev, c_ev = time.perf_counter(), time.process_time()
             ev = evaluate_bpc(model, valid, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, cfg.eval_tokens, device)
+            tot["eval_seconds"] += time.perf_counter() - t_ev
+            tot["eval_cpu_seconds"] += time.process_time() - c_ev
+            tot["eval_tokens"] += int(ev["tokens"])
             model.train()
             row = {"step": step, "train_loss": loss_sum / k, "train_bpc": loss_sum / k / math.log(2),
                    "valid_bpc": ev["bpc"], "valid_tokens": ev["tokens"], "lr": optimizer.param_groups[0]["lr"],
@@ -603,16 +647,19 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
             save_weights(model, out / "last.safetensors", {"arch": "char_lm", "step": str(step)})
             write_json({**side, "step": step, "metrics": {"valid_bpc": ev["bpc"]}}, out / "last.json")
             if ev["bpc"] < best_bpc:
-                best_bpc = ev["bpc"]
+                best_bpc, best_step = ev["bpc"], step
                 save_weights(model, out / "best.safetensors", {"arch": "char_lm", "step": str(step)})
                 write_json({**side, "step": step, "metrics": {"valid_bpc": ev["bpc"]}}, out / "best.json")
             _write_run_files(out, cfg, rows)
             loss_sum, k = 0.0, 0
+            if on_eval is not None:
+                on_eval({**row, "steps": cfg.max_steps})
         if out_of_time:
             log(f"time budget of {cfg.max_minutes} min reached at step {step}")
             break
     from safetensors.torch import load_file
 
+    peak = peak_memory_mb(device, rss0)
     model.load_state_dict(load_file(out / "best.safetensors"))
     ft = cfg.final_eval_tokens
     v = evaluate_bpc(model, valid, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
@@ -621,7 +668,10 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
     results = {"corpus": meta.get("name", ""), "variant": meta.get("variant", ""), "metric": metric,
                "attention": cfg.attention, "params": n_params, "steps": step, "valid_bpc": v["bpc"],
                "test_bpc": t["bpc"], "valid_tokens": v["tokens"], "test_tokens": t["tokens"],
-               "eval_ctx": cfg.eval_ctx, "eval_score": cfg.eval_score, "train_seconds": train_time,
+               "eval_ctx": cfg.eval_ctx, "eval_score": cfg.eval_score, "best_step": best_step,
+               "best_periodic_valid_bpc": best_bpc, "selected_on": "valid", "train_seconds": train_time,
+               "train_tokens": step * cfg.batch_size * cfg.seq_len, **tot, "peak_mem_mb": peak,
+               "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss_growth",
                "wall_seconds": time.perf_counter() - t_start, "device": str(device),
                "output": os.fspath(out), "checkpoint": os.fspath(out / "best.safetensors")}
     write_json(results, out / "results.json")
@@ -644,8 +694,11 @@ def load_lm(checkpoint: str | os.PathLike, device: torch.device | None = None,
     if side.get("arch") != "char_lm":
         raise UserError(f"{path} is not a character-LM checkpoint (arch {side.get('arch')!r})")
     ma = side["model_args"]
+    # Sidecars written before ffn_dim / dropout / residual were recorded: CharLM's defaults then (4 d, 0, official).
     cfg = LMConfig(dim=ma["dim"], depth=ma["depth"], num_heads=ma["num_heads"], attention=ma["attention"],
-                   attn_kw={ma["attention"]: ma.get("attn_kw", {})})
+                   attn_kw={ma["attention"]: ma.get("attn_kw", {})}, ffn_dim=int(ma.get("ffn_dim", 0)),
+                   dropout=float(ma.get("dropout", 0.0)), emb_dropout=float(ma.get("emb_dropout", 0.0)),
+                   residual=ma.get("residual", "official"))
     model = (model_fn or build_lm)(int(ma["vocab_size"]), cfg)
     model.load_state_dict(load_file(path))
     model.to(device or torch.device("cpu")).eval()

@@ -4,8 +4,11 @@
 attention + FFN over byte/character tokens. With `attention="long_short"` it is the official autoregressive model:
 token embedding times sqrt(d), the "pre-LN" quirk (the residual is taken from the normalised input,
 `h = norm1(h); h = h + attn(h)`), no final LayerNorm, and an output layer tied to the input embedding with its own
-bias (`residual="official"`). Any registered mechanism with a causal mode works (`attention="softmax"` is built with
-`causal=True`); mechanisms without relative positions get absolute sinusoid positions added to the embeddings.
+bias (`residual="official"`). `residual="standard"` is the textbook pre-LN causal LM (`h = h + attn(LN(h))`,
+`h = h + FFN(LN(h))`, final LN), the host the arena's `charlm` task trains with every mechanism. Any registered
+mechanism whose declared capabilities include a causal mode works (it is built with `causal=True`); mechanisms that
+do not encode positions themselves (`AttentionCaps.relative_positions`) get absolute sinusoid positions added to
+the embeddings.
 
 Decoding: `cache = model.init_cache(B)`, then `model(tokens_block, cache=cache)` for consecutive blocks; the
 logits equal those of one parallel `model(all_tokens)`. Mechanisms with an `init_cache` method (long_short) keep
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import build_attention
+from ..attention import Request, build_attention, check, get_attention_cls, list_attention
 from ..attention.functional.long_short import xl_sinusoid
 from . import register_sequence_model
 
@@ -49,6 +52,9 @@ class FeedForward(nn.Module):
 class CharLMLayer(nn.Module):
     """One layer: attention + FFN with the official normalised-input residual or a textbook pre-LN residual.
 
+    `drop` is applied to the attention output (before the residual add) and inside the FFN, for every mechanism
+    alike (official: the attention's output dropout and FeedForwardLayer's).
+
     Shapes: h (B, T, C) -> (B, T, C). Official: TransformerLSLayer (keys `attn`, `norm1`, `ff`, `norm2`).
     """
 
@@ -59,13 +65,14 @@ class CharLMLayer(nn.Module):
         self.residual = residual
         self.attn = build_attention(attention, dim, num_heads, causal=True, **attn_kw, **dd)
         self.norm1 = nn.LayerNorm(dim, **dd)
+        self.attn_dropout = nn.Dropout(drop)
         self.ff = FeedForward(dim, ffn_dim, drop, **dd)
         self.norm2 = nn.LayerNorm(dim, **dd)
 
     def _attend(self, h: torch.Tensor, state) -> torch.Tensor:
         if state is None or not hasattr(self.attn, "init_cache"):
-            return self.attn(h)
-        return self.attn(h, cache=state)
+            return self.attn_dropout(self.attn(h))
+        return self.attn_dropout(self.attn(h, cache=state))
 
     def forward(self, h: torch.Tensor, state=None) -> torch.Tensor:
         if self.residual == "official":
@@ -106,13 +113,14 @@ class CharLM(nn.Module):
         dim: model width d.
         depth: layers.
         num_heads: heads h.
-        attention: registered mechanism name with a causal mode; built with `causal=True` and `**attn_kw`.
+        attention: registered mechanism name whose caps declare a causal mode; built with `causal=True` and
+            `**attn_kw`.
         ffn_dim: FFN width (default 4 d).
-        dropout: dropout in attention output and FFN (official `dropout`).
+        dropout: dropout on the attention output and in the FFN (official `dropout`).
         emb_dropout: dropout on the embeddings and the final hidden state (official `emb_dropout`).
         residual: "official" (normalised-input residual, no final LN) or "standard" (pre-LN + final LN).
-        pos_embed: "none", "sinusoid" (absolute, added to the embeddings) or None (none for long_short, which has
-            relative positions, sinusoid otherwise).
+        pos_embed: "none", "sinusoid" (absolute, added to the embeddings) or None (none when the mechanism encodes
+            positions itself, `caps.relative_positions`, e.g. causal long_short; sinusoid otherwise).
         max_context: tokens kept for recomputed (non-incremental) mechanisms during decoding (None: all).
         **attn_kw: mechanism options (e.g. window_size=512, chunk_size=16, rank=1).
     """
@@ -127,16 +135,25 @@ class CharLM(nn.Module):
             raise ValueError(f"CharLM: vocab_size, dim and depth must be >= 1, got {vocab_size}, {dim}, {depth}")
         if residual not in ("official", "standard"):
             raise ValueError(f"CharLM: residual must be 'official' or 'standard', got {residual!r}")
-        pos_embed = pos_embed or ("none" if attention == "long_short" else "sinusoid")
-        if pos_embed not in ("none", "sinusoid"):
+        if pos_embed not in (None, "none", "sinusoid"):
             raise ValueError(f"CharLM: pos_embed must be 'none' or 'sinusoid', got {pos_embed!r}")
+        reasons = check(get_attention_cls(attention).caps, Request(causal=True, sequence=True))
+        if reasons:
+            causal = [n for n in list_attention() if not check(get_attention_cls(n).caps,
+                                                               Request(causal=True, sequence=True))]
+            raise ValueError(f"CharLM: attention {attention!r} {'; '.join(reasons)}, which a language model needs; "
+                             f"mechanisms with a causal 1-D form: {', '.join(causal)}")
         self.vocab_size, self.dim, self.depth, self.num_heads = vocab_size, dim, depth, num_heads
-        self.attention, self.residual, self.pos_embed, self.max_context = attention, residual, pos_embed, max_context
+        self.attention, self.residual, self.max_context = attention, residual, max_context
         self.in_emb = nn.Embedding(vocab_size, dim, **dd)
         self.emb_dropout = nn.Dropout(emb_dropout)
         self.layers = nn.ModuleList([
             CharLMLayer(dim, num_heads, ffn_dim or 4 * dim, attention, attn_kw, dropout, residual, **dd)
             for _ in range(depth)])
+        if pos_embed is None:
+            own = all(layer.attn.caps.relative_positions and layer.attn.caps.causal for layer in self.layers)
+            pos_embed = "none" if own else "sinusoid"
+        self.pos_embed = pos_embed
         self.norm = nn.LayerNorm(dim, **dd) if residual == "standard" else None
         self.out_emb = nn.Linear(dim, vocab_size, **dd)
         self.out_emb.weight = self.in_emb.weight

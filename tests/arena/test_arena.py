@@ -130,7 +130,7 @@ def test_skipped_row_in_the_leaderboard(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("argv,expect", [
-    (["--task", "imagenet"], "allowed: fmnist"),
+    (["--task", "imagenet"], "allowed: charlm, fmnist"),
     (["--task", "fmnist", "--attention", "softmax,nope"], "allowed:"),
     (["--task", "fmnist", "--budget", "huge"], "allowed: default, quick"),
     (["--task", "fmnist", "--seeds", "a,b"], "comma-separated integers"),

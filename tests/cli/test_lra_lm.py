@@ -99,11 +99,11 @@ def test_lm_bad_input(corpus_dir, tmp_path, capsys):
 def test_lm_train_without_causal_form_lists_those_with_one(corpus_dir, capsys):
     from subquad.attention import ATTENTION_REGISTRY
 
-    assert main(["lm", "train", "--data", str(corpus_dir), "--attention", "linear"]) == 2
+    assert main(["lm", "train", "--data", str(corpus_dir), "--attention", "enhanced_linear"]) == 2
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert "'linear' has no causal form" in lines[0]
+    assert "'enhanced_linear' has no causal form" in lines[0]
     causal = [n for n in ATTENTION_REGISTRY.names() if ATTENTION_REGISTRY.get(n).builder.caps.causal]
     assert causal and lines[0].endswith("mechanisms with one: " + ", ".join(causal))
     assert main(["lm", "train", "--data", str(corpus_dir), "--attention", "nope"]) == 2

@@ -80,7 +80,7 @@ def test_registry_and_bad_input():
     with pytest.raises(ValueError, match="integer"):
         m(torch.zeros(1, 2))
     with pytest.raises(ValueError, match="window_size"):
-        CharLM(10, 16, 1, 2, window_size=0)
+        CharLM(10, 16, 1, 2, window_size=-1)  # 0 is the dynamic-projection-only ablation
 
 
 def test_clamp_len_reaches_the_causal_attention():

@@ -10,7 +10,9 @@ from subquad.attention import ATTENTION_REGISTRY, Request, check
 from subquad.errors import UserError
 from subquad.sequence import create_sequence_model
 
-SPATIAL = [n for n in subquad.list_attention() if check(ATTENTION_REGISTRY.get(n).builder.caps, Request(sequence=True))]
+# Mechanisms that need the grid (a causal-only 1-D mechanism fails Request(sequence=True) for another reason).
+SPATIAL = [n for n in subquad.list_attention()
+           if any("grid" in r for r in check(ATTENTION_REGISTRY.get(n).builder.caps, Request(sequence=True)))]
 # Options so that windows / stripes / filters fit a 4 x 8 grid.
 SMALL_KW = {"window": {"window_size": 4}, "cswin": {"split_size": 2}, "long_short": {"window_size": 2, "rank": 3},
             "structure_aware": {"D": 4}}

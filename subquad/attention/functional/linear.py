@@ -42,6 +42,7 @@ __all__ = [
     "linear_attention",
     "causal_linear_attention_ref",
     "causal_linear_attention",
+    "causal_linear_attention_chunked",
     "enhanced_linear_attention_ref",
     "enhanced_linear_attention_kv",
     "feature_map",
@@ -164,6 +165,42 @@ def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e
     z = torch.cumsum(k, dim=-2)  # (B, h, N, d')
     num = (q.unsqueeze(-2) @ s).squeeze(-2)  # (B, h, N, d_v)
     return num / ((q * z).sum(-1, keepdim=True) + eps)
+
+
+def causal_linear_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 0.0,
+                                    chunk_size: int = 64) -> torch.Tensor:
+    """Causal fast path in chunks of c tokens: O(N c d + N d^2) time, O(N c + (N / c) d^2) memory.
+
+    Inside a chunk the masked (c x c) kernel matrix is used; across chunks the prefix sums S = sum_j k_j^T v_j and
+    z = sum_j k_j of all earlier chunks (an exclusive cumsum over chunks) carry the past, as in the recurrent form
+    of Katharopoulos et al. 2020 ("Transformers are RNNs", arXiv 2006.16236, Sec. 3.2 and Eq. 9-12). Same function
+    as `causal_linear_attention_ref`; any N (the last chunk is padded with zero keys/values, which add nothing).
+
+    Shapes: q (B, h, N, d'), k (B, h, N, d'), v (B, h, N, d_v) -> (B, h, N, d_v).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"causal linear attention: chunk_size must be >= 1, got {chunk_size}")
+    B, h, N, dq = q.shape
+    if k.shape[-2] != N or v.shape[-2] != N:
+        raise ValueError(f"causal linear attention needs as many keys as queries, got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    dv = v.shape[-1]
+    c = min(chunk_size, N)
+    n = -(-N // c)
+    pad = n * c - N
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    qc, kc, vc = (t.reshape(B, h, n, c, t.shape[-1]) for t in (q, k, v))
+    a = (qc @ kc.transpose(-2, -1)).tril()  # (B, h, n, c, c): within-chunk kernel, causal
+    kv = kc.transpose(-2, -1) @ vc  # (B, h, n, d', d_v)
+    # exclusive prefix over chunks: the state entering chunk i holds chunks 0 .. i-1
+    s = torch.cat([torch.zeros_like(kv[:, :, :1]), torch.cumsum(kv[:, :, :-1], dim=2)], dim=2)
+    ksum = kc.sum(dim=-2)  # (B, h, n, d')
+    z = torch.cat([torch.zeros_like(ksum[:, :, :1]), torch.cumsum(ksum[:, :, :-1], dim=2)], dim=2)
+    num = a @ vc + qc @ s  # (B, h, n, c, d_v)
+    den = a.sum(-1, keepdim=True) + (qc * z.unsqueeze(-2)).sum(-1, keepdim=True)
+    out = (num / (den + eps)).reshape(B, h, n * c, dv)
+    return out[:, :, :N]
 
 
 def enhanced_linear_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

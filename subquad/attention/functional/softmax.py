@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["softmax_attention_ref", "softmax_attention_probs", "softmax_attention", "spatial_reduction_ref",
-           "adaptive_pool_matrix", "patch_mean_matrix"]
+           "adaptive_pool_matrix", "patch_mean_matrix", "causal_band_mask", "sliding_window_attention_ref",
+           "sliding_window_attention"]
 
 
 def softmax_attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float | None = None,
@@ -112,3 +113,49 @@ def patch_mean_matrix(hw: tuple[int, int], sr_ratio: int, device=None,
         return m
 
     return torch.kron(bins(H), bins(W))
+
+
+def causal_band_mask(n: int, window: int, device=None) -> torch.Tensor:
+    """(n, n) bool: query t may attend to key j when t - window < j <= t (the last `window` tokens, itself included)."""
+    i = torch.arange(n, device=device)
+    delta = i[:, None] - i[None, :]
+    return (delta >= 0) & (delta < window)
+
+
+def sliding_window_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                                 scale: float | None = None) -> torch.Tensor:
+    """Reference causal sliding-window softmax: the dense (N, N) band mask of `causal_band_mask` and
+    `softmax_attention_ref`. Shapes: q, k (B, h, N, d), v (B, h, N, d_v) -> (B, h, N, d_v)."""
+    return softmax_attention_ref(q, k, v, scale, causal_band_mask(q.shape[-2], window, q.device))
+
+
+def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                             scale: float | None = None, block: int | None = None) -> torch.Tensor:
+    """Blocked fast path of `sliding_window_attention_ref`: O(N (b + w) d) instead of O(N^2 d).
+
+    Queries are cut into blocks of b tokens (default max(w, 16)); block i (positions i b ... i b + b - 1) needs the
+    b + w - 1 keys from i b - w + 1 on, read as one strided window of the keys padded with w - 1 absent positions in
+    front. One SDPA call over all blocks with a (b, b + w - 1) band mask per block; every query keeps at least its
+    own key, so no row is empty.
+    """
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"sliding-window attention: window must be an int >= 1, got {window!r}")
+    B, h, N, d = q.shape
+    w = window
+    b = max(w, 16) if block is None else block
+    b = max(1, min(b, N))
+    n = -(-N // b)
+    L = n * b
+    span = b + w - 1
+    qp = F.pad(q, (0, 0, 0, L - N)).reshape(B, h, n, b, d)
+    kp = F.pad(k, (0, 0, w - 1, L - N))  # (B, h, w - 1 + L, d)
+    vp = F.pad(v, (0, 0, w - 1, L - N))
+    kb = kp.unfold(2, span, b).transpose(-2, -1)  # (B, h, n, span, d)
+    vb = vp.unfold(2, span, b).transpose(-2, -1)
+    r = torch.arange(b, device=q.device)[:, None]
+    c = torch.arange(span, device=q.device)[None, :]
+    band = (c >= r) & (c <= r + w - 1)  # (b, span): key c of a block sits at i b - w + 1 + c
+    start = torch.arange(n, device=q.device)[:, None, None] * b - (w - 1)
+    mask = band[None] & (start + c[None] >= 0)  # (n, b, span): no key before position 0
+    out = F.scaled_dot_product_attention(qp, kb, vb, attn_mask=mask, scale=scale)
+    return out.reshape(B, h, L, -1)[:, :, :N]
