@@ -108,7 +108,8 @@ def zoo_tables() -> str:
     for fam, names in _by_family().items():
         label, paper = FAMILIES.get(fam, (fam, "-"))
         out += [f"### {label}", "", f"Paper: {paper}.", "",
-                "| model | status | res | params (M) | GMACs | top-1 (%) | official weights (licence) | load | source |",
+                "| model | status | res | params (M) | GMACs | top-1 (%) | official weights (licence) | load "
+                "| source |",
                 "|---|---|---|---|---|---|---|---|---|"]
         for n in names:
             c = get_card(n)
@@ -134,14 +135,15 @@ def home_page(readme: str) -> str:
     t = readme.replace("](docs/", "](")
     t = t.replace("([docs/](index.md))", "(this site)")
     t = t.replace("[LICENSE](LICENSE)", "`LICENSE`")
-    t = t.replace("[CHANGELOG.md](CHANGELOG.md) records its versions", "the [changelog](changelog.md) records its versions")
+    t = t.replace("[CHANGELOG.md](CHANGELOG.md) records its versions",
+                  "the [changelog](changelog.md) records its versions")
     a, b = t.index("## Models\n"), t.index("\n## ", t.index("## Models\n") + 1) + 1
     t = t[:a] + ("## Models\n\nEvery model with its paper's params, GMACs and top-1, its weights and their licence, "
                  "and the command that\nloads it: [Model zoo](models.md).\n\n") + t[b:]
     a = t.index("## Documentation\n")
     b = t.index("\n## ", a + 1) + 1
-    return ("<!-- Generated from README.md by `make readme` (python -m subquad.cli.readme --write): edit README.md. -->\n"
-            + t[:a] + t[b:])
+    note = "<!-- Generated from README.md by `make readme` (python -m subquad.cli.readme --write): edit README.md. -->"
+    return note + "\n" + t[:a] + t[b:]
 
 
 RENDERERS = {"mechanisms": mechanisms_table, "families": families_table, "zoo": zoo_tables}
