@@ -100,28 +100,42 @@ def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _source(source: str, paper: str) -> str:
+    """`source` without the family's paper title (the zoo states it above each table)."""
+    title = paper.split(" (")[0]
+    if not source.startswith(title):
+        return source or "-"
+    rest = source[len(title):].lstrip()
+    rest = re.sub(r"^\([^)]*\)", "", rest).lstrip(" ;,")
+    return rest or "the paper"
+
+
 def zoo_tables() -> str:
-    """docs/models.md: one table per family, every model with its card, weights, licence and load command."""
+    """docs/models.md: one table per family, every model with its card, weights, licence and load command; below
+    each table, where the numbers come from."""
     from subquad.models import get_card
 
     out = []
     for fam, names in _by_family().items():
         label, paper = FAMILIES.get(fam, (fam, "-"))
         out += [f"### {label}", "", f"Paper: {paper}.", "",
-                "| model | status | res | params (M) | GMACs | top-1 (%) | official weights (licence) | load "
-                "| source |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "| model | res | params (M) | GMACs | top-1 (%) | official weights (licence) | load |",
+                "|---|---|---|---|---|---|---|"]
+        sources: dict[str, list[str]] = {}
         for n in names:
             c = get_card(n)
             w = _weights(n)
             weights = "<br>".join(f"`{t}` ({lic})" for t, lic in w) or "-"
-            load = (f'`timm.create_model("{w[0][0]}", pretrained=True)`' if w
-                    else f'`subquad.create_model("{n}")`')
+            load = f'`timm.create_model("{w[0][0]}", pretrained=True)`' if w else f'`timm.create_model("{n}")`'
             if c is None:
-                out.append(f"| `{n}` | - | - | - | - | - | {weights} | {load} | - |")
+                out.append(f"| `{n}` | - | - | - | - | {weights} | {load} |")
                 continue
-            out.append(f"| `{n}` | {c.status} | {c.img_size} | {_fmt(c.params_m, '.1f')} | {_fmt(c.gmacs, '.2f')} | "
-                       f"{_fmt(c.top1, '.1f')} | {weights} | {load} | {c.source or '-'} |")
+            sources.setdefault(_source(c.source, paper), []).append(n)
+            model = f"`{n}`" + (" (unofficial)" if c.status == "unofficial" else "")
+            out.append(f"| {model} | {c.img_size} | {_fmt(c.params_m, '.1f')} | {_fmt(c.gmacs, '.2f')} | "
+                       f"{_fmt(c.top1, '.1f')} | {weights} | {load} |")
+        out += ["", "Numbers from:", ""]
+        out += [f"- {', '.join(f'`{n}`' for n in ns)}: {src}" for src, ns in sources.items()]
         out.append("")
     return "\n".join(out).rstrip()
 

@@ -38,7 +38,8 @@ def create_model(name: str, pretrained: bool = False, checkpoint_path: str | Non
 
     Args:
         name: a registered name (`subquad.list_models()`, or any timm model).
-        pretrained: load weights named by `pretrained_cfg_overlay=dict(file=PATH)` (no downloads).
+        pretrained: load the weights the pretrained cfg names: `pretrained_cfg_overlay=dict(file=PATH)`, or for a
+            tagged name with an official release (`l2vit_tiny.in1k`) its URL, downloaded into timm's cache.
         checkpoint_path: an official `.pth` or a subquad `.safetensors` file, loaded safely (weights only) through
             the family's remap function with strict key checking.
         **kwargs: model options (`num_classes`, `img_size`, `features_only`, `device`, attention choices, ...).
