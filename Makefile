@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-all demo lint readme bench clean
+.PHONY: test test-all demo lint readme bench clean docs docs-serve wheel
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,11 +35,25 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The README's family table, the model zoo (docs/models.md), the mechanism table (docs/mechanisms.md) and the site's
+# home page (docs/index.md, from README.md); tests/test_readme.py fails when any of them is stale.
 readme: $(STAMP)
 	$(BIN)/python -m subquad.cli.readme --write
 
+# The documentation site (MkDocs + Material + mkdocstrings, the docs extra; the dev extra includes it).
+# --strict: a broken link, a page missing from the nav or an unresolved API reference fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+# A wheel in dist/ (recipes and the sample image inside); tests/test_wheel.py installs one into a fresh venv.
+wheel: $(STAMP)
+	$(BIN)/python -m pip wheel . --no-deps --no-build-isolation -w dist
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build dist site *.egg-info
 
 .PHONY: figures
 # README figures: the "Cost" plot (attention sweep on this machine, CSV kept in benchmarks/results/) and the

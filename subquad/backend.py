@@ -19,7 +19,7 @@ for the whole process, and `use_backend(name)` does so for a block:
 `real_dft()` is a separate switch, for graphs whose runtime has no complex tensors (ONNX, `subquad.export`): inside
 it LiSA's structure-aware attention computes its correlations with real DFT matrices (`lisa_dft`) instead of
 complex FFTs. Same result, more arithmetic; the FFT path stays the default everywhere else (torch.compile included:
-the DFT form made a compiled `lisanet_s` slower, see the README's Deploy section).
+the DFT form made a compiled `lisanet_s` slower, see docs/deploy.md, "Compile").
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
   §4.3), L2ViT ("The Linear Attention Resurrection in Vision Transformer" §5.3) and FLatten (§5.2) follow.
 
 Norms are GroupNorm (Panoptic FPN's choice) in both heads, also where mmsegmentation's UperNet uses SyncBN, so that a
-batch of one image or a CPU run trains the same (see README "Detection and segmentation").
+batch of one image or a CPU run trains the same (see docs/dense.md, "Detection and segmentation").
 
 `model(x)` returns {'out': (B, K, H, W) logits at the input size} and, in training with an auxiliary head,
 'aux' of the same shape. The input is padded to the backbone's total stride and the logits are cropped back.
