@@ -28,7 +28,7 @@ import torch.utils.checkpoint
 from timm.layers import DropPath, register_notrace_module
 from torch import nn
 
-from .._shapes import as_hw, pad_amount, tracing
+from .._shapes import as_hw
 from ..attention import build_attention
 from ..attention.functional.structure_aware import inflate_kernel, resize_kernel
 from ..errors import UserError
@@ -89,8 +89,8 @@ class _Embed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         H, W = x.shape[-2:]
         sh, sw = self.stride[-2:]
-        ph, pw = pad_amount(H, sh), pad_amount(W, sw)
-        if tracing() or ph or pw:  # no branch on a symbolic size while tracing
+        ph, pw = (-H) % sh, (-W) % sw
+        if ph or pw:
             x = F.pad(x, (0, pw, 0, ph))
         return self.norm(self.proj(x))
 
