@@ -289,8 +289,8 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike,
 #: Keys every pretrained cfg must carry (`pool_size` except for token-output hosts, whose features are not a map).
 REQUIRED_CFG_KEYS = ("input_size", "min_input_size", "pool_size", "crop_pct", "interpolation", "mean", "std",
                      "first_conv", "classifier", "license", "paper_ids", "origin_url")
-#: Registered names whose features are not a (B, C, H, W)-style image map (prefix tokens or video): timm's tests
-#: treat them as its non-standard models.
+#: Registered names whose features are token sequences (B, N, C), not a (B, C, H, W)-style map: timm's tests treat
+#: them as non-standard models, as they do timm's own ViTs.
 NON_STD: set[str] = set()
 #: timm module names (the family files' last name component) under which `register_family` registered models.
 FAMILY_MODULES: set[str] = set()
@@ -333,7 +333,7 @@ def register_family(module: str, model_cls: type[nn.Module], variants: Sequence[
         remap: official checkpoint -> our state dict (strict), for `pretrained=True` and `checkpoint_path=`.
         card: `ModelCard` defaults of the family.
         out_indices: default `features_only` levels from the merged arguments (four stages when None).
-        non_std: features are prefix tokens or video maps (no `pool_size`; timm's non-standard tests).
+        non_std: features are token sequences (no `pool_size`; timm's non-standard tests).
     """
     from timm.models import generate_default_cfgs, register_model
 

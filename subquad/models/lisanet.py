@@ -156,8 +156,16 @@ def as_clip(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(2) if x.dim() == 4 else x
 
 
+def as_input_map(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A video model's map y (B, C, T', H', W') for its input x: (B, C, H', W') when x was an image (a one-frame
+    clip leaves T' = 1), so that an image in gives an image-shaped map out (timm's image-model contract: features
+    (B, C, H', W') with H' x W' = the cfg's `pool_size`)."""
+    return y.squeeze(2) if x.dim() == 4 else y
+
+
 torch.fx.wrap("lisa_to_tokens")
 torch.fx.wrap("as_clip")
+torch.fx.wrap("as_input_map")
 
 
 class _LiSAHost(Backbone):
@@ -252,6 +260,22 @@ class LiSANet(_LiSAHost):
         if i == 0:
             x = self.patch_embed(as_clip(x) if self.video else x)
         return self.stages[i](x), None
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H', W') for images; a video model gives (B, C, T', H', W') for clips (B, C, T, H, W) and, for an
+        image (a one-frame clip), the image-shaped (B, C, H', W')."""
+        y = super().forward_features(x)
+        return as_input_map(y, x) if self.video else y
+
+    def forward_intermediates(self, x: torch.Tensor, *args, **kwargs):
+        """As `Backbone.forward_intermediates`; a video model's maps are image-shaped for an image input."""
+        out = super().forward_intermediates(x, *args, **kwargs)
+        if not self.video:
+            return out
+        if isinstance(out, list):
+            return [as_input_map(t, x) for t in out]
+        final, inter = out
+        return as_input_map(final, x), [as_input_map(t, x) for t in inter]
 
     def _level_map(self, i: int, x: torch.Tensor, hw, fmt: str) -> torch.Tensor:
         return x
@@ -417,4 +441,4 @@ register_family(__name__, LiSANet, [
             dict(ref_params=144_353_448, notes=_UNOFF + "; clips (3, 16, 224, 224): 70.46 GMACs "
                                                         "(count_module_macs); Kinetics not available offline"),
             cfg=_VIDEO),
-], cfg=_CFG, stride=lambda a: 32, remap=remap_checkpoint, card=_CARD, non_std=True)
+], cfg=_CFG, stride=lambda a: 32, remap=remap_checkpoint, card=_CARD)

@@ -18,9 +18,9 @@ from subquad.arena import check_claims, load_task
 from subquad.arena.report import LEADERBOARD_COLUMNS, claims_text, leaderboard_markdown
 from subquad.arena.tasks import CONFIG_DIR
 from subquad.cli.__main__ import main
-from subquad.data.fashion_mnist import DEBIAN_DIR
 
-needs_fmnist = pytest.mark.skipif(not DEBIAN_DIR.is_dir(), reason="Debian package dataset-fashion-mnist not installed")
+# A small Fashion-MNIST written by the tests (tests/conftest.py), named by $SUBQUAD_FASHION_MNIST_DIR for the cells.
+needs_fmnist = pytest.mark.usefixtures("fashion_mnist_dir")
 
 
 def _board(out: Path) -> list[dict[str, str]]:

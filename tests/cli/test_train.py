@@ -148,12 +148,7 @@ def test_ddp_two_processes_equal_single_process(tmp_path):
         assert abs(float(fa[1]) - float(fb[1])) < 1e-4
 
 
-@pytest.mark.data
-def test_fashion_mnist_one_epoch(tmp_path, capsys):
-    from subquad.data.fashion_mnist import DEBIAN_DIR
-
-    if not (DEBIAN_DIR / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip("Debian package dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist)")
+def test_fashion_mnist_one_epoch(tmp_path, capsys, fashion_mnist_dir):
     out = tmp_path / "fm"
     assert main(["train", "--model", "vit_attn_micro", "--data", "fashion-mnist", "--img-size", "16", "--train-limit",
                  "128", "--eval-limit", "64", "-b", "32", "--epochs", "1", "--log-interval", "0", "--device", "cpu",
@@ -162,3 +157,14 @@ def test_fashion_mnist_one_epoch(tmp_path, capsys):
 
     side = json.loads((out / "best.json").read_text())
     assert side["classes"][0] == "T-shirt/top" and side["data_config"]["mean"][0] == pytest.approx(0.2860)
+
+
+def test_fashion_mnist_absent_is_one_line(tmp_path, capsys, monkeypatch):
+    from subquad.data.fashion_mnist import ENV_DIR
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))  # an empty folder: no Fashion-MNIST
+    assert main(["train", "--model", "vit_attn_micro", "--data", "fashion-mnist", "--img-size", "16", "--epochs", "1",
+                 "--device", "cpu", "--output", str(tmp_path / "fm")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "holds none of the Fashion-MNIST files" in err and "apt-get install dataset-fashion-mnist" in err

@@ -7,6 +7,7 @@ import struct
 import numpy as np
 import pytest
 
+from subquad.data.fashion_mnist import DEBIAN_DIR as fm_debian
 from subquad.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx
 from subquad.errors import UserError
 
@@ -58,6 +59,61 @@ def test_read_idx_missing_and_truncated_header(tmp_path):
         read_idx(p)
 
 
+def test_fashion_mnist_splits(fashion_mnist_dir):
+    """The reader on files in the release's format and names (written by the test): 500 images a class carved out of
+    train as val by a seeded permutation, train the rest, train_full all of them, test the t10k files."""
+    from subquad.data.fashion_mnist import FASHION_MNIST_CLASSES, fashion_mnist_arrays, find_fashion_mnist
+
+    assert find_fashion_mnist() == fashion_mnist_dir  # named by $SUBQUAD_FASHION_MNIST_DIR
+    arrays = fashion_mnist_arrays()
+    sizes = {"train": 200, "val": 5000, "test": 100, "train_full": 5200}
+    for split, n in sizes.items():
+        x, y = arrays[split]
+        assert x.shape == (n, 28, 28) and x.dtype == np.uint8 and y.shape == (n,) and y.dtype == np.int64, split
+        assert np.bincount(y, minlength=10).tolist() == [n // 10] * 10, split
+    full = {x.tobytes() for x in arrays["train_full"][0]}
+    tr, va = ({x.tobytes() for x in arrays[k][0]} for k in ("train", "val"))
+    assert not tr & va and tr | va == full
+    again = fashion_mnist_arrays(fashion_mnist_dir)  # the same directory given explicitly: the same seeded split
+    np.testing.assert_array_equal(again["val"][1], arrays["val"][1])
+    assert len(FASHION_MNIST_CLASSES) == 10
+
+
+def test_fashion_mnist_absent_says_how_to_get_it(tmp_path, monkeypatch):
+    """Without the data: one line that names the Debian package, the four file names and the ways to point at them."""
+    from subquad.data import fashion_mnist as fm
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.delenv(fm.ENV_DIR, raising=False)
+    monkeypatch.setattr(fm, "DEBIAN_DIR", empty / "debian")
+    monkeypatch.setenv("SUBQUAD_DATA", str(empty))
+    with pytest.raises(UserError) as e:
+        fm.find_fashion_mnist()
+    msg = str(e.value)
+    assert "\n" not in msg and "apt-get install dataset-fashion-mnist" in msg and "fashion-mnist:DIR" in msg
+    assert all(f in msg for f in fm.FILES) and fm.ENV_DIR in msg
+    monkeypatch.setenv(fm.ENV_DIR, str(empty))  # the variable names the only place looked at
+    with pytest.raises(UserError, match=f"{fm.ENV_DIR}=.* holds none of the Fashion-MNIST files "
+                                        "train-images-idx3-ubyte.gz, .*apt-get install dataset-fashion-mnist"):
+        fm.find_fashion_mnist()
+    with pytest.raises(UserError, match="fashion-mnist directory .*/nope: directory not found"):
+        fm.find_fashion_mnist(tmp_path / "nope")
+
+
+def test_fashion_mnist_one_missing_file_is_named(tmp_path, fashion_mnist_dir, monkeypatch):
+    from subquad.data import fashion_mnist as fm
+
+    part = tmp_path / "part"
+    part.mkdir()
+    for f in fm.FILES[:3]:
+        (part / f).write_bytes((fashion_mnist_dir / f).read_bytes())
+    with pytest.raises(UserError, match="lacks t10k-labels-idx1-ubyte.gz of the Fashion-MNIST files"):
+        fm.find_fashion_mnist(part)
+
+
+# The bytes of the Debian package dataset-fashion-mnist (the original release): checked only where it is installed.
+# This test is about those files themselves; the reader and its splits are tested above on files the test writes.
 _SHA = {
     "train-images-idx3-ubyte.gz": "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
     "train-labels-idx1-ubyte.gz": "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
@@ -67,14 +123,14 @@ _SHA = {
 
 
 @pytest.mark.data
+@pytest.mark.skipif(not all((fm_debian / f).is_file() for f in _SHA),
+                    reason="about the bytes of the Debian package dataset-fashion-mnist, which is not installed")
 def test_debian_fashion_mnist_files_and_splits():
-    from subquad.data.fashion_mnist import DEBIAN_DIR, fashion_mnist_arrays
+    from subquad.data.fashion_mnist import fashion_mnist_arrays
 
-    if not all((DEBIAN_DIR / f).is_file() for f in _SHA):
-        pytest.skip("Debian package dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist)")
     for name, sha in _SHA.items():
-        assert hashlib.sha256((DEBIAN_DIR / name).read_bytes()).hexdigest() == sha, name
-    arrays = fashion_mnist_arrays()
+        assert hashlib.sha256((fm_debian / name).read_bytes()).hexdigest() == sha, name
+    arrays = fashion_mnist_arrays(fm_debian)
     sizes = {"train": 55000, "val": 5000, "test": 10000, "train_full": 60000}
     for split, n in sizes.items():
         x, y = arrays[split]

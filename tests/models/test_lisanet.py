@@ -129,3 +129,23 @@ def test_checkpoint_at_another_size_resizes_kernels(tmp_path):
     x = torch.randn(1, 3, 96, 96)
     with torch.no_grad():
         assert_close(m96(x), m64(x), torch.float32, "96-px model vs 64-px model at 96 px")
+
+
+def test_video_model_gives_image_shaped_maps_for_an_image():
+    """timm's image contract for the video models (its test_model_default_cfgs feeds the cfg's image size): an image
+    (a one-frame clip) gives (B, C, H', W') features and intermediates, H' x W' = the cfg's pool_size, equal to the
+    clip's maps at its single temporal position; clips keep (B, C, T', H', W')."""
+    vid = subquad.create_model("hylisanet_s_video", **_VIDEO_MICRO).eval()
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        feats, clip = vid.forward_features(x), vid.forward_features(x[:, :, None])
+        assert feats.shape == (1, 64, 2, 3) and clip.shape == (1, 64, 1, 2, 3)
+        assert torch.equal(feats, clip[:, :, 0])
+        final, inter = vid.forward_intermediates(x)
+        assert torch.equal(final, feats) and [t.dim() for t in inter] == [4] * 4
+        assert [t.dim() for t in vid.forward_intermediates(x, intermediates_only=True)] == [4] * 4
+        vid.reset_classifier(0, "")
+        assert vid(x).shape == feats.shape
+    for name in ("hylisanet_s_video", "hylisanet_b_video"):
+        cfg = timm.create_model(name, pretrained=False, device="meta").pretrained_cfg
+        assert tuple(cfg["pool_size"]) == (7, 7) and tuple(cfg["input_size"]) == (3, 224, 224)

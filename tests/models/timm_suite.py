@@ -10,9 +10,14 @@ registers its models), then narrows `timm.list_models` to subquad's names before
 - a `module=` filter (the upstream list of timm modules whose models implement `forward_intermediates`) is
   replaced by subquad's family modules: every subquad model implements it through `subquad.models._base.Backbone`;
 - the upstream list of non-standard name patterns (recognised by its 'vit_*' entry) is extended with the names
-  subquad declares non-standard (`subquad.models.NON_STD`: prefix-token and video models), both where it is used as
-  a filter and where it is excluded.
-Nothing else changes: sizes, tolerances and assertions are timm's.
+  subquad declares non-standard (`subquad.models.NON_STD`: the hosts whose features are token sequences, (B, N, C)),
+  both where it is used as a filter and where it is excluded. This is what timm does for its own ViTs, by name
+  (`NON_STD_FILTERS` in its tests/test_models.py): `test_model_default_cfgs` asserts two spatial axes
+  (`assert len(spatial_axis) == 2  # TODO add 1D sequence support`), which a token sequence does not have, and
+  `test_model_default_cfgs_non_std` checks those models instead.
+Nothing else changes: sizes, tolerances and assertions are timm's. pytest imports the upstream files with
+`--import-mode=importlib`: timm's `tests/conftest.py` and subquad's would otherwise both be `tests.conftest`.
+Run it as timm's CI does, offline, with GITHUB_ACTIONS=1 (no test downloads weights then).
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ def main(argv: list[str]) -> int:
     _narrow_list_models()
     root = str(Path(argv[0]).resolve().parent)
     return pytest.main(["-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning", "--rootdir", root,
-                        *argv])
+                        "--import-mode=importlib", *argv])
 
 
 if __name__ == "__main__":
