@@ -17,7 +17,8 @@ import yaml
 from subquad.engine.config import TrainConfig, config_fields, merge_config
 from subquad.errors import UserError
 
-__all__ = ["add_config_arguments", "load_yaml", "resolve_config", "shipped_configs", "CONFIG_ROOT"]
+__all__ = ["add_config_arguments", "load_yaml", "resolve_config", "shipped_configs", "check_run_output",
+           "CONFIG_ROOT"]
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 
@@ -103,3 +104,14 @@ def load_run_args(resume: str | os.PathLike, drop: tuple[str, ...] = ()) -> dict
 def shipped_configs() -> list[Path]:
     """Every recipe YAML shipped in subquad/configs/{imagenet,fmnist}."""
     return sorted(p for sub in ("imagenet", "fmnist") for p in (CONFIG_ROOT / sub).glob("*.yaml"))
+
+
+def check_run_output(output: str, overwrite: bool) -> None:
+    """A new run's --output: a folder that is not empty is refused unless --overwrite; one that holds a run is left
+    to the trainer, which refuses it and says how to continue it."""
+    from subquad.engine.checkpoint import refuse_existing_output
+
+    out = Path(output) if output else None
+    if out is not None and not any((out / f).exists() for f in ("last.safetensors", "best.safetensors",
+                                                                 "last_state.pth")):
+        refuse_existing_output(out, "--output", overwrite, folder=True)

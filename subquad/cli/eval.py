@@ -24,7 +24,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-b", "--batch-size", type=int, default=256)
     p.add_argument("-j", "--workers", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="evaluate a seeded subset of this many images (0: all)")
-    p.add_argument("--results-file", default=None, help="JSON output (default: <checkpoint>.eval-<split>.json)")
+    p.add_argument("--results-file", default=None, help="JSON output (default: <checkpoint>.eval-<split>.json); an "
+                   "existing file is replaced only with --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="let the results file replace an existing one")
     p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
     p.set_defaults(func=run)
     return p
@@ -32,13 +34,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from subquad.data.registry import open_source
-    from subquad.engine.checkpoint import load_checkpointed_model, write_json
+    from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, sidecar_path, write_json
     from subquad.engine.classify import eval_loader, evaluate
     from subquad.engine.distributed import DistInfo, resolve_device
     from subquad.errors import UserError
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.results_file:  # before any work
+        check_output_file(args.results_file, (".json",), (args.checkpoint,), "--results-file",
+                          overwrite=args.overwrite)
     info = DistInfo(device=resolve_device(args.device))
     name, model, sidecar, dcfg, ckpt = load_checkpointed_model(args.checkpoint, args.model, args.img_size,
                                                                info.device, use_ema=args.use_ema)
@@ -66,9 +71,7 @@ def run(args: argparse.Namespace) -> int:
            "crop_pct": dcfg.get("crop_pct"), "interpolation": dcfg.get("interpolation") or "default",
            "images_per_sec": round(n / dt, 1)}
     out = Path(args.results_file) if args.results_file else ckpt.with_name(f"{ckpt.stem}.eval-{split}.json")
-    from subquad.engine.checkpoint import check_output_file, sidecar_path
-
-    check_output_file(out, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file")
+    check_output_file(out, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file", overwrite=args.overwrite)
     write_json(row, out)
     print(f"{name} on {spec} [{split}, {n} images]: top-1 {m['eval_top1']:.2f} %  top-5 {m['eval_top5']:.2f} %  "
           f"loss {m['eval_loss']:.4f}  ({n / dt:.0f} images/s)")

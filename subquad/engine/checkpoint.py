@@ -17,7 +17,8 @@ if TYPE_CHECKING:  # torch is imported where it is used: `subquad models` writes
     import torch
     from torch import nn
 
-__all__ = ["atomic_write", "save_weights", "write_json", "read_json", "sidecar_path", "save_state", "load_state",
+__all__ = ["atomic_write", "refuse_existing_output", "check_output_file", "save_weights", "write_json", "read_json",
+           "sidecar_path", "save_state", "load_state",
            "resolve_checkpoint", "read_sidecar", "checkpoint_arch", "read_weights", "read_checkpoint",
            "is_timm_checkpoint", "refuse_exported_program", "load_checkpointed_model"]
 
@@ -43,10 +44,40 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     return path
 
 
+def refuse_existing_output(path: str | os.PathLike, flag: str, overwrite: bool = False, folder: bool = False
+                           ) -> Path:
+    """The rule of every command that writes: nothing a user made is overwritten. An existing file, or an existing
+    folder that is not empty, at an output path is refused in one line unless `overwrite` (the command's
+    `--overwrite`); an empty folder is used as it is.
+
+    Args:
+        path: the output path. flag: the option that named it, for the message (e.g. "--out").
+        overwrite: the user allowed writing over what is there.
+        folder: the output is a folder: a file at `path` is refused even with `overwrite`.
+    Raises:
+        UserError: what is at `path` may not be written over.
+    """
+    from ..errors import UserError
+
+    p = Path(path)
+    if folder and p.exists() and not p.is_dir():
+        raise UserError(f"{flag} {p} is a file, not a folder; choose another {flag} (nothing was written)")
+    if overwrite or not p.exists():
+        return p
+    if p.is_dir():
+        if not any(p.iterdir()):
+            return p
+        raise UserError(f"{flag} {p} is a folder that is not empty; pass --overwrite to write into it, or choose "
+                        f"another {flag} (nothing was written)")
+    raise UserError(f"{flag} {p} exists; pass --overwrite to replace it, or choose another {flag} (nothing was "
+                    "written)")
+
+
 def check_output_file(path: str | os.PathLike, suffixes: tuple[str, ...], protect: tuple = (),
-                      what: str = "output", overwrite_if=None) -> Path:
-    """Refuse an output path that would destroy something: a wrong suffix, one of the `protect`ed inputs, or an
-    existing file that `overwrite_if(path)` does not recognise as an earlier output of the same kind."""
+                      what: str = "output", overwrite_if=None, overwrite: bool | None = None) -> Path:
+    """Refuse an output path that would destroy something: a wrong suffix, one of the `protect`ed inputs, an existing
+    file when `overwrite` is False (`refuse_existing_output`), or an existing file that `overwrite_if(path)` does not
+    recognise as an earlier output of the same kind."""
     from ..errors import UserError
 
     p = Path(path)
@@ -58,6 +89,8 @@ def check_output_file(path: str | os.PathLike, suffixes: tuple[str, ...], protec
             raise UserError(f"{what} {p} is one of the inputs; choose another path (nothing was written)")
     if p.exists() and (p.is_dir() or (overwrite_if is not None and not overwrite_if(p))):
         raise UserError(f"{what} {p} exists and is not an earlier {what}; choose another path (nothing was written)")
+    if overwrite is not None:
+        refuse_existing_output(p, what, overwrite)
     return p
 
 

@@ -209,3 +209,44 @@ def test_only_user_errors_become_one_line(monkeypatch, capsys):
     monkeypatch.setattr(flops, "run", boom(ValueError("internal: shapes disagree")))
     with pytest.raises(ValueError, match="internal"):
         main(["flops", "--model", "x"])
+
+
+# Issue 24 defect 7: the CLI logs subquad's own messages at INFO and leaves the root logger, hence third-party
+# loggers such as onnxscript and torch.onnx (about 230 INFO lines per ONNX export), at WARNING.
+
+_LOG_PROBE = """
+import logging, sys
+from subquad.cli.__main__ import main
+main(sys.argv[1:])
+logging.getLogger("onnxscript.optimizer").info("third-party info")
+logging.getLogger("torch.onnx").info("torch info")
+logging.getLogger("onnxscript").warning("third-party warning")
+logging.getLogger("subquad.engine.classify").info("subquad info")
+"""
+
+
+def test_cli_logs_subquad_not_third_party_info():
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    r = subprocess.run([sys.executable, "-c", _LOG_PROBE, "--version"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": root})
+    assert r.returncode == 0 and r.stderr.splitlines() == ["third-party warning", "subquad info"], r.stderr
+
+
+@pytest.mark.slow
+def test_export_does_not_flood_the_terminal(tmp_path):
+    """The reported case: `subquad export` of l2vit_micro to ONNX printed about 315 lines; now the result line and
+    the check line (a few lines in all)."""
+    import os
+    from pathlib import Path
+
+    pytest.importorskip("onnxscript")
+    root = str(Path(__file__).resolve().parents[2])
+    r = subprocess.run([sys.executable, "-m", "subquad", "export", "--model", "l2vit_micro", "--format", "onnx",
+                        "--out", str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "PYTHONPATH": root})
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert len(lines) <= 5, "\n".join(lines)

@@ -184,3 +184,20 @@ def test_model_kwargs_of_the_run_rebuild_the_model(tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(out), "--results-file", str(res), "--device", "cpu"]) == 0
     final = json.loads((out / "results.json").read_text())
     assert json.loads(res.read_text())["top1"] == pytest.approx(final["top1"], abs=1e-3)
+
+
+def test_eval_and_predict_results_replaced_only_with_overwrite(run_dir, tmp_path, capsys):
+    ck = str(run_dir / "best.safetensors")
+    res, pred = tmp_path / "res.json", tmp_path / "pred.json"
+    img = tmp_path / "d.png"
+    save_digits_image(img, 3)
+    ev = ["eval", "--checkpoint", ck, "--limit", "32", "--results-file", str(res), "--device", "cpu"]
+    pr = ["predict", "--checkpoint", ck, str(img), "--json", str(pred), "--device", "cpu"]
+    for cmd, out in ((ev, res), (pr, pred)):
+        assert main(cmd) == 0
+        first = out.read_text()
+        out.write_text("edited by hand")
+        assert main(cmd) == 2
+        assert "--overwrite" in _err_line(capsys) and out.read_text() == "edited by hand"
+        assert main([*cmd, "--overwrite"]) == 0
+        assert out.read_text() == first
