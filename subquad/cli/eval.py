@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     spec = args.data or (sidecar.get("args") or {}).get("data")
     if not spec:
         raise UserError("--data is required (the checkpoint has no sidecar naming its data)")
-    source = open_source(spec)
+    source = open_source(spec, need_val=False)  # `--split test` needs no val/ folder
     if sidecar.get("classes") and sidecar["classes"] != source.classes:
         raise UserError(f"the checkpoint's classes ({len(sidecar['classes'])}) differ from those of {spec!r} "
                         f"({len(source.classes)})")

@@ -229,3 +229,19 @@ def test_timm_command_missing_script_one_line(tmp_path, capsys):
     assert main(["timm", str(tmp_path / "validate.py"), "--model", "x"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "script not found" in err and "pytorch-image-models" in err
+
+
+def test_eval_split_test_without_val_folder(timm_run, tmp_path):
+    """Issue 24: `eval --split test` required a val/ folder."""
+    import shutil
+
+    data, best = timm_run
+    folder = tmp_path / "data"
+    shutil.copytree(data / "train", folder / "train")
+    shutil.copytree(data / "val", folder / "test")
+    res = tmp_path / "r.json"
+    assert main(["eval", "--checkpoint", str(best), "--data", f"imagefolder:{folder}", "--split", "test",
+                 "--device", "cpu", "--results-file", str(res)]) == 0
+    row = json.loads(res.read_text())
+    assert row["split"] == "test" and row["images"] == 21
+    assert row["top1"] == _eval(tmp_path, best, "val")["top1"]  # the same images as val/ above
