@@ -71,7 +71,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--attention", default="long_short",
                    help="a mechanism with a causal form: long_short (default) or softmax")
     t.add_argument("-c", "--config", default=None,
-                   help="YAML recipe (default subquad/configs/charlm/small.yaml; base.yaml = the paper's model)")
+                   help="YAML recipe, a file or a shipped name (default small = subquad/configs/charlm/small.yaml; "
+                   "base = the paper's model)")
     t.add_argument("--attn-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="mechanism option (YAML value), e.g. --attn-opt window_size=128")
     for name, typ, help_text in _FLAGS:
@@ -117,12 +118,11 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def resolve_config(args: argparse.Namespace):
+    from subquad.cli.config import find_config
     from subquad.engine.sequence import LMConfig
     from subquad.errors import UserError
 
-    path = Path(args.config) if args.config else CONFIG_DIR / "small.yaml"
-    if not path.is_file():
-        raise UserError(f"config file not found: {path}")
+    path = find_config(args.config, ("charlm",)) if args.config else CONFIG_DIR / "small.yaml"
     values: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
     fields = {f.name for f in dataclasses.fields(LMConfig)}
     unknown = sorted(set(values) - fields)

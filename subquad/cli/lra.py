@@ -54,6 +54,14 @@ _FLAGS: list[tuple[str, type, str]] = [
 ]
 
 
+# Flags spelled as `subquad train` spells them (--train-limit), not as the LRAConfig field (limit_train).
+_FLAG_NAMES = {"limit_train": "--train-limit", "limit_eval": "--eval-limit"}
+
+
+def _flag(name: str) -> str:
+    return _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("lra", help="Long Range Arena: generate data, train the LRA encoder",
                        description="Long Range Arena: ListOps/Pathfinder generators and training of the LRA encoder "
@@ -104,7 +112,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--grid", default=None, metavar="H,W",
                    help="token grid of an image-like task (pathfinder: 32,32; image: 32,32): passed to the "
                    "mechanisms as hw, so 2-D mechanisms run; needs --pool mean or masked_mean for them")
-    t.add_argument("-c", "--config", default=None, help="YAML overriding the task's shipped recipe")
+    t.add_argument("-c", "--config", default=None,
+                   help="YAML overriding the task's shipped recipe (a file, or a name in subquad/configs/lra/)")
     t.add_argument("--attn-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="mechanism option (YAML value), e.g. --attn-opt window_size=16 --attn-opt rank=2")
     t.add_argument("--window-size", type=int, default=None, help="long_short window w (shortcut for --attn-opt)")
@@ -113,7 +122,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true",
                    help="train into --output even if it is a folder that is not empty (a run there is still refused)")
     for name, typ, help_text in _FLAGS:
-        t.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=help_text)
+        t.add_argument(_flag(name), type=typ, default=None, dest=name, help=help_text)
+        if name in _FLAG_NAMES:  # the LRAConfig field's own spelling, kept as a hidden alias
+            t.add_argument("--" + name.replace("_", "-"), type=typ, default=None, dest=name, help=argparse.SUPPRESS)
     t.set_defaults(func=run_train)
     p.set_defaults(func=lambda a: _need(p, "generate|train"))
     return p
@@ -178,7 +189,7 @@ def _resume_config(args: argparse.Namespace):
     from subquad.errors import UserError
 
     out = Path(args.resume)
-    given = [f"--{n.replace('_', '-')}" for n, _, _ in _FLAGS if n not in ("device", "workers")
+    given = [_flag(n) for n, _, _ in _FLAGS if n not in ("device", "workers")
              and getattr(args, n, None) is not None]
     given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--grid", args.grid),
                              ("--window-size", args.window_size), ("--rank", args.rank)) if v]
@@ -214,12 +225,12 @@ def resolve_config(args: argparse.Namespace):
     if args.task not in TASKS:
         raise UserError(f"unknown LRA task {args.task!r}; allowed: {', '.join(TASKS)}")
     values: dict[str, Any] = {}
+    from subquad.cli.config import find_config
+
     for path in (CONFIG_DIR / f"{args.task}.yaml", args.config):
         if path is None:
             continue
-        path = Path(path)
-        if not path.is_file():
-            raise UserError(f"config file not found: {path}")
+        path = find_config(path, ("lra",))
         values.update(yaml.safe_load(path.read_text()) or {})
     fields = {f.name for f in dataclasses.fields(LRAConfig)}
     unknown = sorted(set(values) - fields)
