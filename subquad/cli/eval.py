@@ -10,17 +10,21 @@ from pathlib import Path
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a checkpoint",
-                       description="Evaluate a checkpoint (safetensors from `subquad train`, or an official .pth read "
-                       "with weights_only=True) on a data split. The sidecar JSON next to the checkpoint supplies "
-                       "the model, class names and the eval transform.")
+                       description="Evaluate a checkpoint (safetensors from `subquad train`, an official .pth, or a "
+                       "checkpoint of timm's train.py such as model_best.pth.tar; torch files are read with "
+                       "weights_only=True) on a data split. The sidecar JSON next to the checkpoint supplies the "
+                       "model, class names and the eval transform; for a timm checkpoint they come from its saved "
+                       "args, as timm's train.py evaluated it.")
     p.add_argument("--checkpoint", required=True,
-                   help="weights file (.safetensors or .pth) or a run directory (its best.safetensors)")
+                   help="weights file (.safetensors, .pth, timm's .pth.tar) or a run directory (its "
+                   "best.safetensors)")
     p.add_argument("--model", default=None,
                    help="registered model name (default: the checkpoint sidecar's; required without a sidecar)")
     p.add_argument("--data", default=None, help="data spec (default: the one the checkpoint was trained on)")
     p.add_argument("--split", default=None, help="split (default: the data's test split, or val when it has none)")
     p.add_argument("--img-size", type=int, default=None, help="input side (default: the training size)")
-    p.add_argument("--use-ema", action="store_true", help="evaluate <name>_ema.safetensors beside the checkpoint")
+    p.add_argument("--use-ema", action="store_true", help="evaluate the EMA weights: <name>_ema.safetensors beside "
+                   "the checkpoint, or the state_dict_ema of a timm checkpoint")
     p.add_argument("-b", "--batch-size", type=int, default=256)
     p.add_argument("-j", "--workers", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="evaluate a seeded subset of this many images (0: all)")

@@ -18,9 +18,9 @@ if TYPE_CHECKING:  # torch is imported where it is used: `subquad models` writes
     from torch import nn
 
 __all__ = ["atomic_write", "refuse_existing_output", "check_output_file", "save_weights", "write_json", "read_json",
-           "sidecar_path", "save_state", "load_state",
-           "resolve_checkpoint", "read_sidecar", "checkpoint_arch", "read_weights", "read_checkpoint",
-           "is_timm_checkpoint", "refuse_exported_program", "load_checkpointed_model"]
+           "sidecar_path", "save_state", "load_state", "resolve_checkpoint", "read_sidecar", "checkpoint_arch",
+           "read_weights", "read_checkpoint", "is_timm_checkpoint", "refuse_exported_program",
+           "load_checkpointed_model"]
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
