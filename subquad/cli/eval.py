@@ -36,6 +36,30 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _natural_class_order(model, classes: list[str]):
+    """A model trained by timm's train.py on a folder numbers the classes in natural order (timm's folder reader,
+    `timm.utils.misc.natural_key`: c2 before c10); subquad's folders number them in sorted order (c10 before c2).
+    Returns the model with its outputs put in `classes`' order (the model itself when the two orders agree)."""
+    import torch
+    from timm.utils.misc import natural_key
+
+    natural = sorted(classes, key=natural_key)
+    if natural == classes:
+        return model
+
+    class _Reordered(torch.nn.Module):
+        def __init__(self, net: torch.nn.Module, perm: torch.Tensor) -> None:
+            super().__init__()
+            self.net, self.num_classes = net, net.num_classes
+            self.register_buffer("perm", perm, persistent=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)[:, self.perm]
+
+    device = next(model.parameters()).device
+    return _Reordered(model, torch.tensor([natural.index(c) for c in classes], device=device)).eval()
+
+
 def run(args: argparse.Namespace) -> int:
     from subquad.data.registry import open_source
     from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, sidecar_path, write_json
@@ -61,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if model.num_classes != len(source.classes):
         raise UserError(f"the checkpoint has {model.num_classes} outputs but {spec!r} has {len(source.classes)} "
                         "classes")
+    if sidecar.get("class_order") == "natural" and spec.lower().startswith("imagefolder"):
+        model = _natural_class_order(model, source.classes)
     split = args.split or source.test_split or source.val_split
     loader = eval_loader(source, split, dcfg, args.batch_size, args.workers, args.limit)
     t0 = time.perf_counter()

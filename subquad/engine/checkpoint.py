@@ -410,9 +410,9 @@ def _load_timm_checkpoint(weights: Path, sd: dict[str, torch.Tensor], meta: dict
             "interpolation": dc["interpolation"], "crop_pct": float(dc["crop_pct"]), "aug": "timm",
             "source_aug": "timm", "native_size": None, "img_size": int(h)}
     check_img_size(net, name, int(c), int(h), device)
-    data = None
-    if args.get("data_dir") and (args.get("dataset") or "") in ("", "folder", "imagefolder"):
-        data = f"imagefolder:{args['data_dir']}"
+    folder = (args.get("dataset") or "") in ("", "folder", "imagefolder") and not args.get("class_map")
+    data = f"imagefolder:{args['data_dir']}" if folder and args.get("data_dir") else None
+    # timm's folder reader numbers classes in natural order (timm.utils.misc.natural_key: c2 before c10).
     side = {"arch": name, "num_classes": num_classes, "format": "timm", "epoch": meta.get("epoch"),
-            "args": {"data": data} if data else {}}
+            "class_order": "natural" if folder else None, "args": {"data": data} if data else {}}
     return name, net, side, dcfg, weights
