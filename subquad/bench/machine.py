@@ -56,6 +56,15 @@ def physical_cores(sysfs: str | os.PathLike = "/sys/devices/system/cpu") -> int:
     return min(n, limit) if limit else n
 
 
+def default_threads() -> int:
+    """The threads a benchmark uses without `--threads`: OMP_NUM_THREADS when it is set to a positive integer (the
+    user's own limit, which torch itself honours), else the physical cores this process may use."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return physical_cores()
+
+
 def load_average() -> float | None:
     """The 1-minute load average (None where the OS has none)."""
     try:
@@ -70,7 +79,8 @@ def load_warning(threads: int, load: float | None = None) -> str | None:
     if load is None or load <= threads:
         return None
     return (f"warning: the machine is loaded (1-minute load average {load:.2f} > {threads} thread(s) in use): other "
-            "processes compete for the cores, so times are slower and noisier than on a quiet machine")
+            "processes compete for the cores, so times are slower and noisier than on a quiet machine; fewer "
+            "threads compete less (--threads 1, or OMP_NUM_THREADS=1)")
 
 
 def spread_warning(spreads: Iterable[tuple[str, float]]) -> str | None:
@@ -84,11 +94,11 @@ def spread_warning(spreads: Iterable[tuple[str, float]]) -> str | None:
 
 
 def pin_threads_like_bench(argv: list[str]) -> int:
-    """Set torch's threads as `subquad bench` will for these arguments (`--threads N`, else the physical cores), so
+    """Set torch's threads as `subquad bench` will for these arguments (`--threads N`, else `default_threads()`), so
     that a result file named before the run (`sweep.default_result_path`) carries the right thread count."""
     import torch
 
-    n = physical_cores()
+    n = default_threads()
     if "--threads" in argv[:-1]:
         try:
             n = max(1, int(argv[argv.index("--threads") + 1]))

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "detect": "detect",
     "segment": "segment",
     "export": "export",
+    "timm": "timm_scripts",
 }
 
 # Namespace attribute naming the innermost parser that was left with unrecognised arguments.
@@ -84,10 +85,22 @@ def _one_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+def setup_logging() -> None:
+    """subquad's own messages (logger `subquad`, INFO) as plain lines on stderr. The root logger keeps its level
+    (WARNING), so third-party libraries (onnxscript, torch.onnx, timm, ...) say only what they warn about."""
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+    logging.getLogger("subquad").setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not getattr(args, "own_logging", False):
+        setup_logging()
     if args.version:
         from subquad.version import __version__
 

@@ -31,7 +31,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="weights (.safetensors or official .pth) or a run directory (its best.safetensors); "
                    "the sidecar supplies the model, classes and eval transform (default: untrained)")
     p.add_argument("--image", default=None, help="image file (default: the bundled sample, subquad/assets)")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=True, help="output folder (refused if not empty, unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into --out even if it is a folder that is not empty (its files of the same names "
+                   "are replaced)")
     p.add_argument("--img-size", type=int, default=None,
                    help="square input side (default: the training size, else the model's, at most 224)")
     p.add_argument("--layers", type=int, nargs="+", default=None, metavar="I",
@@ -53,10 +56,11 @@ def run(args: argparse.Namespace) -> int:
 
     import subquad
     from subquad.analysis.report import analyze_model
-    from subquad.engine.checkpoint import load_checkpointed_model
+    from subquad.engine.checkpoint import load_checkpointed_model, refuse_existing_output
     from subquad.engine.classify import eval_transform
     from subquad.errors import UserError
 
+    refuse_existing_output(args.out, "--out", args.overwrite, folder=True)
     image = Path(args.image) if args.image else sample_image()
     if not image.is_file():
         raise UserError(f"cannot read image {str(image)!r}: no such file")

@@ -5,7 +5,8 @@ By default a run writes a new file under runs/, named after the hardware, torch 
 are rewritten only with `--out FILE --overwrite` (and only by a result of the same kind). The plot is written beside
 the CSV with the same stem unless `--plot` names it (`--no-plot`: none).
 
-torch's threads are pinned to the physical cores this process was given (`--threads` changes it; the CSV's
+torch's threads are pinned to OMP_NUM_THREADS when it is set, else to the physical cores this process was given
+(`--threads` overrides both; the CSV's
 `threads` column records it). A one-line warning is printed when the load average is above the threads in use, or
 when the timed repeats of a step spread by more than 20 % (`time_spread_pct`).
 
@@ -53,7 +54,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="let --out (and --plot) replace an existing result of the same kind")
     p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch CPU threads (default: the physical cores this process may use)")
+                   help="torch CPU threads (default: OMP_NUM_THREADS when set, else the physical cores this "
+                   "process may use)")
     p.add_argument("--plot", default=None, help="PNG path (default: the CSV path with .png)")
     p.add_argument("--no-plot", action="store_true", help="write no plot")
     p.add_argument("--force", action="store_true",
@@ -193,12 +195,12 @@ def _pinned_threads(args: argparse.Namespace):
 
 
 def _pin_threads(args: argparse.Namespace) -> int:
-    """Pin torch's CPU threads: --threads, default the physical cores this process was given."""
+    """Pin torch's CPU threads: --threads, else OMP_NUM_THREADS, else the physical cores this process was given."""
     import torch
 
-    from subquad.bench.machine import physical_cores
+    from subquad.bench.machine import default_threads
 
-    n = args.threads or physical_cores()
+    n = args.threads or default_threads()
     torch.set_num_threads(n)
     return n
 

@@ -17,9 +17,12 @@ import yaml
 from subquad.engine.config import TrainConfig, config_fields, merge_config
 from subquad.errors import UserError
 
-__all__ = ["add_config_arguments", "load_yaml", "resolve_config", "shipped_configs", "CONFIG_ROOT"]
+__all__ = ["add_config_arguments", "find_config", "load_yaml", "resolve_config", "shipped_configs", "check_run_output",
+           "CONFIG_ROOT"]
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
+# The shipped recipe folders `-c NAME` searches for `subquad train`.
+TRAIN_CONFIG_DIRS = ("imagenet", "fmnist")
 
 
 def _type_of(t: str):
@@ -31,14 +34,15 @@ def _type_of(t: str):
 
 
 def add_config_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), config_cls: type | None = None,
-                         config_help: str = "YAML recipe of TrainConfig keys (see subquad/configs/)") -> None:
+                         config_help: str = "YAML recipe of TrainConfig keys: a file, or a shipped recipe by "
+                         "name (e.g. l2vit_tiny = subquad/configs/imagenet/l2vit_tiny.yaml)") -> None:
     """Add one flag per field of `config_cls` (TrainConfig by default; any config dataclass built with `_f`) to `p`
     (defaults suppressed, so only typed flags override a recipe; the dataclass default shows in --help)."""
     import dataclasses
 
     config_cls = config_cls or TrainConfig
     defaults = config_cls()
-    p.add_argument("-c", "--config", default=argparse.SUPPRESS, metavar="FILE.yaml", help=config_help)
+    p.add_argument("-c", "--config", default=argparse.SUPPRESS, metavar="FILE|NAME", help=config_help)
     for f in dataclasses.fields(config_cls):
         if f.name in exclude:
             continue
@@ -46,9 +50,16 @@ def add_config_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = 
         names = [f.metadata["short"], flag] if f.metadata.get("short") else [flag]
         t = str(f.type)
         default = getattr(defaults, f.name)
-        help_text = f"{f.metadata['help']} (default: {default!r})"
+        help_text = f.metadata["help"]
+        # A help text that explains its default already ("(default: the model's)") is not given a second one.
+        if "(default" not in help_text:
+            help_text += f" (default: {default!r})"
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
         if t.startswith("dict"):
             p.add_argument(*names, type=str, default=argparse.SUPPRESS, metavar="JSON", help=help_text)
+        elif t.startswith("bool") and f.name.startswith("no_"):
+            # A negative switch (--no-aug) is only switched on: BooleanOptionalAction would add --no-no-aug.
+            p.add_argument(*names, action="store_true", default=argparse.SUPPRESS, help=help_text)
         elif t.startswith("bool"):
             p.add_argument(*names, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         elif t.startswith("list"):
@@ -56,6 +67,42 @@ def add_config_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = 
         else:
             p.add_argument(*names, type=_type_of(t), default=argparse.SUPPRESS, choices=f.metadata.get("choices"),
                            help=help_text)
+        if f.name.endswith("_limit"):
+            # `subquad lra train` once spelled these --limit-train / --limit-eval: a hidden alias.
+            alias = "--limit-" + f.name.removesuffix("_limit").replace("_", "-")
+            p.add_argument(alias, dest=f.name, type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def find_config(text: str | os.PathLike, subdirs: tuple[str, ...]) -> Path:
+    """The recipe file `-c/--config TEXT` names, from any working directory.
+
+    TEXT is, in this order: an existing file; a path ending in `subquad/configs/<dir>/<name>.yaml` (the package's
+    own copy is used when the working directory is not the repository root); `<dir>/<name>[.yaml]` under the shipped
+    configs; or the `<name>[.yaml]` of a shipped recipe in one of this command's `subdirs` (e.g. `l2vit_tiny` is
+    `subquad/configs/imagenet/l2vit_tiny.yaml` for `subquad train`).
+
+    Raises:
+        UserError: nothing matches (the message lists this command's shipped recipes) or a name matches several.
+    """
+    p = Path(text)
+    if p.is_file():
+        return p
+    parts = p.as_posix().split("/")
+    if "configs" in parts and parts.index("configs") > 0 and parts[parts.index("configs") - 1] == "subquad":
+        cand = CONFIG_ROOT.joinpath(*parts[parts.index("configs") + 1:])
+        if cand.is_file():
+            return cand
+    name = p.as_posix().removesuffix(".yaml").removesuffix(".yml")
+    if "/" in name and (CONFIG_ROOT / f"{name}.yaml").is_file():
+        return CONFIG_ROOT / f"{name}.yaml"
+    found = [CONFIG_ROOT / d / f"{name}.yaml" for d in subdirs if (CONFIG_ROOT / d / f"{name}.yaml").is_file()]
+    if len(found) == 1:
+        return found[0]
+    shipped = sorted(f"{d}/{q.stem}" for d in subdirs for q in (CONFIG_ROOT / d).glob("*.yaml"))
+    if found:
+        raise UserError(f"config {text!r} is ambiguous: {', '.join(f'{q.parent.name}/{q.stem}' for q in found)}")
+    raise UserError(f"config file not found: {text} (a YAML file, or a shipped recipe by name: "
+                    f"{', '.join(shipped) or 'none'})")
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
@@ -80,7 +127,8 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
     explicit = {k: v for k, v in vars(args).items() if k in fields}
     cfg = TrainConfig()
     if getattr(args, "config", None):
-        cfg = merge_config(cfg, load_yaml(args.config), origin=str(args.config))
+        path = find_config(args.config, TRAIN_CONFIG_DIRS)
+        cfg = merge_config(cfg, load_yaml(path), origin=str(path))
     resume = explicit.get("resume") or cfg.resume
     if resume:
         cfg = merge_config(cfg, load_run_args(resume), origin=str(Path(resume) / "args.yaml"))
@@ -102,4 +150,15 @@ def load_run_args(resume: str | os.PathLike, drop: tuple[str, ...] = ()) -> dict
 
 def shipped_configs() -> list[Path]:
     """Every recipe YAML shipped in subquad/configs/{imagenet,fmnist}."""
-    return sorted(p for sub in ("imagenet", "fmnist") for p in (CONFIG_ROOT / sub).glob("*.yaml"))
+    return sorted(p for sub in TRAIN_CONFIG_DIRS for p in (CONFIG_ROOT / sub).glob("*.yaml"))
+
+
+def check_run_output(output: str, overwrite: bool) -> None:
+    """A new run's --output: a folder that is not empty is refused unless --overwrite; one that holds a run is left
+    to the trainer, which refuses it and says how to continue it."""
+    from subquad.engine.checkpoint import refuse_existing_output
+
+    out = Path(output) if output else None
+    if out is not None and not any((out / f).exists() for f in ("last.safetensors", "best.safetensors",
+                                                                 "last_state.pth")):
+        refuse_existing_output(out, "--output", overwrite, folder=True)

@@ -28,6 +28,9 @@ def add_task_parser(sub, task: str) -> argparse.ArgumentParser:
         "last/best safetensors with JSON sidecars and last_state.pth to --output. Precedence: defaults < the "
         "synthetic demo recipe (for --data synthetic without --config) < --config YAML < resumed args.yaml < flags."))
     add_dense_arguments(tr)
+    tr.add_argument("--overwrite", action="store_true",
+                    help="train into --output even if it is a folder that is not empty (a run there is still "
+                    "refused: continue it with --resume)")
     tr.set_defaults(func=run_train, task=task)
     ev = cmds.add_parser("eval", help="evaluate a run", description=(
         f"Evaluate a run on its data's validation split: {keys} as fractions in [0, 1]. Writes results.json to the "
@@ -35,7 +38,9 @@ def add_task_parser(sub, task: str) -> argparse.ArgumentParser:
     ev.add_argument("--checkpoint", required=True, help="run directory (its best, else last, weights) or .safetensors")
     ev.add_argument("--data", default=None, help="data spec (default: the one the run was trained on)")
     ev.add_argument("--split", default=None, help="split (default: the data's validation split)")
-    ev.add_argument("--results-file", default=None, help="also write the results JSON here")
+    ev.add_argument("--results-file", default=None, help="also write the results JSON here (an existing file is "
+                    "replaced only with --overwrite)")
+    ev.add_argument("--overwrite", action="store_true", help="let --results-file replace an existing file")
     ev.add_argument("--limit", type=int, default=0, help="evaluate a seeded subset of this many images (0: all)")
     ev.add_argument("-b", "--batch-size", type=int, default=2, help="images per forward (detect)")
     ev.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
@@ -47,7 +52,10 @@ def add_task_parser(sub, task: str) -> argparse.ArgumentParser:
                                       "indices)") + " to --out-dir."))
     pr.add_argument("images", nargs="+", help="image files")
     pr.add_argument("--checkpoint", required=True, help="run directory or .safetensors")
-    pr.add_argument("--out-dir", default=None, help="output folder (default: <run>/predict)")
+    pr.add_argument("--out-dir", default=None, help="output folder (default: <run>/predict); refused if not empty, "
+                    "unless --overwrite")
+    pr.add_argument("--overwrite", action="store_true",
+                    help="write into --out-dir even if it is not empty (predictions of the same images are replaced)")
     if task == "detect":
         pr.add_argument("--score-thresh", type=float, default=0.5, help="draw and list detections above this score")
     pr.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
@@ -68,10 +76,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run_train(args: argparse.Namespace) -> int:
     import yaml
 
+    from subquad.cli.config import check_run_output
     from subquad.dense.config import resolve_dense_config
     from subquad.dense.engine import train_dense
 
     cfg = resolve_dense_config(args, args.task)
+    if not cfg.resume and not cfg.dry_run:
+        check_run_output(cfg.output, args.overwrite)
     r = train_dense(cfg, args.task)
     if r.get("dry_run"):
         print(yaml.safe_dump(r["config"], sort_keys=False).rstrip())

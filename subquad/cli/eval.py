@@ -10,48 +10,83 @@ from pathlib import Path
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a checkpoint",
-                       description="Evaluate a checkpoint (safetensors from `subquad train`, or an official .pth read "
-                       "with weights_only=True) on a data split. The sidecar JSON next to the checkpoint supplies "
-                       "the model, class names and the eval transform.")
+                       description="Evaluate a checkpoint (safetensors from `subquad train`, an official .pth, or a "
+                       "checkpoint of timm's train.py such as model_best.pth.tar; torch files are read with "
+                       "weights_only=True) on a data split. The sidecar JSON next to the checkpoint supplies the "
+                       "model, class names and the eval transform; for a timm checkpoint they come from its saved "
+                       "args, as timm's train.py evaluated it.")
     p.add_argument("--checkpoint", required=True,
-                   help="weights file (.safetensors or .pth) or a run directory (its best.safetensors)")
+                   help="weights file (.safetensors, .pth, timm's .pth.tar) or a run directory (its "
+                   "best.safetensors)")
     p.add_argument("--model", default=None,
                    help="registered model name (default: the checkpoint sidecar's; required without a sidecar)")
     p.add_argument("--data", default=None, help="data spec (default: the one the checkpoint was trained on)")
     p.add_argument("--split", default=None, help="split (default: the data's test split, or val when it has none)")
     p.add_argument("--img-size", type=int, default=None, help="input side (default: the training size)")
-    p.add_argument("--use-ema", action="store_true", help="evaluate <name>_ema.safetensors beside the checkpoint")
+    p.add_argument("--use-ema", action="store_true", help="evaluate the EMA weights: <name>_ema.safetensors beside "
+                   "the checkpoint, or the state_dict_ema of a timm checkpoint")
     p.add_argument("-b", "--batch-size", type=int, default=256)
     p.add_argument("-j", "--workers", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="evaluate a seeded subset of this many images (0: all)")
-    p.add_argument("--results-file", default=None, help="JSON output (default: <checkpoint>.eval-<split>.json)")
+    p.add_argument("--results-file", default=None, help="JSON output (default: <checkpoint>.eval-<split>.json); an "
+                   "existing file is replaced only with --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="let the results file replace an existing one")
     p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
     p.set_defaults(func=run)
     return p
 
 
+def _natural_class_order(model, classes: list[str]):
+    """A model trained by timm's train.py on a folder numbers the classes in natural order (timm's folder reader,
+    `timm.utils.misc.natural_key`: c2 before c10); subquad's folders number them in sorted order (c10 before c2).
+    Returns the model with its outputs put in `classes`' order (the model itself when the two orders agree)."""
+    import torch
+    from timm.utils.misc import natural_key
+
+    natural = sorted(classes, key=natural_key)
+    if natural == classes:
+        return model
+
+    class _Reordered(torch.nn.Module):
+        def __init__(self, net: torch.nn.Module, perm: torch.Tensor) -> None:
+            super().__init__()
+            self.net, self.num_classes = net, net.num_classes
+            self.register_buffer("perm", perm, persistent=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)[:, self.perm]
+
+    device = next(model.parameters()).device
+    return _Reordered(model, torch.tensor([natural.index(c) for c in classes], device=device)).eval()
+
+
 def run(args: argparse.Namespace) -> int:
     from subquad.data.registry import open_source
-    from subquad.engine.checkpoint import load_checkpointed_model, write_json
+    from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, sidecar_path, write_json
     from subquad.engine.classify import eval_loader, evaluate
     from subquad.engine.distributed import DistInfo, resolve_device
     from subquad.errors import UserError
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.results_file:  # before any work
+        check_output_file(args.results_file, (".json",), (args.checkpoint,), "--results-file",
+                          overwrite=args.overwrite)
     info = DistInfo(device=resolve_device(args.device))
     name, model, sidecar, dcfg, ckpt = load_checkpointed_model(args.checkpoint, args.model, args.img_size,
                                                                info.device, use_ema=args.use_ema)
     spec = args.data or (sidecar.get("args") or {}).get("data")
     if not spec:
         raise UserError("--data is required (the checkpoint has no sidecar naming its data)")
-    source = open_source(spec)
+    source = open_source(spec, need_val=False)  # `--split test` needs no val/ folder
     if sidecar.get("classes") and sidecar["classes"] != source.classes:
         raise UserError(f"the checkpoint's classes ({len(sidecar['classes'])}) differ from those of {spec!r} "
                         f"({len(source.classes)})")
     if model.num_classes != len(source.classes):
         raise UserError(f"the checkpoint has {model.num_classes} outputs but {spec!r} has {len(source.classes)} "
                         "classes")
+    if sidecar.get("class_order") == "natural" and spec.lower().startswith("imagefolder"):
+        model = _natural_class_order(model, source.classes)
     split = args.split or source.test_split or source.val_split
     loader = eval_loader(source, split, dcfg, args.batch_size, args.workers, args.limit)
     t0 = time.perf_counter()
@@ -66,9 +101,7 @@ def run(args: argparse.Namespace) -> int:
            "crop_pct": dcfg.get("crop_pct"), "interpolation": dcfg.get("interpolation") or "default",
            "images_per_sec": round(n / dt, 1)}
     out = Path(args.results_file) if args.results_file else ckpt.with_name(f"{ckpt.stem}.eval-{split}.json")
-    from subquad.engine.checkpoint import check_output_file, sidecar_path
-
-    check_output_file(out, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file")
+    check_output_file(out, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file", overwrite=args.overwrite)
     write_json(row, out)
     print(f"{name} on {spec} [{split}, {n} images]: top-1 {m['eval_top1']:.2f} %  top-5 {m['eval_top5']:.2f} %  "
           f"loss {m['eval_loss']:.4f}  ({n / dt:.0f} images/s)")

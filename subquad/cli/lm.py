@@ -56,7 +56,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     pr.add_argument("--corpus", required=True,
                     help="a text file (enwik8, text8) or a folder of text files (compressed and binary files in it "
                     "are skipped, counted and reported)")
-    pr.add_argument("--out", required=True, help="output folder (train.bin, valid.bin, test.bin, meta.json)")
+    pr.add_argument("--out", required=True, help="output folder (train.bin, valid.bin, test.bin, meta.json); refused "
+                    "if not empty, unless --overwrite")
+    pr.add_argument("--overwrite", action="store_true",
+                    help="write into --out even if it is a folder that is not empty (its files of the same names "
+                    "are replaced)")
     pr.add_argument("--variant", default="bytes", choices=("bytes", "chars"),
                     help="bytes (enwik8-style, 256 ids) or chars (text8-style, 27 ids)")
     pr.add_argument("--glob", default=None,
@@ -72,11 +76,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="a mechanism with a causal form: long_short (default), softmax, sliding_window, linear_elu1, "
                    "linear_relu")
     t.add_argument("-c", "--config", default=None,
-                   help="YAML recipe (default subquad/configs/charlm/small.yaml; base.yaml = the paper's model)")
+                   help="YAML recipe, a file or a shipped name (default small = subquad/configs/charlm/small.yaml; "
+                   "base = the paper's model)")
     t.add_argument("--attn-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="mechanism option (YAML value), e.g. --attn-opt window_size=128")
     for name, typ, help_text in _FLAGS:
         t.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=help_text)
+    t.add_argument("--overwrite", action="store_true",
+                   help="train into --output even if it is a folder that is not empty (a run there is still refused)")
     t.set_defaults(func=run_train)
 
     g = lsub.add_parser("generate", help="sample from a trained checkpoint (cached incremental decoding)")
@@ -101,7 +108,9 @@ def _need(p: argparse.ArgumentParser) -> int:
 
 def run_prepare(args: argparse.Namespace) -> int:
     from subquad.data.char import prepare_corpus, skipped_summary
+    from subquad.engine.checkpoint import refuse_existing_output
 
+    refuse_existing_output(args.out, "--out", args.overwrite, folder=True)
     meta = prepare_corpus(args.corpus, args.out, args.variant, args.glob, args.name, args.limit_bytes)
     sizes = ", ".join(f"{k} {v['symbols']}" for k, v in meta["splits"].items())
     note = f" [{meta['note']}]" if meta["note"] else ""
@@ -114,12 +123,11 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def resolve_config(args: argparse.Namespace):
+    from subquad.cli.config import find_config
     from subquad.engine.sequence import LMConfig
     from subquad.errors import UserError
 
-    path = Path(args.config) if args.config else CONFIG_DIR / "small.yaml"
-    if not path.is_file():
-        raise UserError(f"config file not found: {path}")
+    path = find_config(args.config, ("charlm",)) if args.config else CONFIG_DIR / "small.yaml"
     values: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
     fields = {f.name for f in dataclasses.fields(LMConfig)}
     unknown = sorted(set(values) - fields)
@@ -150,7 +158,10 @@ def run_train(args: argparse.Namespace) -> int:
         causal = [n for n in ATTENTION_REGISTRY.names() if ATTENTION_REGISTRY.get(n).builder.caps.causal]
         raise UserError(f"--attention {args.attention}: {args.attention!r} has no causal form, which a language "
                         f"model needs; mechanisms with one: {', '.join(causal)}")
+    from subquad.cli.config import check_run_output
+
     cfg = resolve_config(args)
+    check_run_output(cfg.output, args.overwrite)
     r = train_lm(cfg, log=print)
     unit = r["metric"]
     label = f"{r['corpus']}" + (" (not comparable to enwik8/text8)" if r["corpus"].startswith("linuxdoc") else "")

@@ -54,6 +54,14 @@ _FLAGS: list[tuple[str, type, str]] = [
 ]
 
 
+# Flags spelled as `subquad train` spells them (--train-limit), not as the LRAConfig field (limit_train).
+_FLAG_NAMES = {"limit_train": "--train-limit", "limit_eval": "--eval-limit"}
+
+
+def _flag(name: str) -> str:
+    return _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("lra", help="Long Range Arena: generate data, train the LRA encoder",
                        description="Long Range Arena: ListOps/Pathfinder generators and training of the LRA encoder "
@@ -63,7 +71,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     gsub = g.add_subparsers(dest="dataset", metavar="{listops,pathfinder}")
 
     lo = gsub.add_parser("listops", help="the LRA ListOps generator (train/val/test.tsv, Source<TAB>Target)")
-    lo.add_argument("--out", required=True, help="output folder")
+    lo.add_argument("--out", required=True, help="output folder (refused if not empty, unless --overwrite)")
+    lo.add_argument("--overwrite", action="store_true",
+                    help="write into --out even if it is a folder that is not empty (its files of the same names "
+                    "are replaced)")
     lo.add_argument("--num-train", type=int, default=96_000)
     lo.add_argument("--num-val", type=int, default=2_000)
     lo.add_argument("--num-test", type=int, default=2_000)
@@ -73,7 +84,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     lo.set_defaults(func=run_generate_listops)
 
     pf = gsub.add_parser("pathfinder", help="the Pathfinder generator (PNG images + metadata labels)")
-    pf.add_argument("--out", required=True, help="output folder")
+    pf.add_argument("--out", required=True, help="output folder (refused if not empty, unless --overwrite)")
+    pf.add_argument("--overwrite", action="store_true",
+                    help="write into --out even if it is a folder that is not empty (its files of the same names "
+                    "are replaced)")
     pf.add_argument("--size", type=int, default=32, choices=(32, 64, 128), help="image side (128 = Path-X)")
     pf.add_argument("--contour-length", type=int, default=14, help="paddles per target snake (6, 9, 14 = hard)")
     pf.add_argument("--distractors", type=int, default=None,
@@ -98,14 +112,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--grid", default=None, metavar="H,W",
                    help="token grid of an image-like task (pathfinder: 32,32; image: 32,32): passed to the "
                    "mechanisms as hw, so 2-D mechanisms run; needs --pool mean or masked_mean for them")
-    t.add_argument("-c", "--config", default=None, help="YAML overriding the task's shipped recipe")
+    t.add_argument("-c", "--config", default=None,
+                   help="YAML overriding the task's shipped recipe (a file, or a name in subquad/configs/lra/)")
     t.add_argument("--attn-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="mechanism option (YAML value), e.g. --attn-opt window_size=16 --attn-opt rank=2")
     t.add_argument("--window-size", type=int, default=None, help="long_short window w (shortcut for --attn-opt)")
     t.add_argument("--rank", type=int, default=None, help="long_short rank r (shortcut for --attn-opt)")
     t.add_argument("--amp", action="store_true", help="fp16 autocast on CUDA (the official runs used AMP)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="train into --output even if it is a folder that is not empty (a run there is still refused)")
     for name, typ, help_text in _FLAGS:
-        t.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=help_text)
+        t.add_argument(_flag(name), type=typ, default=None, dest=name, help=help_text)
+        if name in _FLAG_NAMES:  # the LRAConfig field's own spelling, kept as a hidden alias
+            t.add_argument("--" + name.replace("_", "-"), type=typ, default=None, dest=name, help=argparse.SUPPRESS)
     t.set_defaults(func=run_train)
     p.set_defaults(func=lambda a: _need(p, "generate|train"))
     return p
@@ -120,7 +139,9 @@ def _need(p: argparse.ArgumentParser, what: str) -> int:
 
 def run_generate_listops(args: argparse.Namespace) -> int:
     from subquad.data.lra.listops import write_listops
+    from subquad.engine.checkpoint import refuse_existing_output
 
+    refuse_existing_output(args.out, "--out", args.overwrite, folder=True)
     meta = write_listops(args.out, args.num_train, args.num_val, args.num_test, args.seed, args.min_len, args.max_len)
     counts = ", ".join(f"{k} {v['samples']}" for k, v in meta["files"].items())
     print(f"ListOps written to {args.out}: {counts} ({meta['seconds']:.1f}s)")
@@ -129,7 +150,9 @@ def run_generate_listops(args: argparse.Namespace) -> int:
 
 def run_generate_pathfinder(args: argparse.Namespace) -> int:
     from subquad.data.lra.pathfinder import write_pathfinder
+    from subquad.engine.checkpoint import refuse_existing_output
 
+    refuse_existing_output(args.out, "--out", args.overwrite, folder=True)
     meta = write_pathfinder(args.out, size=args.size, contour_length=args.contour_length, num_images=args.num_images,
                             seed=args.seed, workers=args.workers, distractors=args.distractors)
     print(f"Pathfinder {args.size}x{args.size} (contour length {args.contour_length}, "
@@ -166,7 +189,7 @@ def _resume_config(args: argparse.Namespace):
     from subquad.errors import UserError
 
     out = Path(args.resume)
-    given = [f"--{n.replace('_', '-')}" for n, _, _ in _FLAGS if n not in ("device", "workers")
+    given = [_flag(n) for n, _, _ in _FLAGS if n not in ("device", "workers")
              and getattr(args, n, None) is not None]
     given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--grid", args.grid),
                              ("--window-size", args.window_size), ("--rank", args.rank)) if v]
@@ -202,12 +225,12 @@ def resolve_config(args: argparse.Namespace):
     if args.task not in TASKS:
         raise UserError(f"unknown LRA task {args.task!r}; allowed: {', '.join(TASKS)}")
     values: dict[str, Any] = {}
+    from subquad.cli.config import find_config
+
     for path in (CONFIG_DIR / f"{args.task}.yaml", args.config):
         if path is None:
             continue
-        path = Path(path)
-        if not path.is_file():
-            raise UserError(f"config file not found: {path}")
+        path = find_config(path, ("lra",))
         values.update(yaml.safe_load(path.read_text()) or {})
     fields = {f.name for f in dataclasses.fields(LRAConfig)}
     unknown = sorted(set(values) - fields)
@@ -241,6 +264,10 @@ def run_train(args: argparse.Namespace) -> int:
     if args.attention is not None and args.attention not in ATTENTION_REGISTRY:
         subquad.build_attention(args.attention, 8, 1)  # raises the one-line unknown-attention error
     cfg = resolve_config(args)
+    if not cfg.resume:
+        from subquad.cli.config import check_run_output
+
+        check_run_output(cfg.output, args.overwrite)
     r = train_lra(cfg, log=print)
     enc = f", encoding {r['encoding']}" if r["encoding"] else ""
     print(f"{cfg.task} ({cfg.attention}{enc}): test accuracy {r['test_acc']:.2f} % (best val {r['best_val_acc']:.2f} "

@@ -26,7 +26,7 @@ _CARD_FIELDS = ("status", "img_size", "params_m", "gmacs", "top1", "ref_params",
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list registered models with their cards",
                        description="List subquad's models: the card's published params/GMACs/top-1 (paper) and our "
-                       "own counts (meta device), flagging gaps over 1 %% from the card's reference count. Cached "
+                       "own counts (meta device), flagging gaps over 1 % from the card's reference count. Cached "
                        "in $SUBQUAD_CACHE (default ~/.cache/subquad).")
     p.add_argument("--filter", default="", help="glob or substring of model names")
     p.add_argument("--unofficial", action="store_true", help="only models whose architecture we reconstructed")

@@ -13,6 +13,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        "train ...`). Writes args.yaml, summary.csv, last/best safetensors with JSON sidecars and "
                        "last_state.pth to --output. Precedence: defaults < --config YAML < resumed args.yaml < flags.")
     add_config_arguments(p)
+    p.add_argument("--overwrite", action="store_true",
+                   help="train into --output even if it is a folder that is not empty (a run there is still refused: "
+                   "continue it with --resume)")
     p.set_defaults(func=run)
     return p
 
@@ -20,9 +23,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
+    from subquad.cli.config import check_run_output
     from subquad.engine.classify import train
 
     cfg = resolve_config(args)
+    if not cfg.resume and not cfg.dry_run:
+        check_run_output(cfg.output, args.overwrite)
     r = train(cfg)
     if r.get("dry_run"):
         print(yaml.safe_dump(r["config"], sort_keys=False).rstrip())

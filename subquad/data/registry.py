@@ -152,8 +152,10 @@ def _arrays_source(name: str, arrays: Callable[[], dict], classes: list[str], **
     return ImageSource(name, classes, splits, **kw)
 
 
-def open_source(spec: str, download: bool = False) -> ImageSource:
-    """Resolve a data spec to an ImageSource (opens files lazily except to check that the paths exist)."""
+def open_source(spec: str, download: bool = False, need_val: bool = True) -> ImageSource:
+    """Resolve a data spec to an ImageSource (opens files lazily except to check that the paths exist).
+
+    `need_val=False` (evaluation of one named split) accepts an image folder without val/; training needs it."""
     kind, path = parse_data_spec(spec)
     if kind == "digits":
         from .small import DIGITS_CLASSES, digits_arrays
@@ -195,7 +197,7 @@ def open_source(spec: str, download: bool = False) -> ImageSource:
     classes = find_classes(root / "train")
     splits = {s: (lambda s=s: ImageFolderDataset(root / s, classes)) for s in ("train", "val", "test")
               if (root / s).is_dir()}
-    if "val" not in splits:
+    if "val" not in splits and need_val:
         raise UserError(f"image folder {root} has no val/ split (expected {root}/val/<class>/<image>)")
     return ImageSource(spec, classes, splits, val_split="val", test_split="test" if "test" in splits else None,
                        aug="auto")

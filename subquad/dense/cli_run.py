@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine.checkpoint import check_output_file, sidecar_path, write_json
+from ..engine.checkpoint import check_output_file, refuse_existing_output, sidecar_path, write_json
 from ..engine.distributed import cleanup, init_distributed
 from ..errors import UserError
 from .data import detection_transforms, open_dense_source, read_rgb, segmentation_transforms
@@ -41,6 +41,8 @@ def evaluate_run(args: argparse.Namespace) -> int:
     task = args.task
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.results_file:  # before any work: an existing file is replaced only with --overwrite
+        refuse_existing_output(args.results_file, "--results-file", getattr(args, "overwrite", False))
     info = init_distributed(args.device)
     try:
         model, side, cfg, weights = load_dense_run(args.checkpoint, task, info.device)
@@ -101,8 +103,7 @@ def palette(n: int) -> np.ndarray:
 
 def _outputs(args: argparse.Namespace, weights: Path) -> Path:
     out = Path(args.out_dir) if args.out_dir else weights.parent / "predict"
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out-dir {out} exists and is not a directory")
+    refuse_existing_output(out, "--out-dir", getattr(args, "overwrite", False), folder=True)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -122,6 +123,8 @@ def predict_run(args: argparse.Namespace) -> int:
     from ..engine.distributed import resolve_device
 
     task, device = args.task, resolve_device(args.device)
+    if args.out_dir:  # before the model is loaded
+        refuse_existing_output(args.out_dir, "--out-dir", getattr(args, "overwrite", False), folder=True)
     model, side, cfg, weights = load_dense_run(args.checkpoint, task, device)
     classes = list(side.get("classes") or [])
     out = _outputs(args, weights)

@@ -104,13 +104,13 @@ def add_dense_arguments(p: argparse.ArgumentParser) -> None:
     """One flag per DenseConfig field (defaults suppressed, so only typed flags override the recipes)."""
     from ..cli.config import add_config_arguments
 
-    add_config_arguments(p, config_cls=DenseConfig, config_help="YAML recipe of these keys (see "
-                         "subquad/configs/coco/ and subquad/configs/ade20k/)")
+    add_config_arguments(p, config_cls=DenseConfig, config_help="YAML recipe of these keys: a file, or a shipped "
+                         "recipe by name (subquad/configs/coco/ for detect, subquad/configs/ade20k/ for segment)")
 
 
 def resolve_dense_config(args: argparse.Namespace, task: str) -> DenseConfig:
     """defaults < synthetic demo recipe < --config YAML < (--resume DIR)/args.yaml < explicit flags."""
-    from ..cli.config import load_run_args, load_yaml
+    from ..cli.config import find_config, load_run_args, load_yaml
 
     names = {f.name for f in dense_fields()}
     explicit = {k: v for k, v in vars(args).items() if k in names}
@@ -124,6 +124,7 @@ def resolve_dense_config(args: argparse.Namespace, task: str) -> DenseConfig:
     if not config and not saved and data.split(":", 1)[0] == "synthetic":
         cfg = merge_dense(cfg, load_yaml(DEMO_RECIPES[task]), origin=str(DEMO_RECIPES[task]))
     if config:
+        config = find_config(config, (CONFIG_DIRS[task].name,))
         cfg = merge_dense(cfg, load_yaml(config), origin=str(config))
     if saved:
         cfg = merge_dense(cfg, saved, origin=f"{resume}/args.yaml")

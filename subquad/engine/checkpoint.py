@@ -17,8 +17,10 @@ if TYPE_CHECKING:  # torch is imported where it is used: `subquad models` writes
     import torch
     from torch import nn
 
-__all__ = ["atomic_write", "save_weights", "write_json", "read_json", "sidecar_path", "save_state", "load_state",
-           "resolve_checkpoint", "read_sidecar", "checkpoint_arch", "read_weights", "load_checkpointed_model"]
+__all__ = ["atomic_write", "refuse_existing_output", "check_output_file", "save_weights", "write_json", "read_json",
+           "sidecar_path", "save_state", "load_state", "resolve_checkpoint", "read_sidecar", "checkpoint_arch",
+           "read_weights", "read_checkpoint", "is_timm_checkpoint", "refuse_exported_program",
+           "load_checkpointed_model"]
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
@@ -42,10 +44,40 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     return path
 
 
+def refuse_existing_output(path: str | os.PathLike, flag: str, overwrite: bool = False, folder: bool = False
+                           ) -> Path:
+    """The rule of every command that writes: nothing a user made is overwritten. An existing file, or an existing
+    folder that is not empty, at an output path is refused in one line unless `overwrite` (the command's
+    `--overwrite`); an empty folder is used as it is.
+
+    Args:
+        path: the output path. flag: the option that named it, for the message (e.g. "--out").
+        overwrite: the user allowed writing over what is there.
+        folder: the output is a folder: a file at `path` is refused even with `overwrite`.
+    Raises:
+        UserError: what is at `path` may not be written over.
+    """
+    from ..errors import UserError
+
+    p = Path(path)
+    if folder and p.exists() and not p.is_dir():
+        raise UserError(f"{flag} {p} is a file, not a folder; choose another {flag} (nothing was written)")
+    if overwrite or not p.exists():
+        return p
+    if p.is_dir():
+        if not any(p.iterdir()):
+            return p
+        raise UserError(f"{flag} {p} is a folder that is not empty; pass --overwrite to write into it, or choose "
+                        f"another {flag} (nothing was written)")
+    raise UserError(f"{flag} {p} exists; pass --overwrite to replace it, or choose another {flag} (nothing was "
+                    "written)")
+
+
 def check_output_file(path: str | os.PathLike, suffixes: tuple[str, ...], protect: tuple = (),
-                      what: str = "output", overwrite_if=None) -> Path:
-    """Refuse an output path that would destroy something: a wrong suffix, one of the `protect`ed inputs, or an
-    existing file that `overwrite_if(path)` does not recognise as an earlier output of the same kind."""
+                      what: str = "output", overwrite_if=None, overwrite: bool | None = None) -> Path:
+    """Refuse an output path that would destroy something: a wrong suffix, one of the `protect`ed inputs, an existing
+    file when `overwrite` is False (`refuse_existing_output`), or an existing file that `overwrite_if(path)` does not
+    recognise as an earlier output of the same kind."""
     from ..errors import UserError
 
     p = Path(path)
@@ -57,6 +89,8 @@ def check_output_file(path: str | os.PathLike, suffixes: tuple[str, ...], protec
             raise UserError(f"{what} {p} is one of the inputs; choose another path (nothing was written)")
     if p.exists() and (p.is_dir() or (overwrite_if is not None and not overwrite_if(p))):
         raise UserError(f"{what} {p} exists and is not an earlier {what}; choose another path (nothing was written)")
+    if overwrite is not None:
+        refuse_existing_output(p, what, overwrite)
     return p
 
 
@@ -178,10 +212,97 @@ def checkpoint_arch(weights: str | os.PathLike, sidecar: dict[str, Any], model: 
 
 def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """A state dict from safetensors, or from a torch file read with `torch.load(weights_only=True)` (official
-    wrappers `model` / `state_dict` / `model_ema` unwrapped); a pickle that needs more is refused unrun."""
-    from ..models._builder import read_state_dict
+    wrappers `model` / `state_dict` / `model_ema` unwrapped, timm `train.py` checkpoints included); a pickle that
+    needs more is refused unrun."""
+    return read_checkpoint(path)[0]
 
-    return read_state_dict(Path(path))
+
+def refuse_exported_program(path: str | os.PathLike) -> None:
+    """Refuse an exported program given where weights are expected: an ONNX file (a protobuf, whose first byte is the
+    tag of `ir_version`, 0x08; a torch file starts with a zip or pickle header) or a `torch.export` archive (.pt2),
+    with one line saying how such a file is run instead."""
+    import zipfile
+
+    from ..errors import UserError
+
+    p = Path(path)
+    with open(p, "rb") as f:
+        head = f.read(1)
+    if p.suffix.lower() == ".onnx" or head == b"\x08":
+        raise UserError(f"{p} is an ONNX model (as `subquad export --format onnx` writes), not a weights file: run it "
+                        f"with ONNX Runtime (onnxruntime.InferenceSession({os.fspath(p)!r})); --checkpoint takes "
+                        ".safetensors, a run directory, or a .pth / .pth.tar checkpoint")
+    pt2 = p.suffix.lower() == ".pt2"
+    if not pt2 and zipfile.is_zipfile(p):
+        with zipfile.ZipFile(p) as z:
+            pt2 = any(n.endswith("archive_format") for n in z.namelist())
+    if pt2:
+        raise UserError(f"{p} is a torch.export program (.pt2, as `subquad export --format pt2` writes), not a weights "
+                        f"file: run it with torch.export.load({os.fspath(p)!r}).module(); --checkpoint takes "
+                        ".safetensors, a run directory, or a .pth / .pth.tar checkpoint")
+
+
+def is_timm_checkpoint(obj: Any) -> bool:
+    """A training checkpoint written by timm's `CheckpointSaver` (its `train.py`): a dict holding `state_dict` next
+    to the saver's bookkeeping (`arch`, `args`, `epoch`, `optimizer`, `version`)."""
+    return (isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict)
+            and any(k in obj for k in ("arch", "args", "epoch", "optimizer", "version")))
+
+
+def read_checkpoint(path: str | os.PathLike, prefer_ema: bool = False) -> tuple[dict[str, torch.Tensor],
+                                                                                 dict[str, Any]]:
+    """(state dict, metadata) of a weights file, read without running code.
+
+    safetensors files are read as they are. Torch files are read with `torch.load(weights_only=True)`, allowing one
+    more global, `argparse.Namespace`: timm's `CheckpointSaver` (`timm/utils/checkpoint_saver.py`) saves the
+    training arguments as one under `args`, next to `state_dict`, `state_dict_ema` (with `--model-ema`), `arch`,
+    `epoch`, `optimizer`, `version`, `metric` and `saver`. For such a file the metadata is {"format": "timm",
+    "arch", "args" (a dict), "epoch", "metric"}, and the weights are `state_dict` (`state_dict_ema` when
+    `prefer_ema`) with the `module.` / `_orig_mod.` prefixes of DDP and torch.compile removed as timm's
+    `clean_state_dict` does. Any other torch file: the official wrappers are unwrapped, and the metadata is {}.
+
+    Raises:
+        UserError: a missing file, an ONNX or .pt2 program, an unreadable file, a pickle that needs any other global
+            (refused unrun), or `prefer_ema` for a timm checkpoint without EMA weights.
+    """
+    import argparse
+    import contextlib
+    import pickle
+
+    import torch
+
+    from ..errors import UserError, unsafe_pickle
+    from ..models._builder import read_state_dict, unwrap_state_dict
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint file not found: {path}")
+    if path.suffix == ".safetensors":
+        return read_state_dict(path), {}
+    refuse_exported_program(path)
+    # torch < 2.5 has no safe_globals context: a checkpoint holding a Namespace is then refused as any other pickle.
+    allow = getattr(torch.serialization, "safe_globals", None)
+    try:
+        with allow([argparse.Namespace]) if allow else contextlib.nullcontext():
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise unsafe_pickle(path, e) from None
+    except (RuntimeError, EOFError, ValueError) as e:
+        raise UserError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+            from None
+    if not is_timm_checkpoint(obj):
+        return unwrap_state_dict(obj, prefer_ema=prefer_ema), {}
+    from timm.models import clean_state_dict
+
+    if prefer_ema and not isinstance(obj.get("state_dict_ema"), dict):
+        raise UserError(f"{path} is a timm training checkpoint without EMA weights (no state_dict_ema: it was trained "
+                        "without --model-ema); leave out --use-ema")
+    sd = clean_state_dict(obj["state_dict_ema" if prefer_ema else "state_dict"])
+    args = obj.get("args")
+    args = vars(args) if isinstance(args, argparse.Namespace) else dict(args) if isinstance(args, dict) else {}
+    meta = {"format": "timm", "arch": obj.get("arch") or args.get("model"), "args": args, "epoch": obj.get("epoch"),
+            "metric": obj.get("metric")}
+    return sd, meta
 
 
 def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = None, img_size: int | None = None,
@@ -207,10 +328,14 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
     from .classify import build_model, check_img_size, model_input
 
     weights = resolve_checkpoint(checkpoint)
-    if use_ema:
+    # subquad keeps EMA weights in their own file; a timm training checkpoint holds them as state_dict_ema.
+    ema_file = use_ema and weights.suffix == ".safetensors"
+    if ema_file:
         weights = resolve_checkpoint(weights.with_name(weights.stem + "_ema" + weights.suffix))
-    sd = read_weights(weights)
+    sd, meta = read_checkpoint(weights, prefer_ema=use_ema and not ema_file)
     side = read_sidecar(weights)
+    if meta.get("format") == "timm" and not side:
+        return _load_timm_checkpoint(weights, sd, meta, model, img_size, device)
     name = checkpoint_arch(weights, side, model)
     num_classes = side.get("num_classes")
     if num_classes is None:
@@ -237,4 +362,57 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
                 "crop_pct": pc.get("crop_pct"), "aug": "timm", "source_aug": "timm", "native_size": None}
     dcfg["img_size"] = size
     check_img_size(net, name, in_chans, size, device)
+    return name, net, side, dcfg, weights
+
+
+def _load_timm_checkpoint(weights: Path, sd: dict[str, torch.Tensor], meta: dict[str, Any], model: str | None,
+                          img_size: int | None, device: Any) -> tuple[str, nn.Module, dict[str, Any], dict[str, Any],
+                                                                      Path]:
+    """`load_checkpointed_model` for a checkpoint of timm's `train.py`: the model is built as `train.py` built it
+    (`arch`, the classifier's class count, `in_chans` and `--model-kwargs` of its `args`), and the eval transform is
+    the one `train.py` evaluated with, `timm.data.resolve_data_config(vars(args), model=model)` (`--img-size`
+    overrides its size), which is also what timm's `validate.py` resolves when given the same data flags."""
+    from timm.data import resolve_data_config
+
+    from ..errors import UserError
+    from ..models import create_model
+    from ..models._builder import load_into
+    from .classify import build_model, check_img_size
+
+    args, arch = meta["args"], meta["arch"]
+    if model and arch and model != arch:
+        raise UserError(f"--model {model} disagrees with checkpoint {weights}: timm's train.py saved it for model "
+                        f"{arch!r} (its `arch`); pass --model {arch} or leave --model out")
+    name = model or arch
+    if not name:
+        raise UserError(f"checkpoint {weights} does not name its model (no `arch`); pass --model NAME")
+    probe = create_model(name, device="meta")
+    head = (getattr(probe, "pretrained_cfg", {}) or {}).get("classifier", "head")
+    w = sd.get(f"{head}.weight")
+    num_classes = int(w.shape[0]) if w is not None else int(args.get("num_classes") or probe.num_classes)
+    # timm train.py: in_chans = args.in_chans, else args.input_size[0], else 3.
+    in_chans = args.get("in_chans") or (args["input_size"][0] if args.get("input_size") else 3)
+    kwargs = dict(args.get("model_kwargs") or {})
+    if in_chans != 3:
+        kwargs["in_chans"] = int(in_chans)
+    net = build_model(name, num_classes, None, device=device, model_kwargs=kwargs)
+    load_into(net, sd, what=f"checkpoint {os.fspath(weights)!r}")
+    net.eval()
+    dargs = {k: args.get(k) for k in ("input_size", "img_size", "in_chans", "mean", "std", "crop_pct", "crop_mode",
+                                      "interpolation")}
+    if img_size:
+        dargs.update(img_size=img_size, input_size=None)
+    dc = resolve_data_config(dargs, model=net)
+    c, h, w_ = dc["input_size"]
+    if h != w_:
+        raise UserError(f"checkpoint {weights} was trained at {h}x{w_}; evaluation here is square: pass --img-size N")
+    dcfg = {"in_chans": int(c), "mean": [float(v) for v in dc["mean"]], "std": [float(v) for v in dc["std"]],
+            "interpolation": dc["interpolation"], "crop_pct": float(dc["crop_pct"]), "aug": "timm",
+            "source_aug": "timm", "native_size": None, "img_size": int(h)}
+    check_img_size(net, name, int(c), int(h), device)
+    folder = (args.get("dataset") or "") in ("", "folder", "imagefolder") and not args.get("class_map")
+    data = f"imagefolder:{args['data_dir']}" if folder and args.get("data_dir") else None
+    # timm's folder reader numbers classes in natural order (timm.utils.misc.natural_key: c2 before c10).
+    side = {"arch": name, "num_classes": num_classes, "format": "timm", "epoch": meta.get("epoch"),
+            "class_order": "natural" if folder else None, "args": {"data": data} if data else {}}
     return name, net, side, dcfg, weights

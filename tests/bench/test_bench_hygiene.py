@@ -89,6 +89,7 @@ def test_physical_cores_counts_smt_siblings_once(tmp_path, monkeypatch):
 
 def test_threads_pinned_by_default_and_written(tmp_path, monkeypatch):
     monkeypatch.setattr(machine, "physical_cores", lambda sysfs=None: 1)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = torch.get_num_threads()
     out = tmp_path / "m.csv"
     assert main(["bench", "model", "--model", "vit_attn_micro", "--img-size", "16", "--repeats", "1",
@@ -146,6 +147,7 @@ def test_scripts_name_files_after_the_threads_bench_will_use(monkeypatch):
     from subquad.bench.sweep import default_result_path
 
     monkeypatch.setattr(machine, "physical_cores", lambda sysfs=None: 1)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = torch.get_num_threads()
     try:
         assert machine.pin_threads_like_bench(["--names", "linear"]) == 1
@@ -154,3 +156,26 @@ def test_scripts_name_files_after_the_threads_bench_will_use(monkeypatch):
         assert "-2t-" in default_result_path("attn", "cpu", "r").name
     finally:
         torch.set_num_threads(before)
+
+
+def test_threads_default_to_omp_num_threads(monkeypatch):
+    """Issue 24: `bench` took every core although OMP_NUM_THREADS=1 was set; the load warning names the flag."""
+    from types import SimpleNamespace
+
+    from subquad.cli.bench import _pin_threads
+
+    monkeypatch.setattr(machine, "physical_cores", lambda sysfs=None: 2)
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert _pin_threads(SimpleNamespace(threads=None)) == 1 and torch.get_num_threads() == 1
+        assert machine.pin_threads_like_bench(["--names", "linear"]) == 1
+        assert _pin_threads(SimpleNamespace(threads=2)) == 2  # --threads wins
+        for unset in ("", "abc", "0"):
+            monkeypatch.setenv("OMP_NUM_THREADS", unset)
+            assert machine.default_threads() == 2
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert _pin_threads(SimpleNamespace(threads=None)) == 2
+    finally:
+        torch.set_num_threads(before)
+    assert "--threads 1" in machine.load_warning(2, load=3.25)

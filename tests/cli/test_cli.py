@@ -209,3 +209,110 @@ def test_only_user_errors_become_one_line(monkeypatch, capsys):
     monkeypatch.setattr(flops, "run", boom(ValueError("internal: shapes disagree")))
     with pytest.raises(ValueError, match="internal"):
         main(["flops", "--model", "x"])
+
+
+# Issue 24 defect 7: the CLI logs subquad's own messages at INFO and leaves the root logger, hence third-party
+# loggers such as onnxscript and torch.onnx (about 230 INFO lines per ONNX export), at WARNING.
+
+_LOG_PROBE = """
+import logging, sys
+from subquad.cli.__main__ import main
+main(sys.argv[1:])
+logging.getLogger("onnxscript.optimizer").info("third-party info")
+logging.getLogger("torch.onnx").info("torch info")
+logging.getLogger("onnxscript").warning("third-party warning")
+logging.getLogger("subquad.engine.classify").info("subquad info")
+"""
+
+
+def test_cli_logs_subquad_not_third_party_info():
+    import os
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    r = subprocess.run([sys.executable, "-c", _LOG_PROBE, "--version"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": root})
+    assert r.returncode == 0 and r.stderr.splitlines() == ["third-party warning", "subquad info"], r.stderr
+
+
+@pytest.mark.slow
+def test_export_does_not_flood_the_terminal(tmp_path):
+    """The reported case: `subquad export` of l2vit_micro to ONNX printed about 315 lines; now the result line and
+    the check line (a few lines in all)."""
+    import os
+    from pathlib import Path
+
+    pytest.importorskip("onnxscript")
+    root = str(Path(__file__).resolve().parents[2])
+    r = subprocess.run([sys.executable, "-m", "subquad", "export", "--model", "l2vit_micro", "--format", "onnx",
+                        "--out", str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "PYTHONPATH": root})
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert len(lines) <= 5, "\n".join(lines)
+
+
+# Issue 24 defect 9: help text.
+
+def _help(capsys, *argv) -> str:
+    import re
+
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return re.sub(r"\s+", " ", capsys.readouterr().out)  # argparse wraps lines: compare on one line
+
+
+@pytest.mark.parametrize("argv", [["train"], ["detect", "train"], ["models"], ["lra", "train"], ["lm", "train"],
+                                  ["eval"], ["predict"], ["bench", "model"]])
+def test_help_text_renders_cleanly(argv, capsys):
+    import re
+
+    text = _help(capsys, *argv)
+    assert "%%" not in text and "--no-no-" not in text
+    # One "(default: ...)" per option: the help of each option is the text up to the next option.
+    for entry in re.split(r" (?=-{1,2}[a-z])", text):
+        assert entry.count("(default") <= 1, entry
+
+
+def test_models_help_percent(capsys):
+    assert "over 1 % from" in _help(capsys, "models")
+
+
+def test_train_limit_names(capsys):
+    """`--train-limit` is the one documented name (train, detect, lra train); `--limit-train` is a hidden alias."""
+    from subquad.cli.__main__ import build_parser
+
+    for argv in (["train"], ["lra", "train"]):
+        text = _help(capsys, *argv)
+        assert "--train-limit" in text and "--eval-limit" in text and "--limit-train" not in text
+    p = build_parser()
+    assert p.parse_args(["lra", "train", "--limit-train", "7"]).limit_train == 7
+    assert p.parse_args(["lra", "train", "--train-limit", "8"]).limit_train == 8
+    assert p.parse_args(["train", "--limit-train", "9"]).train_limit == 9
+    assert p.parse_args(["train", "--no-aug"]).no_aug is True
+    assert not hasattr(p.parse_args(["train"]), "no_aug")  # untyped flags do not override a recipe
+
+
+def test_shipped_config_by_name_from_any_directory(tmp_path, monkeypatch):
+    from subquad.cli.config import CONFIG_ROOT, find_config
+    from subquad.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    want = CONFIG_ROOT / "imagenet" / "l2vit_tiny.yaml"
+    for text in ("subquad/configs/imagenet/l2vit_tiny.yaml", "l2vit_tiny", "l2vit_tiny.yaml", "imagenet/l2vit_tiny",
+                 "./subquad/configs/imagenet/l2vit_tiny.yaml"):
+        assert find_config(text, ("imagenet", "fmnist")) == want, text
+    assert find_config("synthetic", ("coco",)) == CONFIG_ROOT / "coco" / "synthetic.yaml"
+    mine = tmp_path / "l2vit_tiny"
+    mine.write_text("epochs: 3\n")
+    assert find_config("l2vit_tiny", ("imagenet",)).resolve() == mine  # a file the user names wins
+    with pytest.raises(UserError, match=r"not found: nope .*imagenet/l2vit_tiny") as e:
+        find_config("nope", ("imagenet", "fmnist"))
+    assert "\n" not in str(e.value)
+
+
+def test_train_dry_run_with_config_by_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "-c", "vit_attn_micro", "--data", "digits", "--img-size", "16", "--epochs", "1",
+                 "--dry-run"]) == 0
+    assert "dry run: vit_attn_micro" in capsys.readouterr().out

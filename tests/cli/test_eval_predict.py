@@ -184,3 +184,76 @@ def test_model_kwargs_of_the_run_rebuild_the_model(tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(out), "--results-file", str(res), "--device", "cpu"]) == 0
     final = json.loads((out / "results.json").read_text())
     assert json.loads(res.read_text())["top1"] == pytest.approx(final["top1"], abs=1e-3)
+
+
+def test_eval_and_predict_results_replaced_only_with_overwrite(run_dir, tmp_path, capsys):
+    ck = str(run_dir / "best.safetensors")
+    res, pred = tmp_path / "res.json", tmp_path / "pred.json"
+    img = tmp_path / "d.png"
+    save_digits_image(img, 3)
+    ev = ["eval", "--checkpoint", ck, "--limit", "32", "--results-file", str(res), "--device", "cpu"]
+    pr = ["predict", "--checkpoint", ck, str(img), "--json", str(pred), "--device", "cpu"]
+    def _result(path):  # the JSON without its timing
+        data = json.loads(path.read_text())
+        return {k: v for k, v in data.items() if k != "images_per_sec"} if isinstance(data, dict) else data
+
+    for cmd, out in ((ev, res), (pr, pred)):
+        assert main(cmd) == 0
+        first = _result(out)
+        out.write_text("edited by hand")
+        assert main(cmd) == 2
+        assert "--overwrite" in _err_line(capsys) and out.read_text() == "edited by hand"
+        assert main([*cmd, "--overwrite"]) == 0
+        assert _result(out) == first
+
+
+# Issue 24 defect 9: exported programs given as --checkpoint, and folders given to predict.
+
+# The first bytes of an ONNX ModelProto as torch.onnx writes it: ir_version (field 1, varint), producer_name
+# (field 2, "pytorch"), then the graph; protobuf has no magic number, and no torch file starts with 0x08.
+_ONNX_HEAD = b"\x08\x0a\x12\x07pytorch\x1a\x052.9.0"
+
+
+@pytest.mark.parametrize("name", ["model.onnx", "renamed.pth"])
+def test_onnx_file_as_checkpoint_explained(tmp_path, capsys, name):
+    f = tmp_path / name
+    f.write_bytes(_ONNX_HEAD + bytes(64))
+    img = tmp_path / "d.png"
+    save_digits_image(img, 0)
+    assert main(["predict", "--model", "vit_attn_micro", "--checkpoint", str(f), str(img), "--device", "cpu"]) == 2
+    line = _err_line(capsys)
+    assert "is an ONNX model" in line and "onnxruntime.InferenceSession" in line and "opcode" not in line
+
+
+def test_pt2_file_as_checkpoint_explained(tmp_path, capsys):
+    import torch
+
+    prog = torch.export.export(torch.nn.Linear(3, 2), (torch.zeros(1, 3),))
+    for name in ("model.pt2", "renamed.pth"):
+        torch.export.save(prog, tmp_path / name)
+        assert main(["eval", "--model", "vit_attn_micro", "--checkpoint", str(tmp_path / name), "--data", "digits",
+                     "--device", "cpu"]) == 2
+        line = _err_line(capsys)
+        assert "is a torch.export program" in line and "torch.export.load" in line
+
+
+def test_predict_folder_predicts_every_image_sorted(run_dir, tmp_path, capsys):
+    folder = tmp_path / "imgs"
+    for i, name in enumerate(["b.png", "a.png", "c.PNG"]):
+        save_digits_image(folder / name, i)
+    (folder / "notes.txt").write_text("not an image")
+    (folder / "sub").mkdir()
+    save_digits_image(folder / "sub" / "deeper.png", 4)
+    one = tmp_path / "one.png"
+    save_digits_image(one, 5)
+    pred = tmp_path / "p.json"
+    assert main(["predict", "--checkpoint", str(run_dir), str(folder), str(one), "--device", "cpu", "-b", "2",
+                 "--json", str(pred)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    want = [str(folder / n) for n in ("a.png", "b.png", "c.PNG")] + [str(one)]
+    assert [ln.split(": ")[0] for ln in lines[:-1]] == want and lines[-1].startswith("4 image(s)")
+    assert [r["image"] for r in json.loads(pred.read_text())] == want
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["predict", "--checkpoint", str(run_dir), str(empty), "--device", "cpu"]) == 2
+    assert "holds no images" in _err_line(capsys)

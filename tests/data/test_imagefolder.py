@@ -116,3 +116,60 @@ def test_cifar_malicious_pickle_refused_unrun(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="refusing to load .*os.*system|refusing to load .*posix.*system"):
         cifar_arrays(d, 10)
     assert not (tmp_path / "EVIL_MARKER").exists()
+
+
+def test_split_lacking_a_class_of_train_refused(tmp_path):
+    """Issue 24: a val/ without one of train/'s classes trained silently."""
+    import shutil
+
+    root = make_folder(tmp_path / "f", classes=("ant", "bee", "cat"))
+    shutil.rmtree(root / "val" / "bee")
+    with pytest.raises(UserError, match=r"val lacks 1 class folder\(s\) of the train split: bee;") as e:
+        open_source(f"imagefolder:{root}").dataset("val")
+    assert "\n" not in str(e.value)
+
+
+def _truncated_png(path, size=(40, 30)):
+    """A PNG whose header (and so Image.open) is fine but whose pixel data stops halfway."""
+    rng = np.random.RandomState(1)
+    Image.fromarray(rng.randint(0, 256, (size[1], size[0], 3)).astype(np.uint8)).save(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with Image.open(path) as im:
+        assert im.size == size  # the header alone passes
+
+
+def test_truncated_png_counts_as_corrupt(tmp_path):
+    root = make_folder(tmp_path / "f", per_class=3)
+    _truncated_png(root / "train" / "cat" / "trunc.png")
+    with pytest.raises(UserError, match=r"1 of 7 images .* corrupt .* > 1 %.*trunc.png"):
+        open_source(f"imagefolder:{root}").dataset("train")
+    root = make_folder(tmp_path / "g", classes=("a",), per_class=120, size=(2, 2))
+    _truncated_png(root / "train" / "a" / "trunc.png")
+    ds = ImageFolderDataset(root / "train", ["a"])
+    assert ds.num_corrupt == 1 and len(ds) == 120 and all(not p.endswith("trunc.png") for p, _ in ds.samples)
+
+
+def test_truncated_jpeg_counts_as_corrupt(tmp_path):
+    from subquad.data.imagefolder import decodes
+
+    rng = np.random.RandomState(2)
+    path = tmp_path / "x.jpg"
+    Image.fromarray(rng.randint(0, 256, (64, 48, 3)).astype(np.uint8)).save(path, quality=95)
+    assert decodes(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    assert not decodes(path)
+
+
+def test_test_split_without_val(tmp_path):
+    """`eval --split test` opens a folder that has train/ and test/ but no val/; training still needs val/."""
+    import shutil
+
+    root = make_folder(tmp_path / "f")
+    shutil.copytree(root / "val", root / "test")
+    shutil.rmtree(root / "val")
+    with pytest.raises(UserError, match="no val/ split"):
+        open_source(f"imagefolder:{root}")
+    src = open_source(f"imagefolder:{root}", need_val=False)
+    assert len(src.dataset("test")) == 6 and src.test_split == "test"

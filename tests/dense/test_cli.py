@@ -52,10 +52,15 @@ def test_train_eval_predict_resume(tmp_path, data, capsys, task, kind, flags, ke
     assert main([task, "eval", "--checkpoint", str(run), "--results-file", str(res)]) == 0
     _check_results(res, keys)
     _check_results(run / "results.json", keys)
-    # --results-file never replaces the weights or an unrelated file.
+    # --results-file never replaces the weights or an unrelated file, and an earlier result only with --overwrite.
     (tmp_path / "notes.json").write_text('{"mine": 1}')
     assert main([task, "eval", "--checkpoint", str(run), "--results-file", str(tmp_path / "notes.json")]) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert main([task, "eval", "--checkpoint", str(run), "--results-file", str(tmp_path / "notes.json"),
+                 "--overwrite"]) == 2
     assert "is not an earlier --results-file" in capsys.readouterr().err
+    assert main([task, "eval", "--checkpoint", str(run), "--results-file", str(res), "--overwrite"]) == 0
+    _check_results(res, keys)
     img = tmp_path / "img.png"
     Image.fromarray((np.random.default_rng(0).random((40, 56, 3)) * 255).astype(np.uint8)).save(img)
     assert main([task, "predict", "--checkpoint", str(run), str(img), "--out-dir", str(tmp_path / "pred")]) == 0
