@@ -266,13 +266,10 @@ def read_checkpoint(path: str | os.PathLike, prefer_ema: bool = False) -> tuple[
             (refused unrun), or `prefer_ema` for a timm checkpoint without EMA weights.
     """
     import argparse
-    import contextlib
     import pickle
 
-    import torch
-
     from ..errors import UserError, unsafe_pickle
-    from ..models._builder import read_state_dict, unwrap_state_dict
+    from ..models._builder import read_state_dict, torch_load_weights, unwrap_state_dict
 
     path = Path(path)
     if not path.is_file():
@@ -280,11 +277,8 @@ def read_checkpoint(path: str | os.PathLike, prefer_ema: bool = False) -> tuple[
     if path.suffix == ".safetensors":
         return read_state_dict(path), {}
     refuse_exported_program(path)
-    # torch < 2.5 has no safe_globals context: a checkpoint holding a Namespace is then refused as any other pickle.
-    allow = getattr(torch.serialization, "safe_globals", None)
     try:
-        with allow([argparse.Namespace]) if allow else contextlib.nullcontext():
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch_load_weights(path)
     except pickle.UnpicklingError as e:
         raise unsafe_pickle(path, e) from None
     except (RuntimeError, EOFError, ValueError) as e:

@@ -13,6 +13,7 @@ import logging
 import os
 import pickle
 import sys
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,6 +223,29 @@ def unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> dict[str, torch.Ten
     return sd
 
 
+class _YacsCfgNode:
+    """What a pickled yacs `CfgNode` (a dict subclass) becomes when read: an OrderedDict of its items, its attributes
+    set on that dict, no yacs code imported or run. The Swin-based training scripts of the official FLatten code
+    (LeapLabTHU/FLatten-Transformer, `utils.py` `save_checkpoint`) store their config as one under `config`."""
+
+    def __new__(cls, *args: Any) -> OrderedDict:
+        return OrderedDict()
+
+
+def torch_load_weights(path: str | os.PathLike) -> Any:
+    """`torch.load(weights_only=True)` that also reads the two non-tensor objects that official and timm training
+    scripts save beside the weights: `argparse.Namespace` (L2ViT's `utils.save_model` and timm's `CheckpointSaver`
+    store the training arguments as one under `args`) and yacs' `CfgNode` (read as an OrderedDict). Any other
+    global is refused by torch's weights-only unpickler, unrun (`pickle.UnpicklingError`)."""
+    import argparse
+    import contextlib
+
+    allow = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5
+    ctx = allow([argparse.Namespace, (_YacsCfgNode, "yacs.config.CfgNode")]) if allow else contextlib.nullcontext()
+    with ctx:
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def read_state_dict(path: str | os.PathLike, prefer_ema: bool = False,
                     fmt: str | None = None) -> dict[str, torch.Tensor]:
     """Read weights from a safetensors or torch file without unpickling arbitrary objects.
@@ -239,7 +263,7 @@ def read_state_dict(path: str | os.PathLike, prefer_ema: bool = False,
         except Exception as e:  # safetensors raises its own error types
             raise UserError(f"cannot read safetensors file {path}: {e}") from None
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch_load_weights(path)
     except pickle.UnpicklingError as e:
         from ..errors import unsafe_pickle
 
