@@ -16,16 +16,22 @@ from .base import AttentionCaps, TokenMixer
 from .functional.structure_aware import (
     kernel_spectra,
     lisa_dft,
+    lisa_eq8_ref,
+    lisa_eq9_ref,
+    lisa_eq10_dense,
     lisa_eq10_ref,
     lisa_fft,
     lisa_local,
     local_to_toeplitz,
     no_autocast,
     resize_kernel,
+    rpe_matrix,
     toeplitz_to_circular,
 )
 
 __all__ = ["StructureAwareAttention"]
+
+_FORMS = ("fft", "eq8", "eq9", "eq10")
 
 
 def _as_grid(size, name: str) -> tuple[int, ...]:
@@ -87,6 +93,19 @@ class StructureAwareAttention(TokenMixer):
         num_prefix_tokens: must be 0 (accepted for the host interface; LiSA has no class token).
         fft_dims: '2d' (default: FFTs over the token grid, H x W or T x H x W) or '1d' (ablation: one
             FFT over the raster-order token sequence, kernels (C, D, N0); a different circulant structure).
+        form: how the layer is computed (the paper's derivation chain, Tab. 3(b); all but 'fft' are trainable
+            dense forms with O(N^2) memory, for comparing cost and accuracy):
+            'fft' (default): Eq. 13, the FFT evaluation.
+            'eq10': Eq. 10 (Hadamard correlation) with dense RPE tensors (`lisa_eq10_dense`); same parameters and
+                the same function as 'fft' (with boundary='zero' it is the paper's Toeplitz SA before the FFT
+                approximation).
+            'eq9': Eq. 9 (dot-product correlation, `lisa_eq9_ref`): `kernel_a` is (h, D, *K), one W^a per head
+                instead of per channel (Eq. 10 with W^a equal over a head's channels); kernel_b, struct_proj as
+                'fft'.
+            'eq8': Eq. 8, multiplicative RPE without structural patterns (`lisa_eq8_ref`): Y = (q-bar k-bar^T * R) V
+                per head; the only kernel is `rpe` (h, 1, *K) (or (1, 1, *K) with `shared_rpe`); no kernel_a,
+                kernel_b, struct_proj; D is unused.
+        shared_rpe: form='eq8' only: one RPE for all heads (Tab. 3(b) shared vs per-head RPE).
     """
 
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False,
@@ -97,7 +116,8 @@ class StructureAwareAttention(TokenMixer):
                  qkv_bias: bool = True, shared_kernel_b: bool = False, local_kernel: int | None = None,
                  boundary: str = "circular", d_chunk: int | None = None, kernel_resize: str = "pad",
                  normalize_v: bool = False, checkpoint_kernels: bool = False, proj_drop: float = 0.0,
-                 num_prefix_tokens: int = 0, fft_dims: str = "2d", device=None, dtype=None) -> None:
+                 num_prefix_tokens: int = 0, fft_dims: str = "2d", form: str = "fft", shared_rpe: bool = False,
+                 device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.dim = dim
@@ -115,6 +135,14 @@ class StructureAwareAttention(TokenMixer):
             raise ValueError(f"structure_aware: fft_dims must be '2d' (the token grid) or '1d', got {fft_dims!r}")
         if fft_dims == "1d" and local_kernel is not None:
             raise ValueError("structure_aware: local_kernel needs the token grid (fft_dims='2d'), got fft_dims='1d'")
+        if form not in _FORMS:
+            raise ValueError(f"structure_aware: form must be one of {_FORMS}, got {form!r}")
+        if shared_rpe and form != "eq8":
+            raise ValueError(f"structure_aware: shared_rpe is the single RPE of form='eq8', got form={form!r}")
+        if form == "eq8" and shared_kernel_b:
+            raise ValueError("structure_aware: form='eq8' has no kernel_b; share its RPE with shared_rpe=True")
+        if form != "fft" and (d_chunk is not None or checkpoint_kernels):
+            raise ValueError(f"structure_aware: d_chunk/checkpoint_kernels tile the FFT form only, got form={form!r}")
         if d_chunk is not None and d_chunk < 1:
             raise ValueError(f"structure_aware: d_chunk must be >= 1 or None, got {d_chunk!r}")
         if num_prefix_tokens:
@@ -131,6 +159,8 @@ class StructureAwareAttention(TokenMixer):
         self.normalize_v = normalize_v
         self.checkpoint_kernels = checkpoint_kernels
         self.fft_dims = fft_dims
+        self.form = form
+        self.shared_rpe = shared_rpe
         # Grid the kernels live on: the token grid, or its raster-order flattening for fft_dims='1d'.
         self.kernel_grid = self.input_size if fft_dims == "2d" else (math.prod(self.input_size),)
         if local_kernel is not None:
@@ -140,18 +170,28 @@ class StructureAwareAttention(TokenMixer):
         else:
             ksize = tuple(2 * g - 1 for g in self.kernel_grid)
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, **dd)
-        self.kernel_a = nn.Parameter(torch.empty(dim, D, *ksize, **dd))
-        self.kernel_b = nn.Parameter(torch.empty(1 if shared_kernel_b else num_heads, D, *ksize, **dd))
-        self.struct_proj = nn.Parameter(torch.empty(dim, D, **dd))
+        if form == "eq8":
+            for name in ("kernel_a", "kernel_b", "struct_proj"):
+                self.register_parameter(name, None)
+            self.rpe = nn.Parameter(torch.empty(1 if shared_rpe else num_heads, 1, *ksize, **dd))
+        else:
+            self.kernel_a = nn.Parameter(torch.empty(num_heads if form == "eq9" else dim, D, *ksize, **dd))
+            self.kernel_b = nn.Parameter(torch.empty(1 if shared_kernel_b else num_heads, D, *ksize, **dd))
+            self.struct_proj = nn.Parameter(torch.empty(dim, D, **dd))
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         # Eval-only cache of the kernel spectra: key -> (spectrum_a, spectrum_b). Not state (not saved).
         self._spectra_cache: dict = {}
-        if not self.kernel_a.is_meta:
+        if not self.qkv.weight.is_meta:
             self.reset_parameters()
 
+    def _kernel_params(self) -> list[torch.Tensor]:
+        """The token-domain kernels of this form: [kernel_a, kernel_b], or [rpe] for form='eq8'."""
+        return [self.rpe] if self.form == "eq8" else [self.kernel_a, self.kernel_b]
+
     def reset_parameters(self) -> None:
-        for p in (self.kernel_a, self.kernel_b, self.struct_proj, self.qkv.weight, self.proj.weight):
+        extra = [] if self.form == "eq8" else [self.struct_proj]
+        for p in (*self._kernel_params(), *extra, self.qkv.weight, self.proj.weight):
             trunc_normal_(p, std=0.02)
         for b in (self.qkv.bias, self.proj.bias):
             if b is not None:
@@ -159,7 +199,8 @@ class StructureAwareAttention(TokenMixer):
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, D={self.D}, input_size={self.input_size}, "
-                f"local_kernel={self.local_kernel}, boundary={self.boundary!r}")
+                f"local_kernel={self.local_kernel}, boundary={self.boundary!r}"
+                + (f", form={self.form!r}" if self.form != "fft" else ""))
 
     def _grid(self, x: torch.Tensor, hw) -> tuple[int, ...]:
         who = f"{type(self).__name__} ('structure_aware')"
@@ -194,17 +235,17 @@ class StructureAwareAttention(TokenMixer):
             v = _normalize_channels(v)
         return q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(-1, -2)
 
-    def kernels(self, grid: Sequence[int], dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """kernel_a, kernel_b resampled for `grid` (token-domain; identity at `input_size` and for local kernels)."""
-        ka, kb = self.kernel_a, self.kernel_b
+    def kernels(self, grid: Sequence[int], dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
+        """kernel_a, kernel_b (or (rpe,) for form='eq8') resampled for `grid` (token-domain; identity at
+        `input_size` and for local kernels)."""
+        ks = self._kernel_params()
         if dtype is not None:
-            ka, kb = ka.to(dtype), kb.to(dtype)
+            ks = [w.to(dtype) for w in ks]
         # known_equal: a traced (symbolic) grid always resamples, which is the identity at input_size.
         if self.local_kernel is None and not known_equal(tuple(grid), self.kernel_grid):
             target = tuple(grid) if self.boundary == "circular" else tuple(2 * g - 1 for g in grid)
-            ka = resize_kernel(ka, target, self.kernel_resize)
-            kb = resize_kernel(kb, target, self.kernel_resize)
-        return ka, kb
+            ks = [resize_kernel(w, target, self.kernel_resize) for w in ks]
+        return tuple(ks)
 
     def _spectra(self, grid: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """`kernel_spectra` of both kernels on the FFT grid; cached per grid in eval mode without autograd."""
@@ -230,6 +271,8 @@ class StructureAwareAttention(TokenMixer):
 
     def _mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
         """q-bar, k-bar, v (B, h, N, d) -> (B, h, N, d) by the fast path of this configuration."""
+        if self.form != "fft":
+            return self._mix_dense(q, k, v, grid)
         bproj = self.struct_proj.to(q.dtype)
         d_chunk = self.d_chunk
         if self.local_kernel is not None:
@@ -260,19 +303,33 @@ class StructureAwareAttention(TokenMixer):
         # Back to the input dtype; under autocast `proj` then runs in the autocast dtype.
         return self.proj_drop(self.proj(merge_heads(o).to(x.dtype)))
 
-    def _ref_kernels(self, grid: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, str]:
-        ka, kb = self.kernels(grid, dtype)
+    def _ref_kernels(self, grid: tuple[int, ...], dtype: torch.dtype) -> tuple[list[torch.Tensor], str]:
+        """The kernels as dense-form operands (local kernels embedded in Toeplitz ones) and their boundary."""
+        ks = self.kernels(grid, dtype)
         if self.local_kernel is not None:
-            return local_to_toeplitz(ka, grid), local_to_toeplitz(kb, grid), "zero"
-        return ka, kb, self.boundary
+            return [local_to_toeplitz(w, grid) for w in ks], "zero"
+        return list(ks), self.boundary
+
+    def _mix_dense(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
+        """The dense forms 'eq8', 'eq9', 'eq10' (trainable; O(N^2) memory)."""
+        ks, boundary = self._ref_kernels(grid, q.dtype)
+        if self.form == "eq8":
+            return lisa_eq8_ref(q, k, v, ks[0][:, 0], grid, boundary)
+        bproj = self.struct_proj.to(q.dtype)
+        fn = lisa_eq9_ref if self.form == "eq9" else lisa_eq10_dense
+        return fn(q, k, v, ks[0], ks[1], bproj, grid, boundary)
 
     def forward_ref(self, x: torch.Tensor, hw: Sequence[int] | None = None,
                     mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Explicit reference of `forward`: Eq. 10 with materialised RPE tensors (O(N^2 C D) memory)."""
+        """Explicit reference of `forward`: Eq. 10 with materialised RPE tensors (O(N^2 C D) memory). The dense forms
+        'eq8' and 'eq9' are their own references (`lisa_eq8_ref`, `lisa_eq9_ref`)."""
         grid = self._grid(x, hw)
         q, k, v = self._qkv(x)
-        ka, kb, boundary = self._ref_kernels(grid, q.dtype)
-        o = lisa_eq10_ref(q, k, v, ka, kb, self.struct_proj.to(q.dtype), grid, boundary)
+        if self.form in ("eq8", "eq9"):
+            o = self._mix_dense(q, k, v, grid)
+        else:
+            (ka, kb), boundary = self._ref_kernels(grid, q.dtype)
+            o = lisa_eq10_ref(q, k, v, ka, kb, self.struct_proj.to(q.dtype), grid, boundary)
         return self.proj(merge_heads(o).to(x.dtype))
 
     @torch.no_grad()
@@ -281,7 +338,15 @@ class StructureAwareAttention(TokenMixer):
         per head). The feature path S B^T mixes no tokens beyond S and is not part of this map."""
         grid = self._grid(x, hw)
         q, k, v = self._qkv(x)
-        ka, kb, boundary = self._ref_kernels(grid, q.dtype)
+        ks, boundary = self._ref_kernels(grid, q.dtype)
+        if self.form in ("eq8", "eq9"):  # the map applied to V: A-bar * R (Eq. 8) or A-hat of Eq. 9
+            attn = q @ k.transpose(-2, -1)
+            if self.form == "eq8":
+                return attn * rpe_matrix(ks[0][:, 0], grid, boundary)
+            s = torch.einsum("bhin,hdin->bhid", attn, rpe_matrix(ks[0], grid, boundary))
+            return torch.einsum("bhid,hdij->bhij", s, rpe_matrix(ks[1], grid, boundary).expand(self.num_heads,
+                                                                                                -1, -1, -1))
+        ka, kb = ks
         _, _, a_hat = lisa_eq10_ref(q, k, v, ka, kb, self.struct_proj.to(q.dtype), grid, boundary,
                                     return_structure=True)
         return a_hat

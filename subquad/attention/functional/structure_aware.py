@@ -44,6 +44,7 @@ __all__ = [
     "lisa_eq8_ref",
     "lisa_eq9_ref",
     "lisa_eq10_ref",
+    "lisa_eq10_dense",
     "lisa_circulant_ref",
     "lisa_toeplitz_ref",
     "lisa_fft",
@@ -162,6 +163,29 @@ def lisa_eq10_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: t
     a_hat = torch.einsum("bhid,hdij->bhij", s, rb)  # (B, h, N, N)
     y = a_hat @ v + torch.einsum("bhid,hcd->bhic", s, _head_struct_proj(struct_proj, h))
     return (y, s, a_hat) if return_structure else y
+
+
+def lisa_eq10_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor,
+                    kernel_b: torch.Tensor, struct_proj: torch.Tensor, grid: Sequence[int],
+                    boundary: str = "circular") -> torch.Tensor:
+    """Eq. 10 with dense RPE tensors, evaluated in the order of Eq. 11-12: the trainable slow form.
+
+    Ga[i, c, d] = sum_n R^a[c, d, i, n] k[n, c] (a dense depthwise global convolution with channel multiplier D),
+    S[i, d] = sum_c q[i, c] Ga[i, c, d], A-hat[i, j] = sum_d S[i, d] R^b[d, i, j], Y = A-hat V + S B^T (per head).
+    Same function as `lisa_eq10_ref`, but without its (B, h, N, N, d) Hadamard tensor: the only O(N^2) tensors are
+    the parameter-derived R^a (C, D, N, N), R^b and A-hat (B, h, N, N). O(N^2 C D) MACs, as the paper states for SA.
+
+    Shapes: q, k, v (B, h, N, dh); kernel_a (C, D, *K); kernel_b (h or 1, D, *K); struct_proj (C, D) -> (B, h, N, dh).
+    Paper: LiSA (arXiv 2211.16289) Eq. 10-12 (with Toeplitz R for boundary='zero'; circulant R for 'circular').
+    """
+    B, h, N, dh = q.shape
+    D = kernel_a.shape[1]
+    ra = rpe_matrix(kernel_a, grid, boundary).reshape(h, dh, D, N, N)
+    ga = torch.einsum("hcdin,bhnc->bhicd", ra, k)  # (B, h, N, dh, D)
+    s = (ga * q[..., None]).sum(-2)  # (B, h, N, D)
+    rb = rpe_matrix(kernel_b, grid, boundary).expand(h, -1, -1, -1)  # (h, D, N, N)
+    a_hat = torch.einsum("bhid,hdij->bhij", s, rb)
+    return a_hat @ v + torch.einsum("bhid,hcd->bhic", s, _head_struct_proj(struct_proj, h))
 
 
 def lisa_circulant_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor,
