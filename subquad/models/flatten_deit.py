@@ -7,7 +7,9 @@ per-block mechanism list:
       1 + h*w slots (slot 0 never resized) and the DWC runs on the patch grid only (the class row of the DWC term is
       0); the host passes `num_prefix_tokens=1` for that. No official code or weights exist (FLatten issue #12).
     - `l2vit_deit_tiny` **[unofficial]**: blocks 2, 4, ..., 12 (1-based) enhanced linear attention, the others
-      softmax (L2ViT Tab. 11, 72.8 top-1).
+      softmax (L2ViT Tab. 11, 72.8 top-1). The paper's enhanced linear attention is linear attention followed by
+      the LCM (Sec. 3.2); the default model has no LCM (the registered, checkpoint-compatible layout);
+      `lcm_kernel_size=k` adds it after the enhanced-linear blocks only (keys `blocks.{j}.norm3`, `.local_mp`).
     - `flatten_deit_micro`: a tiny FLatten-DeiT for tests and the demo (patch 4 on 32 x 32 images).
 
 Paper: FLatten Transformer (arXiv 2308.00442) Tab. 2 DeiT rows and Tab. 4; L2ViT paper Tab. 11.
@@ -77,7 +79,8 @@ register_family(__name__, VisionTransformerAttn, [
             dict(source="not published", ref_params=22_983_016), cfg=_FL),
     Variant("flatten_deit_base", dict(**_DEIT, embed_dim=768, num_heads=12, attn="focused_linear"),
             dict(source="not published", ref_params=88_412_392), cfg=_FL),
-    Variant("l2vit_deit_tiny", dict(**_DEIT, embed_dim=192, num_heads=3, attn=_alternate(12)),
+    Variant("l2vit_deit_tiny", dict(**_DEIT, embed_dim=192, num_heads=3, attn=_alternate(12),
+                                    lcm_after="enhanced_linear"),
             dict(family="l2vit", params_m=5.7, gmacs=1.3, top1=72.8, ref_params=5_717_434,
                  source="The Linear Attention Resurrection in Vision Transformer (L2ViT paper) Tab. 11",
                  notes="ref_params: DeiT-T + 6 blocks x temperature (3); paper numbers not reproduced"),

@@ -77,7 +77,8 @@ class Block(nn.Module):
     With `lcm_kernel_size` the block adds L2ViT's Local Concentration Module as its own residual branch after the
     attention, x + LCM(LN(x), hw), as L2ViT's LGA block does (paper Sec. 3.2, Eq. 8; official
     `classification/models/l2vit.py` `LGABlock`, keys `norm3`, `local_mp`): L2ViT defines its enhanced linear
-    attention as linear attention followed by the LCM. The LCM needs the token grid, so it refuses prefix tokens.
+    attention as linear attention followed by the LCM. The LCM mixes the token grid only: prefix (class) tokens
+    pass it unchanged (their row of the branch is 0; our rule for L2ViT Tab. 11's DeiT, which has no official code).
     """
 
     def __init__(self, dim: int, num_heads: int, attn: str = "softmax", attn_kwargs: dict | None = None,
@@ -98,11 +99,18 @@ class Block(nn.Module):
             self.local_mp = LocalConcentrationModule(dim, kernel_size=lcm_kernel_size, **dd)
         else:
             self.local_mp = None
+        self.num_prefix_tokens = (stage or {}).get("num_prefix_tokens", 0)
+
+    def _lcm(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        """LCM branch on the patch tokens; prefix tokens get 0."""
+        p = self.num_prefix_tokens
+        y = self.local_mp(self.norm3(x[:, p:]), hw)
+        return torch.cat([y.new_zeros(y.shape[0], p, y.shape[2]), y], 1) if p else y
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         x = x + self.drop_path1(self.attn(self.norm1(x), hw))
         if self.local_mp is not None:
-            x = x + self.drop_path1(self.local_mp(self.norm3(x), hw))
+            x = x + self.drop_path1(self._lcm(x, hw))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
@@ -123,7 +131,11 @@ class VisionTransformerAttn(Backbone):
         attn: a mechanism name for every block, or a sequence of `depth` names.
         attn_kwargs: options for every mechanism.
         drop_rate, drop_path_rate: head dropout and stochastic depth (linear rule).
-        lcm_kernel_size: add L2ViT's LCM branch after every attention (see `Block`); needs class_token=False.
+        lcm_kernel_size: add L2ViT's LCM branch (k x k depthwise convs) after the attention (see `Block`); the
+            class token passes it unchanged. None: no LCM.
+        lcm_after: None (the LCM follows every block's attention) or a mechanism name: the LCM follows only the
+            blocks of that mechanism (`l2vit_deit_tiny` sets 'enhanced_linear': L2ViT Tab. 11 with its LCM is
+            `create_model("l2vit_deit_tiny", lcm_kernel_size=k)`).
         stem: 'patch' (timm's linear patch embedding, the DeiT layout) or 'conv' (`ConvStem`, patch_size 2 only).
     """
 
@@ -138,13 +150,13 @@ class VisionTransformerAttn(Backbone):
                  num_classes: int = 1000, global_pool: str = "token", class_token: bool = True,
                  embed_dim: int = 192, depth: int = 12, num_heads: int = 3, mlp_ratio: float = 4.0,
                  attn: str | Sequence[str] = "softmax", attn_kwargs: dict | None = None, drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, lcm_kernel_size: int | None = None, stem: str = "patch", device=None,
-                 dtype=None) -> None:
+                 drop_path_rate: float = 0.0, lcm_kernel_size: int | None = None, lcm_after: str | None = None,
+                 stem: str = "patch", device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        if lcm_kernel_size is not None and class_token:
-            raise UserError("lcm_kernel_size (L2ViT's LCM branch) mixes the token grid and cannot take a class "
-                            "token; use class_token=False, global_pool='avg'")
+        if lcm_kernel_size is not None and (not isinstance(lcm_kernel_size, int) or lcm_kernel_size < 1
+                                            or lcm_kernel_size % 2 == 0):
+            raise UserError(f"lcm_kernel_size must be an odd int >= 1 or None (no LCM), got {lcm_kernel_size!r}")
         if stem not in ("patch", "conv"):
             raise UserError(f"stem must be 'patch' or 'conv', got {stem!r}")
         if stem == "conv" and patch_size != 2:
@@ -152,6 +164,8 @@ class VisionTransformerAttn(Backbone):
         attns = [attn] * depth if isinstance(attn, str) else list(attn)
         if len(attns) != depth:
             raise UserError(f"attn lists {len(attns)} mechanisms for depth={depth}")
+        if lcm_after is not None and lcm_after not in attns:
+            raise UserError(f"lcm_after={lcm_after!r} names no block's mechanism; the blocks use {sorted(set(attns))}")
         self.img_size = as_hw(img_size)
         self.in_chans = in_chans
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
@@ -171,7 +185,8 @@ class VisionTransformerAttn(Backbone):
         dpr = drop_path_rates(drop_path_rate, [depth])[0]
         stage = dict(grid=self.grid_size, num_prefix_tokens=self.num_prefix_tokens)
         self.blocks = nn.ModuleList([Block(embed_dim, num_heads, name, attn_kwargs, mlp_ratio, dpr[i],
-                                           partial(nn.LayerNorm, eps=1e-6), stage, lcm_kernel_size, **dd)
+                                           partial(nn.LayerNorm, eps=1e-6), stage,
+                                           lcm_kernel_size if lcm_after in (None, name) else None, **dd)
                                      for i, name in enumerate(attns)])
         self.attn_names = tuple(attns)
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6, **dd)
