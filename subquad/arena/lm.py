@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from .lra import check_mech, publish_folder
 
 __all__ = ["prepare_data", "refusal", "run_cell", "MECH_KEYS", "CELL_KEYS", "CORPUS_ENV", "DATA_KEYS"]
 
@@ -142,33 +143,14 @@ def prepare_data(task: dict[str, Any], root: str | os.PathLike, budget: str = "d
     prepare_corpus(settings["corpus"], tmp, settings.get("variant", "bytes"), settings.get("glob"),
                    settings.get("name", ""), int(settings.get("limit_bytes", 0) or 0))
     (tmp / "arena_data.json").write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-    if folder.exists() and complete(folder) != marker:
-        shutil.rmtree(folder)
-    try:
-        os.replace(tmp, folder)
-    except OSError:
-        # Another process finished the same folder first.
-        shutil.rmtree(tmp, ignore_errors=True)
-        if complete(folder) != marker:
-            raise
-    return folder
+    return publish_folder(tmp, folder, lambda: complete(folder) == marker)
 
 
 # ---------------------------------------------------------------------------------------------------- mechanism
 
 
 def _check_mech(mech: dict[str, Any]) -> str:
-    from ..attention import ATTENTION_REGISTRY
-
-    if not isinstance(mech, dict) or "attention" not in mech:
-        raise UserError(f"a mechanism entry needs `attention: <name>`, got {mech!r}")
-    unknown = sorted(set(mech) - set(MECH_KEYS))
-    if unknown:
-        raise UserError(f"unknown mechanism option(s) {unknown}; allowed: {', '.join(MECH_KEYS)}")
-    name = mech["attention"]
-    if name not in ATTENTION_REGISTRY:
-        raise UserError(f"unknown attention {name!r}; allowed: {', '.join(ATTENTION_REGISTRY.names())}")
-    return name
+    return check_mech(mech, MECH_KEYS)
 
 
 def cell_config(train: dict[str, Any], mech: dict[str, Any], seed: int = 0, out: str = ""):

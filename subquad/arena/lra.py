@@ -130,12 +130,17 @@ def prepare_data(task: dict[str, Any], root: str | os.PathLike, budget: str = "d
     if settings["generator"] == "listops":
         _token_cache(task, budget, tmp)
     (tmp / "arena_data.json").write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    return publish_folder(tmp, folder, complete)
+
+
+def publish_folder(tmp: Path, folder: Path, complete: Callable[[], bool]) -> Path:
+    """Move a finished data folder `tmp` into place as `folder` (an incomplete one there is replaced); when another
+    process published the same folder first, keep theirs if it is complete."""
     if folder.exists() and not complete():
         shutil.rmtree(folder)
     try:
         os.replace(tmp, folder)
     except OSError:
-        # Another process finished the same folder first.
         shutil.rmtree(tmp, ignore_errors=True)
         if not complete():
             raise
@@ -145,14 +150,15 @@ def prepare_data(task: dict[str, Any], root: str | os.PathLike, budget: str = "d
 # ---------------------------------------------------------------------------------------------------- mechanism
 
 
-def _check_mech(mech: dict[str, Any]) -> str:
+def check_mech(mech: dict[str, Any], keys: tuple[str, ...] = MECH_KEYS) -> str:
+    """The registered attention a sequence task's mechanism entry names; one line for a bad entry."""
     from ..attention import ATTENTION_REGISTRY
 
     if not isinstance(mech, dict) or "attention" not in mech:
         raise UserError(f"a mechanism entry needs `attention: <name>`, got {mech!r}")
-    unknown = sorted(set(mech) - set(MECH_KEYS))
+    unknown = sorted(set(mech) - set(keys))
     if unknown:
-        raise UserError(f"unknown mechanism option(s) {unknown}; allowed: {', '.join(MECH_KEYS)}")
+        raise UserError(f"unknown mechanism option(s) {unknown}; allowed: {', '.join(keys)}")
     name = mech["attention"]
     if name not in ATTENTION_REGISTRY:
         raise UserError(f"unknown attention {name!r}; allowed: {', '.join(ATTENTION_REGISTRY.names())}")
@@ -163,7 +169,7 @@ def _config(train: dict[str, Any], mech: dict[str, Any], seed: int = 0, out: str
     """The LRAConfig of one cell."""
     from ..engine.sequence import LRAConfig
 
-    name = _check_mech(mech)
+    name = check_mech(mech)
     values = {k: v for k, v in train.items() if k != "generate"}
     fields = {f.name for f in dataclasses.fields(LRAConfig)}
     unknown = sorted(set(values) - fields)
