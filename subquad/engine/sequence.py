@@ -132,14 +132,15 @@ class LMConfig:
     # Training phases run in order, each {seq_len, batch_size, steps, lr, warmup} (lr / warmup default to the
     # top-level values): the Transformer-LS schedule trains 430k / 50k / 50k updates at 2048 / 4096 / 8192 tokens
     # (arXiv 2107.02192, App. D). Each phase warms up linearly from 0 to its lr, then holds it; the optimizer state
-    # carries over. Empty: one phase of (seq_len, batch_size, max_steps, lr, warmup). With phases, max_steps caps
-    # the total number of steps (0 = all of them).
+    # carries over unless the phase says `reset_optimizer: true` (a fresh AdamW from the previous phase's weights,
+    # as the official phases 2 and 3 start with fairseq's `--finetune-from-model`). Empty: one phase of (seq_len,
+    # batch_size, max_steps, lr, warmup). With phases, max_steps caps the total number of steps (0 = all of them).
     phases: list[dict[str, Any]] = field(default_factory=list)
     # Continue the run in `output` from its last evaluation (last_state.pth).
     resume: bool = False
 
 
-_PHASE_KEYS = ("seq_len", "batch_size", "steps", "lr", "warmup")
+_PHASE_KEYS = ("seq_len", "batch_size", "steps", "lr", "warmup", "reset_optimizer")
 
 
 def lm_phases(cfg: LMConfig) -> list[dict[str, Any]]:
@@ -173,7 +174,7 @@ def lm_phases(cfg: LMConfig) -> list[dict[str, Any]]:
         if cap:
             last = min(last, cap)
         out.append({"seq_len": seq_len, "batch_size": bs, "steps": steps, "lr": lr, "warmup": warm,
-                    "first": first, "last": last})
+                    "reset_optimizer": bool(ph.get("reset_optimizer", False)), "first": first, "last": last})
         first = last + 1
     return out
 
@@ -716,7 +717,10 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
         ph = phases[pi]
         if step == ph["first"] and len(phases) > 1:
             log(f"phase {pi + 1}/{len(phases)}: seq_len {ph['seq_len']}, batch {ph['batch_size']}, steps "
-                f"{ph['first']}-{ph['last']}, lr {ph['lr']:g} after {ph['warmup']} warm-up steps")
+                f"{ph['first']}-{ph['last']}, lr {ph['lr']:g} after {ph['warmup']} warm-up steps"
+                + (", fresh optimizer" if ph["reset_optimizer"] else ""))
+        if step == ph["first"] and ph["reset_optimizer"]:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=ph["lr"], weight_decay=cfg.weight_decay)
         for g in optimizer.param_groups:
             g["lr"] = lr
         xy = torch.from_numpy(_lm_batch(train, rng, ph["seq_len"], ph["batch_size"])).to(device)

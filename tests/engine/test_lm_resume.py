@@ -32,7 +32,8 @@ def _cfg(data, out, **kw):
     args = dict(data=str(data), attention="long_short", dim=16, depth=2, num_heads=2, ffn_dim=24, dropout=0.2,
                 emb_dropout=0.1, residual="official", weight_decay=0.01, lr=3e-3, warmup=2, max_steps=0,
                 phases=[{"seq_len": 16, "batch_size": 3, "steps": 4},
-                        {"seq_len": 32, "batch_size": 2, "steps": 3, "lr": 1.5e-3, "warmup": 1}],
+                        {"seq_len": 32, "batch_size": 2, "steps": 3, "lr": 1.5e-3, "warmup": 1,
+                         "reset_optimizer": True}],
                 eval_every=2, eval_ctx=32, eval_score=16, eval_batch=4, eval_tokens=96, final_eval_tokens=96,
                 seed=3, device="cpu", output=str(out),
                 attn_kw={"long_short": {"window_size": 8, "chunk_size": 4, "rank": 1}})
@@ -55,8 +56,8 @@ def test_phases_fill_defaults_and_schedule():
                                                            {"seq_len": 16, "batch_size": 1, "steps": 3,
                                                             "lr": 1e-3, "warmup": 2}])
     ph = lm_phases(cfg)
-    assert [(p["seq_len"], p["batch_size"], p["lr"], p["warmup"], p["first"], p["last"]) for p in ph] == [
-        (8, 2, 2e-3, 4, 1, 5), (16, 1, 1e-3, 2, 6, 8)]
+    assert [(p["seq_len"], p["batch_size"], p["lr"], p["warmup"], p["first"], p["last"], p["reset_optimizer"])
+            for p in ph] == [(8, 2, 2e-3, 4, 1, 5, False), (16, 1, 1e-3, 2, 6, 8, False)]
     lrs = [_phase_lr(ph, s) for s in range(1, 9)]
     assert lrs == [(0, 5e-4), (0, 1e-3), (0, 1.5e-3), (0, 2e-3), (0, 2e-3), (1, 5e-4), (1, 1e-3), (1, 1e-3)]
     # max_steps caps the total (quick runs of a phased recipe).
@@ -93,6 +94,9 @@ def test_phased_run_trains_each_phase_at_its_length(corpus, tmp_path):
     assert [(int(x["step"]), int(x["phase"]), int(x["seq_len"])) for x in rows] == [(2, 1, 16), (4, 1, 16),
                                                                                     (6, 2, 32), (7, 2, 32)]
     assert float(rows[2]["lr"]) == 1.5e-3  # phase 2, local step 2 after its 1 warm-up step
+    # Phase 2 starts a fresh AdamW: its step count is that phase's 3 steps, not 7.
+    opt = load_state(tmp_path / "run" / "last_state.pth")["optimizer"]
+    assert {int(v["step"]) for v in opt["state"].values()} == {3}
 
 
 def test_interrupted_and_resumed_run_equals_uninterrupted(corpus, tmp_path):
