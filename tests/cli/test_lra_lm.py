@@ -189,3 +189,31 @@ def test_lm_enwik8_phases_resume_and_eval(tmp_path, capsys):
     assert "windows of 24, the last 8 scored" in capsys.readouterr().out
     assert main(["lm", "eval", "--checkpoint", str(out), "--data", f"text8:{tmp_path / 'enwik8'}"]) == 2
     assert "is not text8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,depth,drop,wd,lrs,params", [
+    ("enwik8_base", 12, 0.2, 0.01, (2.5e-4, 1.25e-4, 6.25e-5), 44.3e6),
+    ("enwik8_large", 30, 0.4, 0.1, (2.5e-4, 1.25e-4, 6.25e-5), 110.6e6),
+    ("text8_base", 12, 0.2, 0.01, (5e-4, 2.5e-4, 1.25e-4), 44.2e6),
+    ("text8_large", 30, 0.4, 0.1, (5e-4, 2.5e-4, 1.25e-4), 110.5e6)])
+def test_paper_lm_recipes(name, depth, drop, wd, lrs, params):
+    # Transformer-LS App. D / Tab. 4 (44M small, 110M large) and the official launch scripts' per-phase lr.
+    import argparse
+
+    import torch
+
+    from subquad.cli.lm import resolve_config
+    from subquad.engine.sequence import build_lm, lm_phases
+
+    cfg = resolve_config(argparse.Namespace(data="d", attention="long_short", config=name, attn_opt=[]))
+    assert (cfg.depth, cfg.dim, cfg.num_heads, cfg.ffn_dim, cfg.residual) == (depth, 512, 8, 2048, "official")
+    assert (cfg.dropout, cfg.emb_dropout, cfg.weight_decay, cfg.clip_grad) == (drop, drop, wd, 0.0)
+    assert cfg.attn_kw["long_short"] == {"window_size": 512, "chunk_size": 16, "rank": 1}
+    assert (cfg.eval_ctx, cfg.eval_score, cfg.final_eval_tokens) == (32768, 512, 0)
+    ph = lm_phases(cfg)
+    assert [(p["seq_len"], p["batch_size"], p["steps"], p["warmup"], p["lr"], p["reset_optimizer"]) for p in ph] == [
+        (2048, 32, 430_000, 10_000, lrs[0], False), (4096, 32, 50_000, 5_000, lrs[1], True),
+        (8192, 16, 50_000, 5_000, lrs[2], True)]
+    assert ph[-1]["last"] == 530_000
+    model = build_lm(256 if name.startswith("enwik8") else 27, cfg, device=torch.device("meta"))
+    assert abs(sum(p.numel() for p in model.parameters()) - params) < 0.05e6
