@@ -50,7 +50,7 @@ _FLAGS: list[tuple[str, type, str]] = [
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("lm", help="character-level LM: prepare a corpus, train (BPC), generate",
+    p = sub.add_parser("lm", help="character-level LM: prepare a corpus, train (BPC), eval, generate",
                        description="Character-level language modelling with the Transformer-LS CharLM.")
     lsub = p.add_subparsers(dest="lm_command", metavar="{prepare,train,eval,generate}")
 
