@@ -1,7 +1,9 @@
 """`subquad lm`: prepare a byte/character corpus, train the character LM (BPC), generate with cached decoding.
 
     subquad lm prepare --corpus FILE_OR_DIR --out DIR [--variant bytes|chars] [--glob PATTERN]
-    subquad lm train --data DIR --attention long_short [-c YAML] [--max-steps N] [--max-minutes M] ...
+    subquad lm train --data DIR|enwik8:PATH|text8:PATH --attention long_short [-c YAML] [--max-steps N] ...
+    subquad lm train --resume RUN                 continue an interrupted run from its last evaluation
+    subquad lm eval --checkpoint RUN --split test [--data SPEC] [--eval-ctx N --eval-score N]
     subquad lm generate --checkpoint PATH --prompt TEXT --max-new 200 [--temperature T] [--top-k K]
 
 Results on the linux-doc corpus are labelled `linuxdoc-bytes` / `linuxdoc-chars` and are not comparable to enwik8 /
@@ -48,9 +50,9 @@ _FLAGS: list[tuple[str, type, str]] = [
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("lm", help="character-level LM: prepare a corpus, train (BPC), generate",
+    p = sub.add_parser("lm", help="character-level LM: prepare a corpus, train (BPC), eval, generate",
                        description="Character-level language modelling with the Transformer-LS CharLM.")
-    lsub = p.add_subparsers(dest="lm_command", metavar="{prepare,train,generate}")
+    lsub = p.add_subparsers(dest="lm_command", metavar="{prepare,train,eval,generate}")
 
     pr = lsub.add_parser("prepare", help="split a text corpus 90/5/5 into uint8 memmaps")
     pr.add_argument("--corpus", required=True,
@@ -71,7 +73,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     pr.set_defaults(func=run_prepare)
 
     t = lsub.add_parser("train", help="train the character LM and report BPC on valid/test")
-    t.add_argument("--data", required=True, help="prepared corpus folder (subquad lm prepare)")
+    t.add_argument("--data", default=None,
+                   help="prepared corpus folder (subquad lm prepare), or enwik8:PATH / text8:PATH (the file or its "
+                   "zip, split 90M/5M/5M; a file of another size 90/5/5 %%); required unless --resume")
+    t.add_argument("--resume", default=None, metavar="RUN",
+                   help="continue the run in RUN from its last evaluation with its own settings (only --device "
+                   "may be given); ends bit-identical to an uninterrupted run")
     t.add_argument("--attention", default="long_short",
                    help="a mechanism with a causal form: long_short (default), softmax, sliding_window, linear_elu1, "
                    "linear_relu")
@@ -85,6 +92,19 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true",
                    help="train into --output even if it is a folder that is not empty (a run there is still refused)")
     t.set_defaults(func=run_train)
+
+    e = lsub.add_parser("eval", help="bits per character of a trained checkpoint on a split (sliding windows)")
+    e.add_argument("--checkpoint", required=True, help="run directory (its best.safetensors) or .safetensors")
+    e.add_argument("--split", default="test", choices=("train", "valid", "test"))
+    e.add_argument("--data", default=None, help="corpus (default: the one the run trained on)")
+    e.add_argument("--eval-ctx", type=int, default=None,
+                   help="window length (default: the run's eval_ctx; the paper's protocol is 32768)")
+    e.add_argument("--eval-score", type=int, default=None,
+                   help="tokens scored per window, the last ones (default: the run's eval_score; paper 512)")
+    e.add_argument("--eval-batch", type=int, default=None, help="windows per batch (default: the run's)")
+    e.add_argument("--eval-tokens", type=int, default=0, help="score only the first N targets (0 = the whole split)")
+    e.add_argument("--device", default="cpu")
+    e.set_defaults(func=run_eval)
 
     g = lsub.add_parser("generate", help="sample from a trained checkpoint (cached incremental decoding)")
     g.add_argument("--checkpoint", required=True, help="run directory or .safetensors from `subquad lm train`")
@@ -103,7 +123,7 @@ def _need(p: argparse.ArgumentParser) -> int:
     from subquad.errors import UserError
 
     p.print_help()
-    raise UserError("missing subcommand: prepare|train|generate")
+    raise UserError("missing subcommand: prepare|train|eval|generate")
 
 
 def run_prepare(args: argparse.Namespace) -> int:
@@ -127,6 +147,10 @@ def resolve_config(args: argparse.Namespace):
     from subquad.engine.sequence import LMConfig
     from subquad.errors import UserError
 
+    if getattr(args, "resume", None):
+        return _resume_config(args)
+    if not args.data:
+        raise UserError("--data is required (a prepared corpus folder, enwik8:PATH or text8:PATH) unless --resume")
     path = find_config(args.config, ("charlm",)) if args.config else CONFIG_DIR / "small.yaml"
     values: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
     fields = {f.name for f in dataclasses.fields(LMConfig)}
@@ -145,6 +169,40 @@ def resolve_config(args: argparse.Namespace):
         k, v = o.split("=", 1)
         opts[k.strip()] = yaml.safe_load(v)
     values["attn_kw"] = {**values.get("attn_kw", {}), args.attention: opts}
+    if values.get("phases"):
+        given = [f"--{n.replace('_', '-')}" for n in ("seq_len", "batch_size", "lr", "warmup")
+                 if getattr(args, n, None) is not None]
+        if given:
+            raise UserError(f"{path.name} trains in phases, each with its own sequence length, batch, lr and "
+                            f"warm-up; {', '.join(given)} does not apply (edit `phases:` in a copy of the recipe; "
+                            "--max-steps caps the total)")
+    return LMConfig(**values)
+
+
+def _resume_config(args: argparse.Namespace):
+    """--resume RUN: the run's own args.yaml with resume on (and --device when given)."""
+    from subquad.engine.sequence import LMConfig
+    from subquad.errors import UserError
+
+    out = Path(args.resume)
+    given = [f"--{n.replace('_', '-')}" for n, _, _ in _FLAGS if n != "device" and getattr(args, n, None) is not None]
+    given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--data", args.data)) if v]
+    if given:
+        raise UserError(f"--resume {out} continues the run with its own settings (args.yaml); drop {', '.join(given)}"
+                        " (only --device may be given)")
+    if not (out / "args.yaml").is_file():
+        raise UserError(f"--resume {out}: no args.yaml there (not a `subquad lm train` run directory)")
+    values = yaml.safe_load((out / "args.yaml").read_text()) or {}
+    fields = {f.name for f in dataclasses.fields(LMConfig)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise UserError(f"--resume {out}: args.yaml has unknown key(s) {unknown}")
+    if args.attention != values.get("attention") and args.attention != "long_short":
+        raise UserError(f"--resume {out}: the run has --attention {values.get('attention')!r}, not "
+                        f"{args.attention!r}")
+    values.update(resume=True, output=str(out))
+    if args.device is not None:
+        values["device"] = args.device
     return LMConfig(**values)
 
 
@@ -161,13 +219,44 @@ def run_train(args: argparse.Namespace) -> int:
     from subquad.cli.config import check_run_output
 
     cfg = resolve_config(args)
-    check_run_output(cfg.output, args.overwrite)
+    if not cfg.resume:
+        check_run_output(cfg.output, args.overwrite)
     r = train_lm(cfg, log=print)
     unit = r["metric"]
     label = f"{r['corpus']}" + (" (not comparable to enwik8/text8)" if r["corpus"].startswith("linuxdoc") else "")
     print(f"{label}: valid {r['valid_bpc']:.3f} {unit}, test {r['test_bpc']:.3f} {unit} "
           f"(context {r['eval_ctx']}, last {r['eval_score']} scored; {r['steps']} steps, {r['wall_seconds']:.0f}s)")
     print(f"checkpoint: {r['checkpoint']}")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from subquad.data.char import open_corpus
+    from subquad.engine.sequence import evaluate_bpc, load_lm
+    from subquad.errors import UserError
+
+    model, side = load_lm(args.checkpoint, torch.device(args.device))
+    run = side.get("args") or {}
+    spec = args.data or run.get("data")
+    if not spec:
+        raise UserError(f"{args.checkpoint}: the checkpoint does not record its corpus; give --data")
+    meta, data = open_corpus(spec)
+    if int(meta["vocab_size"]) != int(side["model_args"]["vocab_size"]):
+        raise UserError(f"--data {spec} has vocabulary {meta['vocab_size']}, the checkpoint "
+                        f"{side['model_args']['vocab_size']}")
+    ctx = args.eval_ctx or int(run.get("eval_ctx", 1024))
+    score = args.eval_score or int(run.get("eval_score", 512))
+    batch = args.eval_batch or int(run.get("eval_batch", 8))
+    if args.eval_tokens < 0 or batch < 1:
+        raise UserError(f"--eval-tokens must be >= 0 and --eval-batch >= 1, got {args.eval_tokens} and {batch}")
+    r = evaluate_bpc(model, data[args.split], ctx, score, batch, args.eval_tokens, torch.device(args.device))
+    unit = "bpc" if meta.get("variant") == "chars" else "bpb"
+    name = meta.get("name", "")
+    note = "" if name in ("enwik8", "text8") else " (not comparable to enwik8/text8)"
+    print(f"{name} {args.split}: {r['bpc']:.4f} {unit} over {r['tokens']} tokens (windows of {ctx}, the last "
+          f"{score} scored, step {score}){note}")
     return 0
 
 

@@ -33,7 +33,8 @@ import numpy as np
 from ..errors import UserError
 
 __all__ = ["VARIANTS", "LINUX_DOC_SOURCES", "prepare_corpus", "load_split", "read_meta", "encode_text",
-           "decode_ids", "find_linux_doc", "skipped_summary"]
+           "decode_ids", "find_linux_doc", "skipped_summary", "STANDARD_CORPORA", "split_bounds", "parse_data_spec",
+           "read_standard", "open_corpus"]
 
 VARIANTS = ("bytes", "chars")
 SPLITS = ("train", "valid", "test")
@@ -254,3 +255,99 @@ def load_split(root: str | os.PathLike, split: str) -> np.ndarray:
     if p.stat().st_size == 0:
         raise UserError(f"{p} is empty")
     return np.memmap(p, dtype=np.uint8, mode="r")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The standard enwik8 / text8 files, read directly (`--data enwik8:PATH`, `--data text8:PATH`).
+#
+# enwik8: the first 10^8 bytes of the English Wikipedia dump of 3 March 2006 (Hutter Prize); text8: the same text
+# cleaned to the 27 symbols a-z and space (Mahoney). Both are split contiguously 90M / 5M / 5M into train / valid /
+# test (Transformer-LS, arXiv 2107.02192, Sec. 4.2 "divided into 90M, 5M, 5M for train, dev, test"; the split of
+# Transformer-XL's `prep_enwik8.py` and of Mikolov et al.'s text8 setup). enwik8 keeps the raw bytes as ids (256);
+# text8 maps space -> 0, a-z -> 1-26 (27), the alphabet of `encode_text(..., "chars")`.
+#
+# Split rule for a file of n symbols: train = n * 90 // 100, valid = n * 5 // 100, test = the rest. For the real
+# files (n = 100,000,000) that is exactly 90M / 5M / 5M; smaller files of the same format (tests, excerpts) get the
+# same proportions, and their meta says `standard_size: false`.
+
+STANDARD_CORPORA = {"enwik8": "bytes", "text8": "chars"}
+STANDARD_SIZE = 100_000_000
+
+
+def split_bounds(n: int) -> dict[str, tuple[int, int]]:
+    """[start, end) of train / valid / test for a corpus of n symbols (90/5/5, floor; the rest to test)."""
+    n_train, n_valid = n * 90 // 100, n * 5 // 100
+    return {"train": (0, n_train), "valid": (n_train, n_train + n_valid), "test": (n_train + n_valid, n)}
+
+
+def parse_data_spec(spec: str | os.PathLike) -> tuple[str, str]:
+    """`enwik8:PATH` / `text8:PATH` -> (name, PATH); anything else -> ("", spec), a prepared corpus folder."""
+    s = os.fspath(spec)
+    head, sep, tail = s.partition(":")
+    if sep and head in STANDARD_CORPORA:
+        if not tail:
+            raise UserError(f"--data {s}: give the path after '{head}:' (the file {head} or {head}.zip)")
+        return head, tail
+    return "", s
+
+
+def _read_standard_bytes(name: str, path: Path) -> np.ndarray:
+    import zipfile
+
+    if not path.exists():
+        raise UserError(f"--data {name}:{path}: no such file (give the file {name} or its zip)")
+    if path.is_dir():
+        cand = [path / name, path / f"{name}.zip"]
+        found = [c for c in cand if c.is_file()]
+        if not found:
+            raise UserError(f"--data {name}:{path}: the folder has neither {name} nor {name}.zip")
+        path = found[0]
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            names = [i.filename for i in z.infolist() if not i.is_dir()]
+            member = name if name in names else (names[0] if len(names) == 1 else None)
+            if member is None:
+                raise UserError(f"--data {name}:{path}: the zip holds {names[:5]}, not a member named {name!r}")
+            return np.frombuffer(z.read(member), dtype=np.uint8)
+    return np.memmap(path, dtype=np.uint8, mode="r")
+
+
+def read_standard(name: str, path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Read the enwik8 or text8 file (or its zip) and split it 90/5/5; returns (meta, {split: uint8 ids}).
+
+    text8 must hold only lower-case a-z and spaces; another byte is a UserError naming its offset.
+    """
+    if name not in STANDARD_CORPORA:
+        raise UserError(f"unknown standard corpus {name!r}; allowed: {', '.join(STANDARD_CORPORA)}")
+    raw = _read_standard_bytes(name, Path(path))
+    n = len(raw)
+    if n < 100:
+        raise UserError(f"--data {name}:{path} has {n} bytes; need at least 100")
+    variant = STANDARD_CORPORA[name]
+    if variant == "bytes":
+        ids = raw
+    else:
+        table = np.full(256, 255, dtype=np.uint8)
+        table[32] = 0
+        table[97:123] = np.arange(1, 27, dtype=np.uint8)
+        ids = table[raw]
+        bad = np.flatnonzero(ids == 255)
+        if len(bad):
+            raise UserError(f"--data text8:{path} is not text8: byte {int(raw[bad[0]])} at offset {int(bad[0])} "
+                            "(text8 holds only a-z and spaces)")
+    splits = {k: ids[a:b] for k, (a, b) in split_bounds(n).items()}
+    meta = {"name": name, "variant": variant, "source": os.fspath(path), "source_bytes": n,
+            "standard_size": n == STANDARD_SIZE, "vocab_size": 256 if variant == "bytes" else 27,
+            "vocab": list(CHARS) if variant == "chars" else "bytes 0-255",
+            "splits": {k: {"symbols": len(v)} for k, v in splits.items()},
+            "metric": "bpb" if variant == "bytes" else "bpc", "note": ""}
+    return meta, splits
+
+
+def open_corpus(spec: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The data of `--data`: `enwik8:PATH` / `text8:PATH` (read and split here) or a prepared corpus folder."""
+    name, path = parse_data_spec(spec)
+    if name:
+        return read_standard(name, path)
+    meta = read_meta(path)
+    return meta, {s: load_split(path, s) for s in SPLITS}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import logging
 import math
 import os
@@ -39,7 +40,7 @@ from ..errors import UserError
 from .checkpoint import atomic_write, read_json, save_state, save_weights, write_json
 
 __all__ = ["LRAConfig", "LMConfig", "train_lra", "train_lm", "evaluate_lra", "evaluate_bpc", "build_lra_data",
-           "build_lm", "load_lm", "one_cycle", "peak_memory_mb"]
+           "build_lm", "load_lm", "one_cycle", "peak_memory_mb", "lm_phases", "LM_TIMING_FIELDS"]
 
 _logger = logging.getLogger(__name__)
 
@@ -128,7 +129,70 @@ class LMConfig:
     seed: int = 0
     device: str = ""
     output: str = ""
+    # Training phases run in order, each {seq_len, batch_size, steps, lr, warmup} (lr / warmup default to the
+    # top-level values): the Transformer-LS schedule trains 430k / 50k / 50k updates at 2048 / 4096 / 8192 tokens
+    # (arXiv 2107.02192, App. D). Each phase warms up linearly from 0 to its lr, then holds it; the optimizer state
+    # carries over unless the phase says `reset_optimizer: true` (a fresh AdamW from the previous phase's weights,
+    # as the official phases 2 and 3 start with fairseq's `--finetune-from-model`). Empty: one phase of (seq_len,
+    # batch_size, max_steps, lr, warmup). With phases, max_steps caps the total number of steps (0 = all of them).
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    # Continue the run in `output` from its last evaluation (last_state.pth).
+    resume: bool = False
 
+
+_PHASE_KEYS = ("seq_len", "batch_size", "steps", "lr", "warmup", "reset_optimizer")
+
+
+def lm_phases(cfg: LMConfig) -> list[dict[str, Any]]:
+    """The phases of `cfg` with every key filled and checked: [{seq_len, batch_size, steps, lr, warmup, first,
+    last}], `first` / `last` the global steps (1-based, inclusive) of each phase, cut at `max_steps` when > 0."""
+    if not cfg.phases:
+        raw = [{"seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "steps": cfg.max_steps, "lr": cfg.lr,
+                "warmup": cfg.warmup}]
+    else:
+        raw = []
+        for i, ph in enumerate(cfg.phases):
+            if not isinstance(ph, dict):
+                raise UserError(f"LM phases[{i}] must be a mapping of {', '.join(_PHASE_KEYS)}, got {ph!r}")
+            unknown = sorted(set(ph) - set(_PHASE_KEYS))
+            missing = [k for k in ("seq_len", "batch_size", "steps") if k not in ph]
+            if unknown or missing:
+                raise UserError(f"LM phases[{i}]: unknown key(s) {unknown} / missing {missing}; allowed: "
+                                f"{', '.join(_PHASE_KEYS)} (seq_len, batch_size and steps required)")
+            raw.append({"lr": cfg.lr, "warmup": cfg.warmup, **ph})
+    out, first = [], 1
+    cap = cfg.max_steps if cfg.phases else 0
+    for i, ph in enumerate(raw):
+        seq_len, bs, steps, lr, warm = (int(ph["seq_len"]), int(ph["batch_size"]), int(ph["steps"]),
+                                        float(ph["lr"]), int(ph["warmup"]))
+        if seq_len < 2 or bs < 1 or steps < 1 or lr <= 0 or warm < 0:
+            raise UserError(f"LM phase {i}: need seq_len >= 2, batch_size >= 1, steps >= 1, lr > 0, warmup >= 0; "
+                            f"got {seq_len}, {bs}, {steps}, {lr}, {warm}")
+        last = first + steps - 1
+        if cap and first > cap:
+            break
+        if cap:
+            last = min(last, cap)
+        out.append({"seq_len": seq_len, "batch_size": bs, "steps": steps, "lr": lr, "warmup": warm,
+                    "reset_optimizer": bool(ph.get("reset_optimizer", False)), "first": first, "last": last})
+        first = last + 1
+    return out
+
+
+def _phase_lr(phases: list[dict[str, Any]], step: int) -> tuple[int, float]:
+    """(phase index, lr) of global step `step` (1-based): the phase's lr * min(1, j / warmup), j its local step."""
+    for i, ph in enumerate(phases):
+        if step <= ph["last"]:
+            j = step - ph["first"] + 1
+            return i, ph["lr"] * min(1.0, j / ph["warmup"]) if ph["warmup"] else ph["lr"]
+    raise AssertionError(f"step {step} after the last phase")
+
+
+def _lm_batch(train: np.ndarray, rng: np.random.Generator, seq_len: int, batch_size: int) -> np.ndarray:
+    """(batch_size, seq_len + 1) training windows at random starts drawn from `rng` (whose state the resume file
+    keeps, as a JSON string)."""
+    starts = rng.integers(0, len(train) - seq_len - 1, size=batch_size)
+    return np.stack([train[s:s + seq_len + 1] for s in starts]).astype(np.int64)
 
 
 def _refuse_existing_run(out: Path) -> None:
@@ -283,7 +347,7 @@ LRA_TIMING_FIELDS = ("time", "sec_per_step", "train_seconds", "train_cpu_seconds
                      "eval_cpu_seconds", "test_seconds", "test_cpu_seconds", "wall_seconds", "peak_mem_mb")
 
 
-def _resume_state(out: Path, cfg: LRAConfig) -> dict[str, Any]:
+def _resume_state(out: Path, cfg: LRAConfig | LMConfig) -> dict[str, Any]:
     from .checkpoint import load_state
 
     for f in ("last_state.pth", "args.yaml"):
@@ -291,7 +355,7 @@ def _resume_state(out: Path, cfg: LRAConfig) -> dict[str, Any]:
             raise UserError(f"--resume {out}: {f} is missing (the run saved no evaluation to resume from)")
     saved = yaml.safe_load((out / "args.yaml").read_text()) or {}
     mine = asdict(cfg)
-    changed = sorted(k for k in mine if k not in ("resume", "device", "workers", "output")
+    changed = sorted(k for k in mine if k not in ("resume", "device", "workers", "output", "max_minutes")
                      and k in saved and saved[k] != mine[k])
     if changed:
         raise UserError(f"--resume {out}: the run was started with other settings ({', '.join(changed)}); resume "
@@ -558,61 +622,108 @@ def _load_split(root: Path, split: str) -> np.ndarray:
     return load_split(root, split)
 
 
+# results.json / summary.csv fields of the LM run that measure time or memory (they differ between an uninterrupted
+# and a resumed run; everything else is identical).
+LM_TIMING_FIELDS = ("elapsed", "train_seconds", "train_cpu_seconds", "eval_seconds", "eval_cpu_seconds",
+                    "wall_seconds", "peak_mem_mb")
+
+
 def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
              model_fn: Callable[[int, LMConfig], nn.Module] | None = None,
              on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Train the character LM on a prepared corpus (`subquad lm prepare`); returns metrics and paths.
+    """Train the character LM on `cfg.data`: a prepared corpus (`subquad lm prepare`) or `enwik8:PATH` /
+    `text8:PATH` (`subquad.data.char.read_standard`); returns metrics and paths.
 
-    Every `eval_every` steps the valid split (its first `eval_tokens` targets) is scored and `best.safetensors`
-    keeps the weights of the lowest valid bpc; at the end that checkpoint is scored once on valid and test
-    (`final_eval_tokens`, 0 = whole splits). `on_eval(row)` follows each periodic evaluation with the summary.csv
-    row plus `steps`. results.json also holds the CPU and wall seconds of training and evaluation, the tokens each
-    processed, and the peak memory (CUDA max allocated, or the growth of the process's peak RSS on CPU).
+    The phases of `cfg` (`lm_phases`) run in order, each with its sequence length, batch and warmed-up fixed lr.
+    Every `eval_every` steps (and at the last step) the valid split (its first `eval_tokens` targets) is scored,
+    `best.safetensors` keeps the weights of the lowest valid bpc and `last_state.pth` (model, optimizer, step, best
+    so far, totals, RNG) is written, each atomically, the state last. Step s trains on windows fixed by (seed, s)
+    and the torch RNG is re-seeded from (seed, s) after the evaluation at step s, so `cfg.resume=True` (same
+    `output`) continues from the last evaluation and ends with the same weights, summary.csv and results.json as
+    an uninterrupted run (except `LM_TIMING_FIELDS`). At the end the best checkpoint is scored once on valid and
+    test (`final_eval_tokens`, 0 = whole splits). `on_eval(row)` follows each periodic evaluation, its files
+    written, with the summary.csv row plus `steps`; an exception there stops the run with those files intact.
     """
-    from ..data.char import read_meta
+    from ..data.char import open_corpus
+    from .classify import _rng_state, _seed_everything, _set_rng_state
 
     log = log or _logger.info
     torch.manual_seed(cfg.seed)
     device = _device(cfg.device)
-    if cfg.max_steps < 1 or cfg.batch_size < 1 or cfg.seq_len < 2 or cfg.eval_every < 1:
-        raise UserError(f"need --max-steps >= 1, --batch-size >= 1, --seq-len >= 2, --eval-every >= 1; got "
-                        f"{cfg.max_steps}, {cfg.batch_size}, {cfg.seq_len}, {cfg.eval_every}")
-    root = Path(cfg.data)
-    meta = read_meta(root)
+    if cfg.eval_every < 1:
+        raise UserError(f"--eval-every must be >= 1, got {cfg.eval_every}")
+    if not cfg.phases and (cfg.max_steps < 1 or cfg.batch_size < 1 or cfg.seq_len < 2):
+        raise UserError(f"need --max-steps >= 1, --batch-size >= 1, --seq-len >= 2; got {cfg.max_steps}, "
+                        f"{cfg.batch_size}, {cfg.seq_len}")
+    phases = lm_phases(cfg)
+    total = phases[-1]["last"]
+    meta, data = open_corpus(cfg.data)
     vocab_size = int(meta["vocab_size"])
-    train = _load_split(root, "train")
-    valid = _load_split(root, "valid")
-    test = _load_split(root, "test")
-    if len(train) <= cfg.seq_len + 1:
-        raise UserError(f"training split has {len(train)} tokens; need more than --seq-len + 1 = {cfg.seq_len + 1}")
+    train, valid, test = data["train"], data["valid"], data["test"]
+    longest = max(ph["seq_len"] for ph in phases)
+    if len(train) <= longest + 1:
+        raise UserError(f"training split has {len(train)} tokens; need more than the sequence length + 1 = "
+                        f"{longest + 1}")
+    out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lm-{cfg.attention}")
+    state: dict[str, Any] | None = None
+    if cfg.resume:
+        if not cfg.output:
+            raise UserError("--resume needs the run directory (--output / --resume DIR)")
+        state = _resume_state(out, cfg)
+        if int(state["step"]) >= total and (out / "results.json").is_file():
+            log(f"{out} is complete ({int(state['step'])} of {total} steps); nothing to resume")
+            return read_json(out / "results.json")
+    else:
+        _refuse_existing_run(out)
     model = (model_fn or build_lm)(vocab_size, cfg).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    warm = max(cfg.warmup, 0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-    out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lm-{cfg.attention}")
-    _refuse_existing_run(out)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=phases[0]["lr"], weight_decay=cfg.weight_decay)
     out.mkdir(parents=True, exist_ok=True)
-    _write_args(out, cfg)
     model_args = lm_model_args(vocab_size, cfg)
     side = {"arch": "char_lm", "model_args": model_args, "corpus": meta.get("name", ""),
             "variant": meta.get("variant", ""), "vocab": meta.get("vocab"), "args": asdict(cfg)}
-    rng = np.random.default_rng(cfg.seed)
     rss0 = _rss_mb()
-    tot = {"train_cpu_seconds": 0.0, "eval_seconds": 0.0, "eval_cpu_seconds": 0.0, "eval_tokens": 0}
-    best_step = 0
-    log(f"lm: attention={cfg.attention} params={n_params} vocab={vocab_size} train_tokens={len(train)} "
-        f"seq_len={cfg.seq_len} batch={cfg.batch_size} device={device} (corpus {meta.get('name', '?')}; "
-        "not comparable to enwik8/text8)")
+    tot = {"train_seconds": 0.0, "train_cpu_seconds": 0.0, "eval_seconds": 0.0, "eval_cpu_seconds": 0.0,
+           "eval_tokens": 0, "wall_seconds": 0.0}
     rows: list[dict[str, Any]] = []
-    best_bpc, t_start, train_time, loss_sum, k, step = float("inf"), time.perf_counter(), 0.0, 0.0, 0, 0
+    best_bpc, best_step, start = float("inf"), 0, 0
+    rng = np.random.default_rng(cfg.seed)
+    if state is not None:
+        rng.bit_generator.state = json.loads(state["sampler"])
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = int(state["step"])
+        best_bpc, best_step = float(state["best_bpc"]), int(state["best_step"])
+        tot.update({k: type(tot[k])(v) for k, v in state["totals"].items() if k in tot})
+        with open(out / "summary.csv", newline="") as f:
+            rows = [r for r in csv.DictReader(f) if int(r["step"]) <= start]
+        _set_rng_state(state["rng"])
+        log(f"resuming {out} after step {start} of {total}")
+    else:
+        _write_args(out, cfg)
+        _seed_everything(_step_seed(cfg.seed, 0))
+    note = " (not comparable to enwik8/text8)" if meta.get("name") not in ("enwik8", "text8") else ""
+    log(f"lm: attention={cfg.attention} params={n_params} vocab={vocab_size} train_tokens={len(train)} "
+        f"phases={[(p['seq_len'], p['batch_size'], p['last'] - p['first'] + 1) for p in phases]} device={device} "
+        f"(corpus {meta.get('name', '?')}{note})")
+    t_start = time.perf_counter()
+    wall0 = t_start - tot["wall_seconds"]
+    loss_sum, k, step = 0.0, 0, start
     budget = cfg.max_minutes * 60.0
     model.train()
-    while step < cfg.max_steps:
+    while step < total:
         step += 1
-        starts = rng.integers(0, len(train) - cfg.seq_len - 1, size=cfg.batch_size)
-        chunk = np.stack([train[s:s + cfg.seq_len + 1] for s in starts]).astype(np.int64)
-        xy = torch.from_numpy(chunk).to(device)
+        pi, lr = _phase_lr(phases, step)
+        ph = phases[pi]
+        if step == ph["first"] and len(phases) > 1:
+            log(f"phase {pi + 1}/{len(phases)}: seq_len {ph['seq_len']}, batch {ph['batch_size']}, steps "
+                f"{ph['first']}-{ph['last']}, lr {ph['lr']:g} after {ph['warmup']} warm-up steps"
+                + (", fresh optimizer" if ph["reset_optimizer"] else ""))
+        if step == ph["first"] and ph["reset_optimizer"]:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=ph["lr"], weight_decay=cfg.weight_decay)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        xy = torch.from_numpy(_lm_batch(train, rng, ph["seq_len"], ph["batch_size"])).to(device)
         t0, c0 = time.perf_counter(), time.process_time()
         logits = _lm_logits(model, xy[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
@@ -621,26 +732,25 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
         if cfg.clip_grad > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
         optimizer.step()
-        scheduler.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        train_time += time.perf_counter() - t0
+        tot["train_seconds"] += time.perf_counter() - t0
         tot["train_cpu_seconds"] += time.process_time() - c0
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"non-finite training loss at step {step}")
         loss_sum += loss.item()
         k += 1
         out_of_time = budget > 0 and time.perf_counter() - t_start > budget
-        if step % cfg.eval_every == 0 or step == cfg.max_steps or out_of_time:
+        if step % cfg.eval_every == 0 or step == total or out_of_time:
             t_ev, c_ev = time.perf_counter(), time.process_time()
             ev = evaluate_bpc(model, valid, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, cfg.eval_tokens, device)
             tot["eval_seconds"] += time.perf_counter() - t_ev
             tot["eval_cpu_seconds"] += time.process_time() - c_ev
             tot["eval_tokens"] += int(ev["tokens"])
             model.train()
-            row = {"step": step, "train_loss": loss_sum / k, "train_bpc": loss_sum / k / math.log(2),
-                   "valid_bpc": ev["bpc"], "valid_tokens": ev["tokens"], "lr": optimizer.param_groups[0]["lr"],
-                   "elapsed": time.perf_counter() - t_start}
+            row = {"step": step, "phase": pi + 1, "seq_len": ph["seq_len"], "train_loss": loss_sum / k,
+                   "train_bpc": loss_sum / k / math.log(2), "valid_bpc": ev["bpc"], "valid_tokens": ev["tokens"],
+                   "lr": lr, "elapsed": time.perf_counter() - wall0}
             rows.append(row)
             log(f"step {step}  train_bpc {row['train_bpc']:.3f}  valid_bpc {ev['bpc']:.3f}  "
                 f"({row['elapsed']:.0f}s)")
@@ -652,8 +762,15 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
                 write_json({**side, "step": step, "metrics": {"valid_bpc": ev["bpc"]}}, out / "best.json")
             _write_run_files(out, cfg, rows)
             loss_sum, k = 0.0, 0
+            # The next interval's dropout draws depend on (seed, step) only; the state file is the resume point.
+            _seed_everything(_step_seed(cfg.seed, step))
+            tot["wall_seconds"] = time.perf_counter() - wall0
+            save_state({"step": step, "best_bpc": best_bpc, "best_step": best_step, "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(), "rng": _rng_state(), "totals": dict(tot),
+                        "sampler": json.dumps(rng.bit_generator.state),
+                        "arch": "char_lm"}, out / "last_state.pth")
             if on_eval is not None:
-                on_eval({**row, "steps": cfg.max_steps})
+                on_eval({**row, "steps": total})
         if out_of_time:
             log(f"time budget of {cfg.max_minutes} min reached at step {step}")
             break
@@ -665,15 +782,17 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
     v = evaluate_bpc(model, valid, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
     t = evaluate_bpc(model, test, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
     metric = "bpc" if meta.get("variant") == "chars" else "bpb"
+    train_tokens = sum((min(step, p["last"]) - p["first"] + 1) * p["batch_size"] * p["seq_len"]
+                       for p in phases if step >= p["first"])
+    tot["wall_seconds"] = time.perf_counter() - wall0
     results = {"corpus": meta.get("name", ""), "variant": meta.get("variant", ""), "metric": metric,
                "attention": cfg.attention, "params": n_params, "steps": step, "valid_bpc": v["bpc"],
                "test_bpc": t["bpc"], "valid_tokens": v["tokens"], "test_tokens": t["tokens"],
                "eval_ctx": cfg.eval_ctx, "eval_score": cfg.eval_score, "best_step": best_step,
-               "best_periodic_valid_bpc": best_bpc, "selected_on": "valid", "train_seconds": train_time,
-               "train_tokens": step * cfg.batch_size * cfg.seq_len, **tot, "peak_mem_mb": peak,
+               "best_periodic_valid_bpc": best_bpc, "selected_on": "valid", "train_tokens": train_tokens, **tot,
+               "peak_mem_mb": peak,
                "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss_growth",
-               "wall_seconds": time.perf_counter() - t_start, "device": str(device),
-               "output": os.fspath(out), "checkpoint": os.fspath(out / "best.safetensors")}
+               "device": str(device), "output": os.fspath(out), "checkpoint": os.fspath(out / "best.safetensors")}
     write_json(results, out / "results.json")
     return results
 

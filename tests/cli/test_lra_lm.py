@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 
 from subquad.cli.__main__ import main
@@ -148,3 +149,71 @@ def test_shipped_lm_recipes_load(name):
     ns = argparse.Namespace(data="d", attention="long_short", config=str(CONFIG_DIR / f"{name}.yaml"), attn_opt=[])
     cfg = resolve_config(ns)
     assert cfg.attn_kw["long_short"]["chunk_size"] == 16
+
+
+def test_lm_enwik8_phases_resume_and_eval(tmp_path, capsys):
+    # A small file in enwik8's format, a phased recipe, --resume of the finished run,
+    # then `lm eval --split test` with the run's protocol and with another window.
+    raw = ("<page><title>Zürich</title><text>'''Zürich''' is a [[city]] &amp; more.</text></page>\n" * 40).encode()
+    (tmp_path / "enwik8").write_bytes(raw)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("attention: long_short\ndim: 16\ndepth: 1\nnum_heads: 2\nresidual: official\n"
+                      "max_steps: 0\neval_every: 2\neval_ctx: 32\neval_score: 16\neval_batch: 4\n"
+                      "eval_tokens: 64\nfinal_eval_tokens: 64\nlr: 2.0e-3\nwarmup: 1\n"
+                      "phases:\n  - {seq_len: 16, batch_size: 2, steps: 2}\n"
+                      "  - {seq_len: 32, batch_size: 1, steps: 2}\n"
+                      "attn_kw:\n  long_short: {window_size: 8, chunk_size: 4, rank: 1}\n")
+    out = tmp_path / "run"
+    base = ["lm", "train", "--data", f"enwik8:{tmp_path / 'enwik8'}", "-c", str(recipe), "--device", "cpu"]
+    assert main(base + ["--seq-len", "8", "--output", str(out)]) == 2
+    assert "trains in phases" in capsys.readouterr().err
+    assert main(base + ["--output", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["corpus"] == "enwik8" and res["steps"] == 4 and res["train_tokens"] == 2 * 2 * 16 + 2 * 32
+    capsys.readouterr()
+    assert main(["lm", "train", "--resume", str(out), "--dim", "8"]) == 2
+    assert "drop --dim" in capsys.readouterr().err
+    assert main(["lm", "train", "--resume", str(out)]) == 0  # complete: returns its results
+    assert main(["lm", "eval", "--checkpoint", str(out), "--split", "test"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    n_test = len(raw) - len(raw) * 95 // 100 - 1
+    assert line.startswith("enwik8 test: ") and f"over {n_test} tokens (windows of 32, the last 16 scored" in line
+    bpb = float(line.split()[2])
+    from subquad.engine.sequence import evaluate_bpc, load_lm
+
+    model, _ = load_lm(out)
+    want = evaluate_bpc(model, np.frombuffer(raw[len(raw) * 95 // 100:], dtype=np.uint8), 32, 16, 4)
+    assert abs(bpb - want["bpc"]) < 1e-4
+    assert main(["lm", "eval", "--checkpoint", str(out), "--split", "valid", "--eval-ctx", "24",
+                 "--eval-score", "8"]) == 0
+    assert "windows of 24, the last 8 scored" in capsys.readouterr().out
+    assert main(["lm", "eval", "--checkpoint", str(out), "--data", f"text8:{tmp_path / 'enwik8'}"]) == 2
+    assert "is not text8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,depth,drop,wd,lrs,params", [
+    ("enwik8_base", 12, 0.2, 0.01, (2.5e-4, 1.25e-4, 6.25e-5), 44.3e6),
+    ("enwik8_large", 30, 0.4, 0.1, (2.5e-4, 1.25e-4, 6.25e-5), 110.6e6),
+    ("text8_base", 12, 0.2, 0.01, (5e-4, 2.5e-4, 1.25e-4), 44.2e6),
+    ("text8_large", 30, 0.4, 0.1, (5e-4, 2.5e-4, 1.25e-4), 110.5e6)])
+def test_paper_lm_recipes(name, depth, drop, wd, lrs, params):
+    # Transformer-LS App. D / Tab. 4 (44M small, 110M large) and the official launch scripts' per-phase lr.
+    import argparse
+
+    import torch
+
+    from subquad.cli.lm import resolve_config
+    from subquad.engine.sequence import build_lm, lm_phases
+
+    cfg = resolve_config(argparse.Namespace(data="d", attention="long_short", config=name, attn_opt=[]))
+    assert (cfg.depth, cfg.dim, cfg.num_heads, cfg.ffn_dim, cfg.residual) == (depth, 512, 8, 2048, "official")
+    assert (cfg.dropout, cfg.emb_dropout, cfg.weight_decay, cfg.clip_grad) == (drop, drop, wd, 0.0)
+    assert cfg.attn_kw["long_short"] == {"window_size": 512, "chunk_size": 16, "rank": 1}
+    assert (cfg.eval_ctx, cfg.eval_score, cfg.final_eval_tokens) == (32768, 512, 0)
+    ph = lm_phases(cfg)
+    assert [(p["seq_len"], p["batch_size"], p["steps"], p["warmup"], p["lr"], p["reset_optimizer"]) for p in ph] == [
+        (2048, 32, 430_000, 10_000, lrs[0], False), (4096, 32, 50_000, 5_000, lrs[1], True),
+        (8192, 16, 50_000, 5_000, lrs[2], True)]
+    assert ph[-1]["last"] == 530_000
+    model = build_lm(256 if name.startswith("enwik8") else 27, cfg, device=torch.device("meta"))
+    assert abs(sum(p.numel() for p in model.parameters()) - params) < 0.05e6

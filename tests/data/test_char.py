@@ -156,3 +156,59 @@ def test_glob_without_slash_matches_base_names(tmp_path):
     # A pattern with a slash matches the relative path.
     assert prepare_corpus(src, tmp_path / "o2", "bytes", glob="alpha/*")["files"] == 2
     assert prepare_corpus(src, tmp_path / "o3", "bytes", glob="*/sub/copyright")["files"] == 1
+
+
+def test_standard_split_is_90m_5m_5m_and_proportional_below():
+    from subquad.data.char import split_bounds
+
+    assert split_bounds(100_000_000) == {"train": (0, 90_000_000), "valid": (90_000_000, 95_000_000),
+                                         "test": (95_000_000, 100_000_000)}
+    assert split_bounds(1003) == {"train": (0, 902), "valid": (902, 952), "test": (952, 1003)}
+
+
+def _enwik8_like(n, seed=0):
+    # Wikipedia XML as enwik8 holds it: raw UTF-8 bytes, markup, non-ASCII characters.
+    rng = np.random.default_rng(seed)
+    words = ["<page>", "<title>Zürich</title>", "[[Link|text]]", "&amp;", "'''bold'''", "Ωmega", "\n", " the "]
+    raw = "".join(words[i] for i in rng.integers(0, len(words), size=n)).encode("utf-8")
+    return raw[:n]
+
+
+def test_enwik8_reader_file_and_zip(tmp_path):
+    import zipfile
+
+    from subquad.data.char import open_corpus, parse_data_spec
+
+    raw = _enwik8_like(2000)
+    (tmp_path / "enwik8").write_bytes(raw)
+    with zipfile.ZipFile(tmp_path / "enwik8.zip", "w") as z:
+        z.writestr("enwik8", raw)
+    for spec in (f"enwik8:{tmp_path / 'enwik8'}", f"enwik8:{tmp_path / 'enwik8.zip'}"):
+        meta, s = open_corpus(spec)
+        assert meta["name"] == "enwik8" and meta["vocab_size"] == 256 and meta["metric"] == "bpb"
+        assert not meta["standard_size"]
+        assert bytes(s["train"]) == raw[:1800] and bytes(s["valid"]) == raw[1800:1900]
+        assert bytes(s["test"]) == raw[1900:]
+    assert parse_data_spec(str(tmp_path)) == ("", str(tmp_path))
+    with pytest.raises(UserError, match="no such file"):
+        open_corpus(f"enwik8:{tmp_path / 'nope'}")
+    with zipfile.ZipFile(tmp_path / "other.zip", "w") as z:
+        z.writestr("a", raw)
+        z.writestr("b", raw)
+    with pytest.raises(UserError, match="not a member named 'enwik8'"):
+        open_corpus(f"enwik8:{tmp_path / 'other.zip'}")
+
+
+def test_text8_reader_maps_27_symbols_and_refuses_other_bytes(tmp_path):
+    from subquad.data.char import open_corpus
+
+    text = (" anarchism originated as a term of abuse first used against early working class radicals" * 30)[:2400]
+    (tmp_path / "text8").write_text(text)
+    meta, s = open_corpus(f"text8:{tmp_path / 'text8'}")
+    assert meta["vocab_size"] == 27 and meta["metric"] == "bpc"
+    assert [len(s[k]) for k in ("train", "valid", "test")] == [2160, 120, 120]
+    assert decode_ids(np.concatenate([s["train"], s["valid"], s["test"]]), "chars") == text
+    assert int(s["train"].max()) <= 26 and s["train"][0] == 0 and s["train"][1] == 1
+    (tmp_path / "bad").write_text(text[:500] + "A" + text[:100])
+    with pytest.raises(UserError, match="byte 65 at offset 500"):
+        open_corpus(f"text8:{tmp_path / 'bad'}")
