@@ -82,22 +82,20 @@ def write_video(path: str | os.PathLike, frames: np.ndarray, fps: int = 8) -> No
 
 
 def _square_clip(rng: np.random.RandomState, direction: str, frames: int, size: int) -> np.ndarray:
-    """One clip: a bright square moving `direction` on a noisy gray background; a random start so that no single
-    frame tells the direction (every position is reachable by every direction)."""
+    """One clip: a bright square moving `direction` (wrapping around the frame edges) on a noisy gray background.
+    The start is uniform over the frame, so the square's position in any single frame is uniform for every class:
+    only the motion between frames tells the label."""
     side = max(2, size // 6)
-    speed = max(1, (size - side) // (2 * max(1, frames - 1)) or 1)
-    travel = speed * (frames - 1)
+    speed = max(1, size // (2 * frames))
     dy, dx = _STEP[direction]
-    lo = lambda d: travel if d < 0 else 0  # noqa: E731
-    hi = lambda d: size - side - (travel if d > 0 else 0)  # noqa: E731
-    y0 = rng.randint(lo(dy), max(lo(dy), hi(dy)) + 1)
-    x0 = rng.randint(lo(dx), max(lo(dx), hi(dx)) + 1)
+    y0, x0 = rng.randint(0, size, size=2)
     color = rng.randint(180, 256, size=3)
     out = np.empty((frames, size, size, 3), np.uint8)
     for t in range(frames):
         f = rng.randint(40, 110, size=(size, size, 3))
-        y, x = y0 + dy * speed * t, x0 + dx * speed * t
-        f[y:y + side, x:x + side] = color
+        ys = (y0 + dy * speed * t + np.arange(side)) % size
+        xs = (x0 + dx * speed * t + np.arange(side)) % size
+        f[np.ix_(ys, xs)] = color
         out[t] = f.astype(np.uint8)
     return out
 
@@ -106,7 +104,8 @@ def generate_moving_squares(out: str | os.PathLike, n_train: int = 200, n_val: i
                             frames: int = 16, size: int = 32, seed: int = 0, fps: int = 8) -> dict[str, int]:
     """Write the synthetic direction task to `out`: `<split>/<direction>/<split>_<i:05d>.mp4`, list files
     `<split>.txt` (`relative/path.mp4 label`) and `classes.txt`. Classes (4): the square moves right, left, down or up;
-    labels are balanced (i % 4). Returns the clip count per split."""
+    labels are balanced (i % 4); the square wraps around the edges, so every
+    position is equally likely in every frame of every class. Returns the clip count per split."""
     if min(n_train, n_val, n_test) < 1:
         raise UserError(f"every split needs at least one clip (got train {n_train}, val {n_val}, test {n_test})")
     if frames < 2:
