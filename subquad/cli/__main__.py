@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "segment": "segment",
     "export": "export",
     "timm": "timm_scripts",
+    "video": "video",
 }
 
 # Namespace attribute naming the innermost parser that was left with unrecognised arguments.

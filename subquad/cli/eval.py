@@ -23,6 +23,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="data spec (default: the one the checkpoint was trained on)")
     p.add_argument("--split", default=None, help="split (default: the data's test split, or val when it has none)")
     p.add_argument("--img-size", type=int, default=None, help="input side (default: the training size)")
+    p.add_argument("--views", default=None, metavar="CLIPSxCROPS",
+                   help="video: multi-view testing, temporal clips x spatial crops with the scores averaged (e.g. "
+                   "4x3; default 1x1, the centre clip)")
     p.add_argument("--use-ema", action="store_true", help="evaluate the EMA weights: <name>_ema.safetensors beside "
                    "the checkpoint, or the state_dict_ema of a timm checkpoint")
     p.add_argument("-b", "--batch-size", type=int, default=256)
@@ -60,6 +63,15 @@ def _natural_class_order(model, classes: list[str]):
     return _Reordered(model, torch.tensor([natural.index(c) for c in classes], device=device)).eval()
 
 
+def _parse_views(text: str) -> list[int]:
+    from subquad.errors import UserError
+
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise UserError(f"--views {text!r}: expected CLIPSxCROPS with both >= 1 (e.g. 2x1, 4x3)")
+    return [int(p) for p in parts]
+
+
 def run(args: argparse.Namespace) -> int:
     from subquad.data.registry import open_source
     from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, sidecar_path, write_json
@@ -88,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
     if sidecar.get("class_order") == "natural" and spec.lower().startswith("imagefolder"):
         model = _natural_class_order(model, source.classes)
     split = args.split or source.test_split or source.val_split
+    if args.views is not None:
+        if not source.video or "video" not in dcfg:
+            raise UserError(f"--views applies to video data and video checkpoints, not {spec!r}")
+        dcfg["video"] = dict(dcfg["video"], views=_parse_views(args.views))
     loader = eval_loader(source, split, dcfg, args.batch_size, args.workers, args.limit)
     t0 = time.perf_counter()
     m = evaluate(model, loader, info.device, info)
@@ -100,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
            "loss": round(m["eval_loss"], 6), "param_count": round(n_params / 1e6, 4), "img_size": dcfg["img_size"],
            "crop_pct": dcfg.get("crop_pct"), "interpolation": dcfg.get("interpolation") or "default",
            "images_per_sec": round(n / dt, 1)}
+    if "video" in dcfg:
+        row["views"] = "x".join(str(v) for v in dcfg["video"]["views"])
     out = Path(args.results_file) if args.results_file else ckpt.with_name(f"{ckpt.stem}.eval-{split}.json")
     check_output_file(out, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file", overwrite=args.overwrite)
     write_json(row, out)

@@ -37,7 +37,8 @@ from ..errors import UserError
 __all__ = ["ImageSource", "ArrayDataset", "TransformDataset", "parse_data_spec", "open_source", "build_transform",
            "resolve_aug", "DATA_SPECS", "AUG_PRESETS"]
 
-DATA_SPECS = ("digits", "fashion-mnist", "fashion-mnist:DIR", "imagefolder:PATH", "cifar10:PATH", "cifar100:PATH")
+DATA_SPECS = ("digits", "fashion-mnist", "fashion-mnist:DIR", "imagefolder:PATH", "cifar10:PATH", "cifar100:PATH",
+              "video:DIR")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 AUG_PRESETS = ("none", "light", "timm")
@@ -94,6 +95,7 @@ class ImageSource:
             or a fixed "none", "light" or "timm" for sources where the choice is a property of the data (digits:
             "none", since a flipped or shifted 8 x 8 digit is another digit).
         native_size: the images' own side (None when they vary).
+        video: the splits hold (video path, label) pairs (`subquad.data.video`), not images.
     """
 
     name: str
@@ -106,6 +108,7 @@ class ImageSource:
     std: tuple[float, ...] = IMAGENET_STD
     aug: str = "auto"
     native_size: int | None = None
+    video: bool = False
     _cache: dict[str, Dataset] = field(default_factory=dict, repr=False)
 
     def dataset(self, split: str, limit: int = 0, seed: int = 0) -> Dataset:
@@ -129,7 +132,8 @@ def parse_data_spec(spec: str) -> tuple[str, str | None]:
     kind = kind.strip().lower().replace("_", "-")
     if kind in ("fmnist", "fashionmnist"):
         kind = "fashion-mnist"
-    allowed = {"digits": False, "fashion-mnist": None, "imagefolder": True, "cifar10": True, "cifar100": True}
+    allowed = {"digits": False, "fashion-mnist": None, "imagefolder": True, "cifar10": True, "cifar100": True,
+               "video": True}
     if kind not in allowed:
         raise UserError(f"unknown data {spec!r}; allowed: {', '.join(DATA_SPECS)}")
     need = allowed[kind]
@@ -189,6 +193,8 @@ def open_source(spec: str, download: bool = False, need_val: bool = True) -> Ima
                   "train_full": arrays["train"]}
         return ImageSource(spec, classes, {s: (lambda s=s: ArrayDataset(*arrays[s])) for s in arrays},
                            mean=CIFAR_MEAN, std=CIFAR_STD, aug="auto", native_size=32)
+    if kind == "video":
+        return _video_source(spec, Path(path), need_val)
     from .imagefolder import ImageFolderDataset, find_classes
 
     root = Path(path)
@@ -201,6 +207,44 @@ def open_source(spec: str, download: bool = False, need_val: bool = True) -> Ima
         raise UserError(f"image folder {root} has no val/ split (expected {root}/val/<class>/<image>)")
     return ImageSource(spec, classes, splits, val_split="val", test_split="test" if "test" in splits else None,
                        aug="auto")
+
+
+class _PathList(Dataset):
+    """(video path, label) pairs of one split (decoded later by `subquad.data.video.VideoClipDataset`)."""
+
+    def __init__(self, samples: list[tuple[str, int]]) -> None:
+        self.samples, self.targets = samples, [lab for _, lab in samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[str, int]:
+        return self.samples[index]
+
+
+def _video_source(spec: str, root: Path, need_val: bool) -> ImageSource:
+    from .video import read_video_list
+
+    if not root.is_dir():
+        raise UserError(f"video folder not found: {root}")
+    train, names = read_video_list(root, "train")
+    labels = {lab for _, lab in train}
+    n = len(names) if names else (max(labels) + 1 if labels else 0)
+    classes = names or [str(i) for i in range(n)]
+    lists = {"train": train}
+    for s in ("val", "test"):
+        try:
+            lists[s] = read_video_list(root, s)[0]
+        except UserError:
+            if s == "val" and need_val:
+                raise
+    for s, samples in lists.items():
+        bad = [lab for _, lab in samples if not 0 <= lab < n]
+        if bad:
+            raise UserError(f"{root} split {s!r} has label {bad[0]} outside 0..{n - 1} ({n} classes)")
+    return ImageSource(spec, classes, {s: (lambda s=s: _PathList(lists[s])) for s in lists},
+                       test_split="test" if "test" in lists else None, mean=(0.45,) * 3, std=(0.225,) * 3,
+                       aug="none", video=True)
 
 
 def resolve_aug(source: ImageSource, img_size: int, num_train: int, aug: str = "auto") -> tuple[str, str]:

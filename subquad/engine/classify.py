@@ -55,6 +55,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..data.registry import ImageSource, TransformDataset, build_transform, open_source, resolve_aug
+from ..data.video import multiview_logits
 from ..errors import UserError
 from .checkpoint import atomic_write, load_state, read_json, save_state, save_weights, write_json
 from .config import TrainConfig
@@ -67,6 +68,29 @@ __all__ = ["TrainConfig", "train", "evaluate", "build_model", "data_config", "ev
 _logger = logging.getLogger(__name__)
 
 SUMMARY_FIELDS = ["epoch", "train_loss", "eval_loss", "eval_top1", "eval_top5", "lr", "time"]
+
+
+_VIDEO_AUG_WHAT = {"none": "random temporal start, full frame", "light": "random temporal start, random resized crop",
+                   "timm": "random temporal start, random resized crop, horizontal flip"}
+
+
+def _inflate_into(model: nn.Module, path: str) -> None:
+    """Initialise a video model from a trained image checkpoint (a .safetensors file or a run folder's
+    best.safetensors) by `inflate_image_weights`; a classifier head of another class count keeps its fresh init."""
+    from ..models._builder import load_into, read_state_dict
+    from ..models.lisanet import inflate_image_weights
+
+    src = Path(path)
+    if src.is_dir():
+        src = src / "best.safetensors"
+    if not src.is_file():
+        raise UserError(f"--inflate-from {path}: no such checkpoint (a .safetensors file or a run folder)")
+    image_state = read_state_dict(src)
+    own = model.state_dict()
+    image_state = {k: (own[k] if k.startswith("head") and k in own and own[k].shape != v.shape else v)
+                   for k, v in image_state.items()}
+    load_into(model, inflate_image_weights(image_state, model), what=f"inflated image checkpoint {src}")
+    _logger.info("initialised %s from image checkpoint %s (2-D -> 3-D inflation)", type(model).__name__, src)
 
 
 def _first_line(e: BaseException) -> str:
@@ -132,6 +156,42 @@ def data_config(cfg: TrainConfig, source: ImageSource, in_chans: int, img_size: 
             "model_kwargs": dict(cfg.model_kwargs or {})}
 
 
+def _video_model_kwargs(cfg: TrainConfig, source: ImageSource) -> dict[str, Any] | None:
+    """The model's constructor options: `--num-frames` goes to a video model's `num_frames`."""
+    if cfg.num_frames is not None and cfg.num_frames < 1:
+        raise UserError(f"--num-frames must be >= 1, got {cfg.num_frames}")
+    if cfg.frame_stride < 1:
+        raise UserError(f"--frame-stride must be >= 1, got {cfg.frame_stride}")
+    if not source.video:
+        if cfg.num_frames is not None or cfg.inflate_from:
+            raise UserError(f"--num-frames/--inflate-from need video data (--data video:DIR), not {cfg.data!r}")
+        return cfg.model_kwargs
+    kw = dict(cfg.model_kwargs or {})
+    if cfg.num_frames is not None:
+        kw["num_frames"] = cfg.num_frames
+    return kw
+
+
+def _video_dataset(source: ImageSource, split: str, dcfg: dict[str, Any], training: bool, limit: int = 0,
+                   seed: int = 0, hflip: float = 0.0, aug: str = "none", views: tuple[int, int] = (1, 1)):
+    """A `VideoClipDataset` of `split`: clips (C, T, S, S), or (V, C, T, S, S) for multi-view evaluation.
+    Training augmentation: 'none' (random temporal start only), 'light' (+ random resized crop), 'timm' (+ crop and
+    horizontal flip with probability `hflip`)."""
+    from ..data.video import VideoClipDataset
+
+    base = source.dataset(split, limit, seed)
+    samples = [base[i] for i in range(len(base))]
+    v = dcfg["video"]
+    kw: dict[str, Any] = {}
+    if training and aug == "none":
+        kw["scale"] = (1.0, 1.0)
+        kw["ratio"] = (1.0, 1.0)
+    return VideoClipDataset(samples, v["num_frames"], v["frame_stride"], dcfg["img_size"], training=training,
+                            views=views, mean=dcfg["mean"], std=dcfg["std"],
+                            hflip=hflip if training and aug == "timm" else 0.0, where=f"{source.name} [{split}]",
+                            **kw)
+
+
 def eval_transform(dcfg: dict[str, Any], source: ImageSource | None = None) -> Callable:
     """The eval transform described by a sidecar's data config."""
     if source is None:
@@ -146,8 +206,12 @@ def eval_loader(source: ImageSource, split: str, dcfg: dict[str, Any], batch_siz
                 limit: int = 0, seed: int = 0, info: DistInfo | None = None) -> DataLoader:
     """Non-shuffled loader over `split` (this rank's share under DDP)."""
     info = info or DistInfo()
-    ds = TransformDataset(source.dataset(split, limit, seed), eval_transform(dcfg, source),
-                          "L" if dcfg["in_chans"] == 1 else "RGB")
+    if source.video:
+        views = tuple((dcfg.get("video") or {}).get("views") or (1, 1))
+        ds = _video_dataset(source, split, dcfg, False, limit, seed, views=views)
+    else:
+        ds = TransformDataset(source.dataset(split, limit, seed), eval_transform(dcfg, source),
+                              "L" if dcfg["in_chans"] == 1 else "RGB")
     sampler = GlobalBatchSampler(len(ds), batch_size, info.rank, info.world_size, shuffle=False, drop_last=False)
     return DataLoader(ds, batch_size, sampler=sampler, num_workers=workers)
 
@@ -165,7 +229,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, info: D
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with amp() if amp else contextlib.nullcontext():
-            logits = model(x)
+            logits = model(x) if x.dim() < 6 else multiview_logits(model, x)  # (B, V, C, T, H, W): views averaged
         logits = logits.float()
         loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
         k = min(5, logits.shape[1])
@@ -312,9 +376,15 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
     if num_classes < len(source.classes):
         raise UserError(f"--num-classes {num_classes} is below the data's {len(source.classes)} classes")
     _seed_everything(_epoch_seed(cfg.seed, -1, 0))
-    model = build_model(cfg.model, num_classes, cfg.img_size, cfg.drop_path, cfg.drop, device, cfg.model_kwargs)
+    model_kwargs = _video_model_kwargs(cfg, source)
+    model = build_model(cfg.model, num_classes, cfg.img_size, cfg.drop_path, cfg.drop, device, model_kwargs)
+    if source.video and not getattr(model, "video", False):
+        raise UserError(f"model {cfg.model!r} takes images; video data needs a video model (e.g. "
+                        "hylisanet_micro_video, hylisanet_s_video)")
     in_chans, img_size = model_input(model, cfg.img_size)
     check_img_size(model, cfg.model, in_chans, img_size, device)
+    if cfg.inflate_from and resume_state is None:
+        _inflate_into(model, cfg.inflate_from)
     if resume_state is not None:
         side = read_json(out / "last.json")
         if side.get("arch") != cfg.model:
@@ -327,10 +397,15 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     dcfg = data_config(cfg, source, in_chans, img_size)
+    dcfg["model_kwargs"] = dict(model_kwargs or {})
+    if source.video:
+        dcfg["video"] = {"num_frames": int(cfg.num_frames or getattr(model, "num_frames", 16)),
+                         "frame_stride": cfg.frame_stride, "views": [1, 1]}
     train_base = source.dataset(source.train_split, cfg.train_limit, cfg.seed)
     aug, aug_why = resolve_aug(source, img_size, len(train_base), "none" if cfg.no_aug else cfg.aug)
     dcfg["aug"] = aug
-    _logger.info("augmentation: %s (%s) [%s]; change with --aug none|light|timm", aug, _AUG_WHAT[aug], aug_why)
+    _logger.info("augmentation: %s (%s) [%s]; change with --aug none|light|timm", aug,
+                 _VIDEO_AUG_WHAT[aug] if source.video else _AUG_WHAT[aug], aug_why)
     train_tf = build_transform(source, img_size, True, aug=aug, interpolation=cfg.interpolation,
                                crop_pct=cfg.crop_pct, mean=tuple(dcfg["mean"]), std=tuple(dcfg["std"]),
                                scale=tuple(cfg.scale) if cfg.scale else None,
@@ -338,7 +413,10 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
                                color_jitter=cfg.color_jitter, aa=cfg.aa, reprob=cfg.reprob, remode=cfg.remode,
                                recount=cfg.recount, train_interpolation=cfg.train_interpolation, in_chans=in_chans)
     mode = "L" if in_chans == 1 else "RGB"
-    train_set = TransformDataset(train_base, train_tf, mode)
+    if source.video:
+        train_set = _video_dataset(source, source.train_split, dcfg, True, cfg.train_limit, cfg.seed, cfg.hflip, aug)
+    else:
+        train_set = TransformDataset(train_base, train_tf, mode)
     global_batch = cfg.batch_size * info.world_size
     sampler = train_sampler(len(train_set), cfg.batch_size, info, cfg.seed)
     train_loader = DataLoader(train_set, cfg.batch_size, sampler=sampler, num_workers=cfg.workers,

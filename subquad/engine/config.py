@@ -31,9 +31,14 @@ class TrainConfig:
     model_kwargs: dict | None = _f(None, "extra keyword arguments for the model's constructor, as a JSON/YAML "
                                    "mapping (e.g. '{\"attn\": \"focused_linear\", \"depth\": 4}')")
     data: str = _f("digits", "data source: digits (offline default), fashion-mnist[:DIR], imagefolder:PATH, "
-                   "cifar10:PATH, cifar100:PATH")
+                   "cifar10:PATH, cifar100:PATH, video:DIR (list files + .mp4 clips, see subquad video generate)")
     dataset_download: bool = _f(False, "allow torchvision to download fashion-mnist when absent (needs internet)")
     img_size: int | None = _f(None, "input side (default: the model's)")
+    num_frames: int | None = _f(None, "video: frames per clip T (default: the model's num_frames); also passed to the "
+                                "model's constructor")
+    frame_stride: int = _f(4, "video: stride tau between the sampled frames")
+    inflate_from: str | None = _f(None, "video: initialise the video model from a trained image checkpoint "
+                                  "(.safetensors or run folder) by 2-D -> 3-D kernel inflation")
     num_classes: int | None = _f(None, "classifier outputs (default: the data's class count)")
     batch_size: int = _f(64, "batch size per process", short="-b")
     validation_batch_size: int | None = _f(None, "evaluation batch size (default: 2 x batch size)")

@@ -434,6 +434,8 @@ register_family(__name__, LiSANetIsotropic, [
 _VIDEO = dict(crop_pct=1.0, notes="unofficial configuration; video clips (B, 3, 16, 224, 224) (an image is a "
                                   "one-frame clip); no released weights")
 register_family(__name__, LiSANet, [
+    Variant("hylisanet_micro_video", dict(_MICRO, img_size=32, stage_types=_HYBRID, video=True, num_frames=8),
+            dict(_TINY, img_size=32), cfg=dict(_VIDEO, input_size=(3, 32, 32))),
     Variant("hylisanet_s_video", dict(_HIER_S, stage_types=_HYBRID, video=True, num_frames=16),
             dict(ref_params=59_749_928, notes=_UNOFF + "; clips (3, 16, 224, 224): 31.34 GMACs (count_module_macs); "
                                                        "Kinetics not available offline"), cfg=_VIDEO),
