@@ -195,6 +195,21 @@ def _lm_batch(train: np.ndarray, rng: np.random.Generator, seq_len: int, batch_s
     return np.stack([train[s:s + seq_len + 1] for s in starts]).astype(np.int64)
 
 
+def _start_or_resume(out: Path, cfg: Any, total: int, log: Callable[[str], None]):
+    """(resume state or None, the results of a run that is already complete or None); a new run refuses an `out`
+    that holds one."""
+    if not cfg.resume:
+        _refuse_existing_run(out)
+        return None, None
+    if not cfg.output:
+        raise UserError("--resume needs the run directory (--output / --resume DIR)")
+    state = _resume_state(out, cfg)
+    if int(state["step"]) >= total and (out / "results.json").is_file():
+        log(f"{out} is complete ({int(state['step'])} of {total} steps); nothing to resume")
+        return state, read_json(out / "results.json")
+    return state, None
+
+
 def _refuse_existing_run(out: Path) -> None:
     """Never overwrite a previous run's checkpoints."""
     if out.exists() and not out.is_dir():
@@ -390,16 +405,9 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
         raise UserError(f"--max-steps, --batch-size and --eval-every must be >= 1, got {steps}, {cfg.batch_size}, "
                         f"{cfg.eval_every}")
     out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lra-{cfg.task}-{cfg.attention}")
-    state: dict[str, Any] | None = None
-    if cfg.resume:
-        if not cfg.output:
-            raise UserError("--resume needs the run directory (--output / --resume DIR)")
-        state = _resume_state(out, cfg)
-        if int(state["step"]) >= steps and (out / "results.json").is_file():
-            log(f"{out} is complete ({int(state['step'])} of {steps} steps); nothing to resume")
-            return read_json(out / "results.json")
-    else:
-        _refuse_existing_run(out)
+    state, done = _start_or_resume(out, cfg, steps, log)
+    if done is not None:
+        return done
     train_set, val_set, test_set = (build_lra_data(cfg, s) for s in ("train", "val", "test"))
     if len(train_set) < cfg.batch_size:
         raise UserError(f"the {cfg.task} training split has {len(train_set)} examples, fewer than one batch of "
@@ -665,16 +673,9 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
         raise UserError(f"training split has {len(train)} tokens; need more than the sequence length + 1 = "
                         f"{longest + 1}")
     out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lm-{cfg.attention}")
-    state: dict[str, Any] | None = None
-    if cfg.resume:
-        if not cfg.output:
-            raise UserError("--resume needs the run directory (--output / --resume DIR)")
-        state = _resume_state(out, cfg)
-        if int(state["step"]) >= total and (out / "results.json").is_file():
-            log(f"{out} is complete ({int(state['step'])} of {total} steps); nothing to resume")
-            return read_json(out / "results.json")
-    else:
-        _refuse_existing_run(out)
+    state, done = _start_or_resume(out, cfg, total, log)
+    if done is not None:
+        return done
     model = (model_fn or build_lm)(vocab_size, cfg).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=phases[0]["lr"], weight_decay=cfg.weight_decay)
