@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import subquad
 from subquad.errors import UserError
 from tests._tol import assert_close, compare_module
+from tests.attention.test_long_short import _mask  # the same padding pattern as the main long-short tests
 
 C, H = 12, 3
 DTYPES = [torch.float64, torch.float32]
@@ -23,13 +24,6 @@ def _build(**kw):
     for n, p in m.named_parameters():
         if n in _SHIFT_INVARIANT:  # shifts a softmax over the sequence: zero gradient in exact arithmetic
             p.requires_grad_(False)
-    return m
-
-
-def _mask(B: int, N: int, prefix: int = 0) -> torch.Tensor:
-    m = torch.ones(B, N, dtype=torch.bool)
-    m[1, N - 3:] = False
-    m[0, prefix + 2] = False
     return m
 
 
