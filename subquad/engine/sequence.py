@@ -126,6 +126,9 @@ class LMConfig:
     eval_batch: int = 8
     eval_tokens: int = 32768
     final_eval_tokens: int = 0
+    # False: the final evaluation scores the valid split only (test_bpc is null), for calibrating a recipe without
+    # looking at the test split.
+    final_test: bool = True
     seed: int = 0
     device: str = ""
     output: str = ""
@@ -781,7 +784,8 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
     model.load_state_dict(load_file(out / "best.safetensors"))
     ft = cfg.final_eval_tokens
     v = evaluate_bpc(model, valid, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
-    t = evaluate_bpc(model, test, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
+    t = (evaluate_bpc(model, test, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device) if cfg.final_test
+         else {"bpc": None, "tokens": 0})
     metric = "bpc" if meta.get("variant") == "chars" else "bpb"
     train_tokens = sum((min(step, p["last"]) - p["first"] + 1) * p["batch_size"] * p["seq_len"]
                        for p in phases if step >= p["first"])
