@@ -87,3 +87,4 @@ from .focused_linear import FocusedLinearAttention  # noqa: E402,F401
 from . import cswin  # noqa: E402,F401
 from .linear import LinearAttention  # noqa: E402,F401
 from . import sliding_window  # noqa: E402,F401
+from . import linear_angular  # noqa: E402,F401
