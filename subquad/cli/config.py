@@ -22,7 +22,7 @@ __all__ = ["add_config_arguments", "find_config", "load_yaml", "resolve_config",
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 # The shipped recipe folders `-c NAME` searches for `subquad train`.
-TRAIN_CONFIG_DIRS = ("imagenet", "fmnist")
+TRAIN_CONFIG_DIRS = ("imagenet", "fmnist", "kinetics400")
 
 
 def _type_of(t: str):
@@ -149,7 +149,7 @@ def load_run_args(resume: str | os.PathLike, drop: tuple[str, ...] = ()) -> dict
 
 
 def shipped_configs() -> list[Path]:
-    """Every recipe YAML shipped in subquad/configs/{imagenet,fmnist}."""
+    """Every recipe YAML shipped in subquad/configs/{imagenet,fmnist,kinetics400}."""
     return sorted(p for sub in TRAIN_CONFIG_DIRS for p in (CONFIG_ROOT / sub).glob("*.yaml"))
 
 
