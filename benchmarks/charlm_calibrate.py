@@ -39,8 +39,12 @@ def _parse_override(text: str) -> tuple[str, object]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--data-root", default=None, help="where the byte corpus is built or found (default: OUT/data)")
     ap.add_argument("--min-gap", type=float, default=0.03)
     ap.add_argument("--override", action="append", default=[], help="train setting key=value (a recalibration)")
+    ap.add_argument("--mechanisms", default=",".join(MECHS),
+                    help="train only these (comma-separated; two processes can share one --out); the verdict is "
+                         "written when both have finished")
     args = ap.parse_args(argv)
 
     from subquad.arena.lm import cell_config, prepare_data
@@ -54,9 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     task = load_task("charlm")
     train = task.recipe("default")
     train.update(dict(_parse_override(o) for o in args.override))
-    train["data"] = os.fspath(prepare_data(task.as_dict(), out / "data", "default"))
+    train["data"] = os.fspath(prepare_data(task.as_dict(), args.data_root or out / "data", "default"))
     rows = []
+    wanted = [m.strip() for m in args.mechanisms.split(",") if m.strip()]
+    if not set(wanted) <= set(MECHS):
+        raise SystemExit(f"--mechanisms takes {', '.join(MECHS)}, got {args.mechanisms!r}")
     for name in MECHS:
+        if name not in wanted and not (out / name / "results.json").is_file():
+            continue
         cell = out / name
         cfg = cell_config(train, task.mechanism(name), 0, os.fspath(cell))
         cfg = dataclasses.replace(cfg, final_test=False)
@@ -70,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"mechanism": name, "context": cfg.seq_len, "valid_bpc": res["valid_bpc"],
                      "best_step": res["best_step"], "steps": res["steps"], "params": res["params"],
                      "train_cpu_seconds": res["train_cpu_seconds"], "overrides": " ".join(args.override)})
+    if len(rows) < len(MECHS):
+        print(f"trained {', '.join(r['mechanism'] for r in rows)}; the verdict needs both", flush=True)
+        return 0
     gap = rows[1]["valid_bpc"] - rows[0]["valid_bpc"]
     for r in rows:
         r["gap_ctx128_minus_softmax"] = gap

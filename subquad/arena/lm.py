@@ -24,7 +24,8 @@ overrides; `mech` is a `mechanisms:` entry:
     attn_kw: {...}               its options (long_short: {window_size, chunk_size, rank, dual_ln})
     context: n                   train and evaluate at n tokens instead of `seq_len` / `eval_ctx`: seq_len = eval_ctx
                                  = n, eval_score = n // 2 (the same rule: the last half of each window is scored),
-                                 batch_size scaled by seq_len / n so that every step sees as many tokens
+                                 batch_size scaled by seq_len / n so that every step sees as many tokens (in every
+                                 training phase, when the recipe has `phases`)
 
 Cell metrics (CELL_KEYS, shared with the other kinds): `test_acc` and `best_val_acc` hold bits per symbol (bpc) on
 the test split and the valid split for the checkpoint the periodic valid evaluations selected; `train_per_sec` is
@@ -171,8 +172,13 @@ def cell_config(train: dict[str, Any], mech: dict[str, Any], seed: int = 0, out:
         n = mech["context"]
         if not isinstance(n, int) or n < 2 or cfg.seq_len % n:
             raise UserError(f"mechanism context must be an int >= 2 dividing seq_len={cfg.seq_len}, got {n!r}")
+        phases = []
+        for ph in cfg.phases:
+            if int(ph["seq_len"]) % n:
+                raise UserError(f"mechanism context {n} must divide every phase's seq_len, got {ph['seq_len']}")
+            phases.append({**ph, "seq_len": n, "batch_size": int(ph["batch_size"]) * (int(ph["seq_len"]) // n)})
         cfg = dataclasses.replace(cfg, seq_len=n, eval_ctx=n, eval_score=n // 2,
-                                  batch_size=cfg.batch_size * (cfg.seq_len // n))
+                                  batch_size=cfg.batch_size * (cfg.seq_len // n), phases=phases)
     return cfg
 
 

@@ -145,3 +145,18 @@ def test_refusals_and_missing_corpus(tmp_path, monkeypatch, capsys):
     task["data"]["corpus"] = str(tmp_path / "linux-doc")
     with pytest.raises(UserError, match="apt-get install linux-doc-6.12.*SUBQUAD_ARENA_CORPUS"):
         lm.prepare_data(task, tmp_path / "data", "quick")
+
+
+def test_context_rescales_every_phase():
+    """`context: n` applies to every training phase: the same tokens per step at n tokens per window."""
+    train = dict(load_task("charlm").recipe("default"),
+                 phases=[{"seq_len": 128, "batch_size": 64, "steps": 3}, {"seq_len": 1024, "batch_size": 8,
+                                                                           "steps": 2, "warmup": 0}])
+    cfg = lm.cell_config(train, {"attention": "softmax", "context": 128})
+    assert [(p["seq_len"], p["batch_size"], p["steps"]) for p in cfg.phases] == [(128, 64, 3), (128, 64, 2)]
+    assert cfg.phases[1]["warmup"] == 0
+    long = lm.cell_config(train, {"attention": "softmax"})
+    assert [(p["seq_len"], p["batch_size"]) for p in long.phases] == [(128, 64), (1024, 8)]
+    with pytest.raises(UserError, match="divide every phase"):
+        lm.cell_config(dict(train, phases=[{"seq_len": 96, "batch_size": 8, "steps": 1}]),
+                       {"attention": "softmax", "context": 64})
