@@ -172,6 +172,9 @@ def cell_config(train: dict[str, Any], mech: dict[str, Any], seed: int = 0, out:
         n = mech["context"]
         if not isinstance(n, int) or n < 2 or cfg.seq_len % n:
             raise UserError(f"mechanism context must be an int >= 2 dividing seq_len={cfg.seq_len}, got {n!r}")
+        from ..engine.sequence import lm_phases
+
+        lm_phases(cfg)  # a malformed phase list is refused here, in one line
         phases = []
         for ph in cfg.phases:
             if int(ph["seq_len"]) % n:

@@ -160,3 +160,5 @@ def test_context_rescales_every_phase():
     with pytest.raises(UserError, match="divide every phase"):
         lm.cell_config(dict(train, phases=[{"seq_len": 96, "batch_size": 8, "steps": 1}]),
                        {"attention": "softmax", "context": 64})
+    with pytest.raises(UserError, match="missing"):
+        lm.cell_config(dict(train, phases=[{"seq_len:128": None}]), {"attention": "softmax", "context": 64})
