@@ -30,6 +30,8 @@ class AttentionCaps:
         sequence: usable on 1-D token sequences without a grid (LRA, LM).
         relative_positions: the module encodes token positions itself (e.g. Transformer-XL relative terms); a host
             then adds no absolute position embedding.
+        grid_ndims: token-grid ranks a spatial (`needs_hw`) mechanism takes: (2,) for (H, W) maps, (2, 3) when it
+            also mixes (T, H, W) video grids. Non-spatial mechanisms see the flattened tokens of any grid.
     """
 
     bidirectional: bool = True
@@ -41,6 +43,7 @@ class AttentionCaps:
     sequence: bool = True
     notes: str = ""
     relative_positions: bool = False
+    grid_ndims: tuple[int, ...] = (2,)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,16 @@ def check(caps: AttentionCaps, request: Request) -> list[str]:
     return reasons
 
 
+def _stage_request(stage: dict) -> Request:
+    return Request(causal=bool(stage.get("causal")), sequence=bool(stage.get("sequence")))
+
+
+def _admits(caps: AttentionCaps, stage: dict) -> bool:
+    grid = stage.get("grid")
+    return not check(caps, _stage_request(stage)) and \
+        (grid is None or not caps.needs_hw or len(grid) in caps.grid_ndims)
+
+
 class TokenMixer(nn.Module):
     """Base class of every registered mechanism.
 
@@ -83,21 +96,49 @@ class TokenMixer(nn.Module):
     num_prefix_tokens: int = 0
 
     @classmethod
+    def stage_refusal(cls, stage: dict) -> str | None:
+        """Why this mechanism cannot serve a host stage (None: it can), from its declared capabilities only.
+
+        The stage asks for a causal mode (`causal`), a 1-D sequence without a grid (`sequence`) and, through the
+        rank of `grid`, a 2-D map or a (T, H, W) video grid. The answer is one line that names the mechanism, what
+        it lacks and the registered mechanisms that would serve the same stage.
+        """
+        reasons = check(cls.caps, _stage_request(stage))
+        grid = stage.get("grid")
+        if grid is not None and cls.caps.needs_hw and len(grid) not in cls.caps.grid_ndims:
+            reasons.append(f"mixes {'/'.join(f'{n}-D' for n in cls.caps.grid_ndims)} token grids, not the "
+                           f"{len(grid)}-D grid {tuple(grid)}")
+        if not reasons:
+            return None
+        from . import get_attention_cls, list_attention  # the registry imports this module
+
+        ok = [n for n in list_attention() if _admits(get_attention_cls(n).caps, stage)]
+        who = stage.get("host", "this host")
+        return (f"attention {cls.name!r} cannot serve {who}: it {'; '.join(reasons)}; mechanisms that fit: "
+                f"{', '.join(ok) or 'none'}")
+
+    @classmethod
     def stage_kwargs(cls, stage: dict) -> dict:
         """The mechanism's adapter: this mechanism's options from what a host knows about a stage.
 
-        `stage` may hold `grid` (construction map (H, W)), `qkv_bias`, `proj_drop`, `num_prefix_tokens`,
-        `window_size`, `shifted` (odd block of a shifted-window pair), `sr_ratio` (the host's spatial reduction),
-        `qkv_layout` (the host's projection layout: 'qkv', 'q_kv' or 'external'), `form` (a named official form,
-        e.g. 'lwa' for L2ViT's local windows) and `hints` (host options meant for whichever mechanism accepts
-        them, e.g. FLatten's `focusing_factor`). The default passes the generic ones this class accepts; mechanisms
-        with stage structure (windows, spatial reduction, projection layouts) extend it.
+        `stage` may hold `grid` (construction map (H, W), or (T, H, W) for video), `qkv_bias`, `proj_drop`,
+        `num_prefix_tokens`, `window_size`, `shifted` (odd block of a shifted-window pair), `sr_ratio` (the host's
+        spatial reduction), `qkv_layout` (the host's projection layout: 'qkv', 'q_kv' or 'external'), `form` (a
+        named official block form, e.g. 'lwa' for L2ViT's local window attention blocks), `causal` (the host needs
+        the causal mode, e.g. a language model), `sequence` (1-D tokens without a grid), `host` (the host's name,
+        for messages) and `hints` (host options meant for whichever mechanism accepts them, e.g. FLatten's
+        `focusing_factor`, LiSA's `D` or L2ViT's `clamp_min`). The default refuses a stage the mechanism's
+        capabilities cannot serve (`stage_refusal`, one ValueError line) and passes the generic options this class
+        accepts; mechanisms with stage structure (windows, spatial reduction, projection layouts) extend it.
         """
         import inspect
 
+        why = cls.stage_refusal(stage)
+        if why is not None:
+            raise ValueError(why)
         params = inspect.signature(cls.__init__).parameters
         kw = {"input_size": stage.get("grid"), "qkv_bias": stage.get("qkv_bias"), "proj_drop": stage.get("proj_drop"),
-              **stage.get("hints", {})}
+              "causal": True if stage.get("causal") else None, **stage.get("hints", {})}
         if stage.get("num_prefix_tokens"):
             # Every mechanism that can see the token grid is told about prefix (class) tokens; one that mixes the
             # grid and cannot take them is refused when the host is built, never at the first forward.
