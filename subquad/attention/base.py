@@ -30,8 +30,8 @@ class AttentionCaps:
         sequence: usable on 1-D token sequences without a grid (LRA, LM).
         relative_positions: the module encodes token positions itself (e.g. Transformer-XL relative terms); a host
             then adds no absolute position embedding.
-        grid_ndims: token-grid ranks a spatial (`needs_hw`) mechanism takes: (2,) for (H, W) maps, (2, 3) when it
-            also mixes (T, H, W) video grids. Non-spatial mechanisms see the flattened tokens of any grid.
+        grid_ndims: ranks of the token grids (hw) the mechanism can be given: (2,) for (H, W) maps; (2, 3) when it
+            also takes (T, H, W) video grids (it mixes them, or it ignores hw and mixes the flattened tokens).
     """
 
     bidirectional: bool = True
@@ -79,8 +79,7 @@ def _stage_request(stage: dict) -> Request:
 
 def _admits(caps: AttentionCaps, stage: dict) -> bool:
     grid = stage.get("grid")
-    return not check(caps, _stage_request(stage)) and \
-        (grid is None or not caps.needs_hw or len(grid) in caps.grid_ndims)
+    return not check(caps, _stage_request(stage)) and (grid is None or len(grid) in caps.grid_ndims)
 
 
 class TokenMixer(nn.Module):
@@ -105,8 +104,8 @@ class TokenMixer(nn.Module):
         """
         reasons = check(cls.caps, _stage_request(stage))
         grid = stage.get("grid")
-        if grid is not None and cls.caps.needs_hw and len(grid) not in cls.caps.grid_ndims:
-            reasons.append(f"mixes {'/'.join(f'{n}-D' for n in cls.caps.grid_ndims)} token grids, not the "
+        if grid is not None and len(grid) not in cls.caps.grid_ndims:
+            reasons.append(f"takes {'/'.join(f'{n}-D' for n in cls.caps.grid_ndims)} token grids only, not the "
                            f"{len(grid)}-D grid {tuple(grid)}")
         if not reasons:
             return None
