@@ -77,9 +77,18 @@ def _stage_request(stage: dict) -> Request:
     return Request(causal=bool(stage.get("causal")), sequence=bool(stage.get("sequence")))
 
 
-def _admits(caps: AttentionCaps, stage: dict) -> bool:
+def _stage_reasons(cls: type[TokenMixer], stage: dict) -> list[str]:
+    """Why the mechanism class `cls` cannot serve `stage` (see `TokenMixer.stage_refusal`), from its declarations."""
+    caps = cls.caps
+    reasons = check(caps, _stage_request(stage))
     grid = stage.get("grid")
-    return not check(caps, _stage_request(stage)) and (grid is None or len(grid) in caps.grid_ndims)
+    if grid is not None and len(grid) not in caps.grid_ndims:
+        reasons.append(f"takes {'/'.join(f'{n}-D' for n in caps.grid_ndims)} token grids only, not the "
+                       f"{len(grid)}-D grid {tuple(grid)}")
+    if stage.get("num_prefix_tokens") and not cls.takes_prefix_tokens():
+        reasons.append("mixes the token grid and cannot take a class token (build the host with class_token=False,"
+                       " global_pool='avg')")
+    return reasons
 
 
 class TokenMixer(nn.Module):
@@ -98,20 +107,17 @@ class TokenMixer(nn.Module):
     def stage_refusal(cls, stage: dict) -> str | None:
         """Why this mechanism cannot serve a host stage (None: it can), from its declared capabilities only.
 
-        The stage asks for a causal mode (`causal`), a 1-D sequence without a grid (`sequence`) and, through the
-        rank of `grid`, a 2-D map or a (T, H, W) video grid. The answer is one line that names the mechanism, what
+        The stage asks for a causal mode (`causal`), a 1-D sequence without a grid (`sequence`), through the rank of
+        `grid` for a 2-D map or a (T, H, W) video grid, and with `num_prefix_tokens` for leading class tokens
+        (`takes_prefix_tokens`). The answer is one line that names the mechanism, what
         it lacks and the registered mechanisms that would serve the same stage.
         """
-        reasons = check(cls.caps, _stage_request(stage))
-        grid = stage.get("grid")
-        if grid is not None and len(grid) not in cls.caps.grid_ndims:
-            reasons.append(f"takes {'/'.join(f'{n}-D' for n in cls.caps.grid_ndims)} token grids only, not the "
-                           f"{len(grid)}-D grid {tuple(grid)}")
+        reasons = _stage_reasons(cls, stage)
         if not reasons:
             return None
         from . import get_attention_cls, list_attention  # the registry imports this module
 
-        ok = [n for n in list_attention() if _admits(get_attention_cls(n).caps, stage)]
+        ok = [n for n in list_attention() if not _stage_reasons(get_attention_cls(n), stage)]
         who = stage.get("host", "this host")
         return (f"attention {cls.name!r} cannot serve {who}: it {'; '.join(reasons)}; mechanisms that fit: "
                 f"{', '.join(ok) or 'none'}")
@@ -139,14 +145,19 @@ class TokenMixer(nn.Module):
         kw = {"input_size": stage.get("grid"), "qkv_bias": stage.get("qkv_bias"), "proj_drop": stage.get("proj_drop"),
               "causal": True if stage.get("causal") else None, **stage.get("hints", {})}
         if stage.get("num_prefix_tokens"):
-            # Every mechanism that can see the token grid is told about prefix (class) tokens; one that mixes the
-            # grid and cannot take them is refused when the host is built, never at the first forward.
-            if "num_prefix_tokens" in params:
-                kw["num_prefix_tokens"] = stage["num_prefix_tokens"]
-            elif cls.caps.needs_hw:
-                raise ValueError(f"attention {cls.name!r} mixes the token grid and cannot take a class token; build "
-                                 "the host with class_token=False, global_pool='avg'")
+            # Every mechanism that can see the token grid is told about prefix (class) tokens (one that mixes the
+            # grid and cannot take them was refused above, when the host is built, never at the first forward).
+            kw["num_prefix_tokens"] = stage["num_prefix_tokens"]
         return {k: v for k, v in kw.items() if k in params and v is not None}
+
+    @classmethod
+    def takes_prefix_tokens(cls) -> bool:
+        """Whether leading non-grid tokens (a class token) can precede the grid: always for a mechanism that ignores
+        the grid, else when it accepts `num_prefix_tokens`. A grid mixer that has the option but no rule for such
+        tokens overrides this."""
+        import inspect
+
+        return not cls.caps.needs_hw or "num_prefix_tokens" in inspect.signature(cls.__init__).parameters
 
     def _check_input(self, x: torch.Tensor, hw=None, mask: torch.Tensor | None = None):
         """Validate x (B, N, C), hw and mask; returns (H, W) or None per `caps.needs_hw`."""
