@@ -76,7 +76,7 @@ class PVTHost(Backbone):
 
     The official checkpoints name every stage's modules with the stage number (`patch_embed1`, `block1.0...`), so the
     hosts keep those attributes, assigned and read by name (a ModuleList cannot spell these keys); a pruned stage's
-    attributes are set to None (out of the state dict)."""
+    attributes are deleted."""
     group_patterns = dict(stem=r"^patch_embed1|^pos_embed1",
                           blocks=[(r"^block(\d+)\.(\d+)", None), (r"^(?:patch_embed|pos_embed|norm)(\d+)", (0,))])
 
@@ -109,9 +109,14 @@ class PVTHost(Backbone):
                               for j in range(depth)])
 
     def _stage(self, i: int) -> tuple[nn.Module, nn.ModuleList]:
-        """(`patch_embed{i+1}`, `block{i+1}`)."""
-        return ((self.patch_embed1, self.block1), (self.patch_embed2, self.block2),
-                (self.patch_embed3, self.block3), (self.patch_embed4, self.block4))[i]
+        """(`patch_embed{i+1}`, `block{i+1}`) of a kept stage."""
+        if i == 0:
+            return self.patch_embed1, self.block1
+        if i == 1:
+            return self.patch_embed2, self.block2
+        if i == 2:
+            return self.patch_embed3, self.block3
+        return self.patch_embed4, self.block4
 
     def _embed(self, i: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         return x
@@ -128,12 +133,12 @@ class PVTHost(Backbone):
         return self._stage_norm(i, x), hw
 
     def _truncate(self, num_stages: int) -> None:
-        if num_stages < 4:
-            self.patch_embed4 = self.block4 = None
-        if num_stages < 3:
-            self.patch_embed3 = self.block3 = None
-        if num_stages < 2:
-            self.patch_embed2 = self.block2 = None
+        if num_stages < 4 <= self.num_stages:
+            del self.patch_embed4, self.block4
+        if num_stages < 3 <= self.num_stages:
+            del self.patch_embed3, self.block3
+        if num_stages < 2 <= self.num_stages:
+            del self.patch_embed2, self.block2
         self.num_stages = num_stages
 
 
@@ -201,23 +206,32 @@ class FlattenPVT(PVTHost):
         self._init_head(num_classes, global_pool, drop_rate, **dd)
         self._finish_init()
 
+    def _pos(self, i: int) -> tuple[nn.Parameter, nn.Dropout]:
+        """(`pos_embed{i+1}`, `pos_drop{i+1}`) of a kept stage."""
+        if i == 0:
+            return self.pos_embed1, self.pos_drop1
+        if i == 1:
+            return self.pos_embed2, self.pos_drop2
+        if i == 2:
+            return self.pos_embed3, self.pos_drop3
+        return self.pos_embed4, self.pos_drop4
+
     def _embed(self, i: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        pos, drop = ((self.pos_embed1, self.pos_drop1), (self.pos_embed2, self.pos_drop2),
-                     (self.pos_embed3, self.pos_drop3), (self.pos_embed4, self.pos_drop4))[i]
+        pos, drop = self._pos(i)
         return drop(x + resize_pos_embed_2d(pos, self.grids[i], hw))
 
     def _truncate(self, num_stages: int) -> None:
-        if num_stages < 4:
-            self.pos_embed4 = self.pos_drop4 = None
-        if num_stages < 3:
-            self.pos_embed3 = self.pos_drop3 = None
-        if num_stages < 2:
-            self.pos_embed2 = self.pos_drop2 = None
+        if num_stages < 4 <= self.num_stages:
+            del self.pos_embed4, self.pos_drop4
+        if num_stages < 3 <= self.num_stages:
+            del self.pos_embed3, self.pos_drop3
+        if num_stages < 2 <= self.num_stages:
+            del self.pos_embed2, self.pos_drop2
         super()._truncate(num_stages)
 
     def _init_extra(self) -> None:
-        for pos in (self.pos_embed1, self.pos_embed2, self.pos_embed3, self.pos_embed4)[:self.num_stages]:
-            trunc_normal_(pos, std=0.02)
+        for i in range(self.num_stages):
+            trunc_normal_(self._pos(i)[0], std=0.02)
 
 
 def resize_token_grid(t: torch.Tensor, dst_hw: tuple[int, int], prefix: int = 0, what: str = "tensor",

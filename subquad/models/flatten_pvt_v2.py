@@ -91,15 +91,21 @@ class FlattenPVTv2(PVTHost):
         self._finish_init()
 
     def _stage_norm(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        return (self.norm1, self.norm2, self.norm3, self.norm4)[i](x)
+        if i == 0:
+            return self.norm1(x)
+        if i == 1:
+            return self.norm2(x)
+        if i == 2:
+            return self.norm3(x)
+        return self.norm4(x)
 
     def _truncate(self, num_stages: int) -> None:
-        if num_stages < 4:
-            self.norm4 = None
-        if num_stages < 3:
-            self.norm3 = None
-        if num_stages < 2:
-            self.norm2 = None
+        if num_stages < 4 <= self.num_stages:
+            del self.norm4
+        if num_stages < 3 <= self.num_stages:
+            del self.norm3
+        if num_stages < 2 <= self.num_stages:
+            del self.norm2
         super()._truncate(num_stages)
 
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
