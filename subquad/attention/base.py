@@ -109,8 +109,8 @@ class TokenMixer(nn.Module):
 
         The stage asks for a causal mode (`causal`), a 1-D sequence without a grid (`sequence`), through the rank of
         `grid` for a 2-D map or a (T, H, W) video grid, and with `num_prefix_tokens` for leading class tokens
-        (`takes_prefix_tokens`). The answer is one line that names the mechanism, what
-        it lacks and the registered mechanisms that would serve the same stage.
+        (`takes_prefix_tokens`). The answer is one line that names the mechanism, what it lacks and the registered
+        mechanisms that would serve the same stage.
         """
         reasons = _stage_reasons(cls, stage)
         if not reasons:
