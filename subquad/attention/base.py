@@ -30,6 +30,8 @@ class AttentionCaps:
         sequence: usable on 1-D token sequences without a grid (LRA, LM).
         relative_positions: the module encodes token positions itself (e.g. Transformer-XL relative terms); a host
             then adds no absolute position embedding.
+        grid_ndims: ranks of the token grids (hw) the mechanism can be given: (2,) for (H, W) maps; (2, 3) when it
+            also takes (T, H, W) video grids (it mixes them, or it ignores hw and mixes the flattened tokens).
     """
 
     bidirectional: bool = True
@@ -41,6 +43,7 @@ class AttentionCaps:
     sequence: bool = True
     notes: str = ""
     relative_positions: bool = False
+    grid_ndims: tuple[int, ...] = (2,)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,24 @@ def check(caps: AttentionCaps, request: Request) -> list[str]:
     return reasons
 
 
+def _stage_request(stage: dict) -> Request:
+    return Request(causal=bool(stage.get("causal")), sequence=bool(stage.get("sequence")))
+
+
+def _stage_reasons(cls: type[TokenMixer], stage: dict) -> list[str]:
+    """Why the mechanism class `cls` cannot serve `stage` (see `TokenMixer.stage_refusal`), from its declarations."""
+    caps = cls.caps
+    reasons = check(caps, _stage_request(stage))
+    grid = stage.get("grid")
+    if grid is not None and len(grid) not in caps.grid_ndims:
+        reasons.append(f"takes {'/'.join(f'{n}-D' for n in caps.grid_ndims)} token grids only, not the "
+                       f"{len(grid)}-D grid {tuple(grid)}")
+    if stage.get("num_prefix_tokens") and not cls.takes_prefix_tokens():
+        reasons.append("mixes the token grid and cannot take a class token (build the host with class_token=False,"
+                       " global_pool='avg')")
+    return reasons
+
+
 class TokenMixer(nn.Module):
     """Base class of every registered mechanism.
 
@@ -83,30 +104,60 @@ class TokenMixer(nn.Module):
     num_prefix_tokens: int = 0
 
     @classmethod
+    def stage_refusal(cls, stage: dict) -> str | None:
+        """Why this mechanism cannot serve a host stage (None: it can), from its declared capabilities only.
+
+        The stage asks for a causal mode (`causal`), a 1-D sequence without a grid (`sequence`), through the rank of
+        `grid` for a 2-D map or a (T, H, W) video grid, and with `num_prefix_tokens` for leading class tokens
+        (`takes_prefix_tokens`). The answer is one line that names the mechanism, what it lacks and the registered
+        mechanisms that would serve the same stage.
+        """
+        reasons = _stage_reasons(cls, stage)
+        if not reasons:
+            return None
+        from . import get_attention_cls, list_attention  # the registry imports this module
+
+        ok = [n for n in list_attention() if not _stage_reasons(get_attention_cls(n), stage)]
+        who = stage.get("host", "this host")
+        return (f"attention {cls.name!r} cannot serve {who}: it {'; '.join(reasons)}; mechanisms that fit: "
+                f"{', '.join(ok) or 'none'}")
+
+    @classmethod
     def stage_kwargs(cls, stage: dict) -> dict:
         """The mechanism's adapter: this mechanism's options from what a host knows about a stage.
 
-        `stage` may hold `grid` (construction map (H, W)), `qkv_bias`, `proj_drop`, `num_prefix_tokens`,
-        `window_size`, `shifted` (odd block of a shifted-window pair), `sr_ratio` (the host's spatial reduction),
-        `qkv_layout` (the host's projection layout: 'qkv', 'q_kv' or 'external'), `form` (a named official form,
-        e.g. 'lwa' for L2ViT's local windows) and `hints` (host options meant for whichever mechanism accepts
-        them, e.g. FLatten's `focusing_factor`). The default passes the generic ones this class accepts; mechanisms
-        with stage structure (windows, spatial reduction, projection layouts) extend it.
+        `stage` may hold `grid` (construction map (H, W), or (T, H, W) for video), `qkv_bias`, `proj_drop`,
+        `num_prefix_tokens`, `window_size`, `shifted` (odd block of a shifted-window pair), `sr_ratio` (the host's
+        spatial reduction), `qkv_layout` (the host's projection layout: 'qkv', 'q_kv' or 'external'), `form` (a
+        named official block form, e.g. 'lwa' for L2ViT's local window attention blocks), `causal` (the host needs
+        the causal mode, e.g. a language model), `sequence` (1-D tokens without a grid), `host` (the host's name,
+        for messages) and `hints` (host options meant for whichever mechanism accepts them, e.g. FLatten's
+        `focusing_factor`, LiSA's `D` or L2ViT's `clamp_min`). The default refuses a stage the mechanism's
+        capabilities cannot serve (`stage_refusal`, one ValueError line) and passes the generic options this class
+        accepts; mechanisms with stage structure (windows, spatial reduction, projection layouts) extend it.
         """
         import inspect
 
+        why = cls.stage_refusal(stage)
+        if why is not None:
+            raise ValueError(why)
         params = inspect.signature(cls.__init__).parameters
         kw = {"input_size": stage.get("grid"), "qkv_bias": stage.get("qkv_bias"), "proj_drop": stage.get("proj_drop"),
-              **stage.get("hints", {})}
+              "causal": True if stage.get("causal") else None, **stage.get("hints", {})}
         if stage.get("num_prefix_tokens"):
-            # Every mechanism that can see the token grid is told about prefix (class) tokens; one that mixes the
-            # grid and cannot take them is refused when the host is built, never at the first forward.
-            if "num_prefix_tokens" in params:
-                kw["num_prefix_tokens"] = stage["num_prefix_tokens"]
-            elif cls.caps.needs_hw:
-                raise ValueError(f"attention {cls.name!r} mixes the token grid and cannot take a class token; build "
-                                 "the host with class_token=False, global_pool='avg'")
+            # Every mechanism that can see the token grid is told about prefix (class) tokens (one that mixes the
+            # grid and cannot take them was refused above, when the host is built, never at the first forward).
+            kw["num_prefix_tokens"] = stage["num_prefix_tokens"]
         return {k: v for k, v in kw.items() if k in params and v is not None}
+
+    @classmethod
+    def takes_prefix_tokens(cls) -> bool:
+        """Whether leading non-grid tokens (a class token) can precede the grid: always for a mechanism that ignores
+        the grid, else when it accepts `num_prefix_tokens`. A grid mixer that has the option but no rule for such
+        tokens overrides this."""
+        import inspect
+
+        return not cls.caps.needs_hw or "num_prefix_tokens" in inspect.signature(cls.__init__).parameters
 
     def _check_input(self, x: torch.Tensor, hw=None, mask: torch.Tensor | None = None):
         """Validate x (B, N, C), hw and mask; returns (H, W) or None per `caps.needs_hw`."""

@@ -48,7 +48,8 @@ class EnhancedLinearAttention(TokenMixer):
     """
 
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=False, supports_mask=False,
-                         complexity="O(N)", sequence=True, notes="L2ViT; clamp on the token sum (N-dependent)")
+                         complexity="O(N)", sequence=True, notes="L2ViT; clamp on the token sum (N-dependent)",
+                         grid_ndims=(2, 3))
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, clamp_min: float = 100.0,
                  qk_scale: float | None = None, proj_drop: float = 0.0, input_size: tuple[int, int] | None = None,

@@ -74,7 +74,8 @@ class LinearAttention(TokenMixer):
     """
 
     caps = AttentionCaps(bidirectional=True, causal=True, needs_hw=False, supports_mask=True, complexity="O(N)",
-                         sequence=True, notes="kernel linear attention baselines; causal=True with relu or elu1")
+                         sequence=True, notes="kernel linear attention baselines; causal=True with relu or elu1",
+                         grid_ndims=(2, 3))
     default_feature_map = "relu"
 
     def __init__(self, dim: int, num_heads: int = 8, feature_map: str | None = None, qkv_bias: bool = True,

@@ -54,7 +54,7 @@ class MultiHeadAttention(TokenMixer):
     """
 
     caps = AttentionCaps(bidirectional=True, causal=True, needs_hw=False, supports_mask=True,
-                         complexity="O(N^2)", sequence=True)
+                         complexity="O(N^2)", sequence=True, grid_ndims=(2, 3))
 
     @classmethod
     def stage_kwargs(cls, stage: dict) -> dict:

@@ -110,7 +110,12 @@ class StructureAwareAttention(TokenMixer):
 
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False,
                          complexity="O(N log N)", sequence=False,
-                         notes="fp16/bf16 inputs compute the FFT core in fp32")
+                         notes="fp16/bf16 inputs compute the FFT core in fp32", grid_ndims=(2, 3))
+
+    @classmethod
+    def takes_prefix_tokens(cls) -> bool:
+        """LiSA mixes a full token grid: no class token (`num_prefix_tokens` is accepted and must be 0)."""
+        return False
 
     def __init__(self, dim: int, num_heads: int = 8, D: int = 8, input_size: Sequence[int] | None = None,
                  qkv_bias: bool = True, shared_kernel_b: bool = False, local_kernel: int | None = None,

@@ -18,7 +18,6 @@ from .functional.window import (
     WindowGeometry,
     relative_position_bias,
     relative_position_index,
-    window_attention,
     window_attention_probs_ref,
     window_attention_ref,
     window_gather_index,
@@ -48,7 +47,7 @@ class WindowAttention(TokenMixer):
           **[ours]**: the official code requires divisible maps.
         * L2ViT LWA: `rel_pos_bias=False`, `shift_size=0`, `pad_mode="zero"`: padded tokens are zeros projected by
           `qkv` (their key/value are the qkv bias) and take part as keys, without a mask and without clipping,
-          exactly as the official code.
+          exactly as the official code. An L2ViT host asks for it with the stage form 'lwa' (`stage_kwargs`).
 
     Args:
         dim: channels C.
@@ -239,13 +238,6 @@ class WindowAttention(TokenMixer):
         o = self.proj(o.contiguous().view(B, nW, h, L, d).transpose(2, 3).contiguous().view(B, nW * L, C))
         # Reverse + unshift + crop as one gather: (B, nW*L, C) -> (B, N, C).
         return self.proj_drop(torch.index_select(o, 1, inv))
-
-    def forward_functional(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        """`forward` through the parameter-free `window_attention` (q, k, v on the full map); same function."""
-        q, k, v = self._qkv(x)
-        o = window_attention(q, k, v, tuple(hw), self.window_size, self.shift_size, self.relative_position_bias_table,
-                             self.window_size, self.pad_mode, self.clip_window, self.scale, self._pad_kv())
-        return self.proj_drop(self.proj(merge_heads(o)))
 
     def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                     mask: torch.Tensor | None = None) -> torch.Tensor:

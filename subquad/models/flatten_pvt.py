@@ -72,9 +72,11 @@ class PVTBlock(nn.Module):
 
 class PVTHost(Backbone):
     """Shared body of the PVT v1 / v2 hosts: stage i owns `patch_embed{i+1}` and `block{i+1}` plus the host's extras
-    (`pos_embed{i+1}` / `pos_drop{i+1}` in v1, `norm{i+1}` in v2), listed in `stage_attrs`."""
+    (`pos_embed{i+1}` / `pos_drop{i+1}` in v1, `norm{i+1}` in v2).
 
-    stage_attrs: tuple[str, ...] = ("patch_embed", "block")
+    The official checkpoints name every stage's modules with the stage number (`patch_embed1`, `block1.0...`), so the
+    hosts keep those attributes, assigned and read by name (a ModuleList cannot spell these keys); a pruned stage's
+    attributes are deleted."""
     group_patterns = dict(stem=r"^patch_embed1|^pos_embed1",
                           blocks=[(r"^block(\d+)\.(\d+)", None), (r"^(?:patch_embed|pos_embed|norm)(\d+)", (0,))])
 
@@ -98,13 +100,23 @@ class PVTHost(Backbone):
         return (img_size, img_size) if isinstance(img_size, int) else tuple(img_size), stage_attn, \
             drop_path_rates(drop_path_rate, lists["depths"])
 
-    def _add_blocks(self, i: int, depth: int, dim: int, heads: int, mlp_ratio: float, attn: str, stage: dict,
-                    attn_kwargs: dict | None, conv_mlp: bool, drop: float, dpr: list[float], stride: int,
-                    feature_module: str, dd: dict) -> None:
-        setattr(self, f"block{i + 1}", nn.ModuleList([
-            PVTBlock(dim, heads, mlp_ratio, attn, stage, attn_kwargs, conv_mlp, drop, dpr[j], **dd)
-            for j in range(depth)]))
+    def _make_blocks(self, i: int, depth: int, dim: int, heads: int, mlp_ratio: float, attn: str, stage: dict,
+                     attn_kwargs: dict | None, conv_mlp: bool, drop: float, dpr: list[float], stride: int,
+                     feature_module: str, dd: dict) -> nn.ModuleList:
+        """Stage i's blocks (`block{i+1}`); records its feature info."""
         self.feature_info.append(dict(num_chs=dim, reduction=stride, module=f"{feature_module}{i + 1}"))
+        return nn.ModuleList([PVTBlock(dim, heads, mlp_ratio, attn, stage, attn_kwargs, conv_mlp, drop, dpr[j], **dd)
+                              for j in range(depth)])
+
+    def _stage(self, i: int) -> tuple[nn.Module, nn.ModuleList]:
+        """(`patch_embed{i+1}`, `block{i+1}`) of a kept stage."""
+        if i == 0:
+            return self.patch_embed1, self.block1
+        if i == 1:
+            return self.patch_embed2, self.block2
+        if i == 2:
+            return self.patch_embed3, self.block3
+        return self.patch_embed4, self.block4
 
     def _embed(self, i: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         return x
@@ -115,14 +127,18 @@ class PVTHost(Backbone):
     def _forward_level(self, i: int, x: torch.Tensor, hw: tuple[int, int] | None):
         if i > 0:
             x = tokens_to_nchw(x, hw)
-        x, hw = getattr(self, f"patch_embed{i + 1}")(x)
-        x = self._run_blocks(getattr(self, f"block{i + 1}"), self._embed(i, x, hw), hw)
+        patch_embed, blocks = self._stage(i)
+        x, hw = patch_embed(x)
+        x = self._run_blocks(blocks, self._embed(i, x, hw), hw)
         return self._stage_norm(i, x), hw
 
     def _truncate(self, num_stages: int) -> None:
-        for i in range(num_stages, self.num_stages):
-            for name in self.stage_attrs:
-                delattr(self, f"{name}{i + 1}")
+        if num_stages < 4 <= self.num_stages:
+            del self.patch_embed4, self.block4
+        if num_stages < 3 <= self.num_stages:
+            del self.patch_embed3, self.block3
+        if num_stages < 2 <= self.num_stages:
+            del self.patch_embed2, self.block2
         self.num_stages = num_stages
 
 
@@ -154,8 +170,6 @@ class FlattenPVT(PVTHost):
 
     init_norms = True
 
-    stage_attrs = ("patch_embed", "pos_embed", "pos_drop", "block")
-
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 4, in_chans: int = 3,
                  num_classes: int = 1000, embed_dims: Sequence[int] = (64, 128, 320, 512),
                  num_heads: Sequence[int] = (1, 2, 5, 8), mlp_ratios: Sequence[float] = (8, 8, 4, 4),
@@ -170,31 +184,54 @@ class FlattenPVT(PVTHost):
             img_size, in_chans, patch_size * 8, stage_attn, drop_path_rate, embed_dims=embed_dims,
             num_heads=num_heads, mlp_ratios=mlp_ratios, depths=depths, sr_ratios=sr_ratios, la_sr_ratios=la_sr_ratios)
         grid, stride = (img_hw[0] // patch_size, img_hw[1] // patch_size), patch_size
+        stages = []
         for i in range(4):
             if i > 0:
                 grid, stride = (grid[0] // 2, grid[1] // 2), stride * 2
             self.grids.append(grid)
             p = patch_size if i == 0 else 2
-            setattr(self, f"patch_embed{i + 1}",
-                    PatchEmbedLN(in_chans if i == 0 else embed_dims[i - 1], embed_dims[i], p, **dd))
-            setattr(self, f"pos_embed{i + 1}", nn.Parameter(torch.zeros(1, grid[0] * grid[1], embed_dims[i], **dd)))
-            setattr(self, f"pos_drop{i + 1}", nn.Dropout(drop_rate))
+            embed = PatchEmbedLN(in_chans if i == 0 else embed_dims[i - 1], embed_dims[i], p, **dd)
+            pos = nn.Parameter(torch.zeros(1, grid[0] * grid[1], embed_dims[i], **dd))
             stage = dict(grid=grid, qkv_bias=qkv_bias, qkv_layout="q_kv", sr_ratio=sr_ratios[i],
                          la_sr_ratio=la_sr_ratios[i], hints=dict(focusing_factor=focusing_factor,
-                                                                 kernel_size=kernel_size))
-            self._add_blocks(i, depths[i], embed_dims[i], num_heads[i], mlp_ratios[i], stage_attn[i], stage,
-                             attn_kwargs, False, drop_rate, dpr[i], stride, "block", dd)
+                                                                 kernel_size=kernel_size), host="PVT stages")
+            stages.append((embed, pos, nn.Dropout(drop_rate),
+                           self._make_blocks(i, depths[i], embed_dims[i], num_heads[i], mlp_ratios[i], stage_attn[i],
+                                             stage, attn_kwargs, False, drop_rate, dpr[i], stride, "block", dd)))
+        # The official names, registered stage by stage in the official order.
+        ((self.patch_embed1, self.pos_embed1, self.pos_drop1, self.block1),
+         (self.patch_embed2, self.pos_embed2, self.pos_drop2, self.block2),
+         (self.patch_embed3, self.pos_embed3, self.pos_drop3, self.block3),
+         (self.patch_embed4, self.pos_embed4, self.pos_drop4, self.block4)) = stages
         self._init_head(num_classes, global_pool, drop_rate, **dd)
         self._finish_init()
 
-    def _embed(self, i: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-        pos = resize_pos_embed_2d(getattr(self, f"pos_embed{i + 1}"), self.grids[i], hw)
-        return getattr(self, f"pos_drop{i + 1}")(x + pos)
+    def _pos(self, i: int) -> tuple[nn.Parameter, nn.Dropout]:
+        """(`pos_embed{i+1}`, `pos_drop{i+1}`) of a kept stage."""
+        if i == 0:
+            return self.pos_embed1, self.pos_drop1
+        if i == 1:
+            return self.pos_embed2, self.pos_drop2
+        if i == 2:
+            return self.pos_embed3, self.pos_drop3
+        return self.pos_embed4, self.pos_drop4
 
+    def _embed(self, i: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+        pos, drop = self._pos(i)
+        return drop(x + resize_pos_embed_2d(pos, self.grids[i], hw))
+
+    def _truncate(self, num_stages: int) -> None:
+        if num_stages < 4 <= self.num_stages:
+            del self.pos_embed4, self.pos_drop4
+        if num_stages < 3 <= self.num_stages:
+            del self.pos_embed3, self.pos_drop3
+        if num_stages < 2 <= self.num_stages:
+            del self.pos_embed2, self.pos_drop2
+        super()._truncate(num_stages)
 
     def _init_extra(self) -> None:
         for i in range(self.num_stages):
-            trunc_normal_(getattr(self, f"pos_embed{i + 1}"), std=0.02)
+            trunc_normal_(self._pos(i)[0], std=0.02)
 
 
 def resize_token_grid(t: torch.Tensor, dst_hw: tuple[int, int], prefix: int = 0, what: str = "tensor",

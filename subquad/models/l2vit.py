@@ -18,7 +18,7 @@ import torch
 from timm.layers import DropPath, register_notrace_module
 from torch import nn
 
-from ..attention import build_attention
+from ..attention import build_stage_attention, get_attention_cls
 from ..attention.enhanced_linear import LocalConcentrationModule
 from ..errors import UserError
 from ..layers.mlp import ConvMlp, Mlp
@@ -33,16 +33,16 @@ __all__ = ["L2ViT", "LWABlock", "LGABlock", "remap_official"]
 MLP_TYPES = ("plain", "pvtv2")
 
 
-def _attn_kwargs(name: str, window_size: int, input_size: tuple[int, int] | None, extra: dict | None = None) -> dict:
-    """Options for the mechanism `name` in an L2ViT block (the official settings for 'window'/'enhanced_linear'),
-    plus the LGA ablation options `extra` (enhanced_linear only)."""
-    if name == "window":
-        return dict(window_size=window_size, shift_size=0, rel_pos_bias=False, pad_mode="zero", qkv_bias=True,
-                    input_size=input_size)
-    kw = dict(qkv_bias=True, input_size=input_size)
-    if name == "enhanced_linear":
-        kw.update(extra or {})
-    return kw
+def lwa_stage(grid: tuple[int, int] | None, window_size: int) -> dict:
+    """The stage facts of an LWA block for `build_stage_attention`: the official local window attention is the
+    form 'lwa' (window ws, no shift, no RPB, zero-padded keys); a global mechanism ignores the window."""
+    return dict(grid=grid, qkv_bias=True, window_size=window_size, form="lwa", host="L2ViT's LWA blocks")
+
+
+def lga_stage(grid: tuple[int, int] | None, hints: dict | None = None) -> dict:
+    """The stage facts of an LGA block: `hints` are the LGA ablation options (learnable_scale, clamp_min) for a
+    mechanism that takes them."""
+    return dict(grid=grid, qkv_bias=True, hints=dict(hints or {}), host="L2ViT's LGA blocks")
 
 
 def _build_mlp(dim: int, hidden: int, mlp_type: str, dd: dict) -> nn.Module:
@@ -75,7 +75,7 @@ class LWABlock(nn.Module):
         dd = {"device": device, "dtype": dtype}
         self.cpe = nn.ModuleList([ConvPosEnc(dim, 3, **dd), ConvPosEnc(dim, 3, **dd)])
         self.norm1 = nn.LayerNorm(dim, **dd)
-        self.attn = build_attention(attn, dim, num_heads, **_attn_kwargs(attn, window_size, input_size), **dd)
+        self.attn = build_stage_attention(attn, dim, num_heads, lwa_stage(input_size, window_size), **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
         self.mlp = _build_mlp(dim, int(dim * mlp_ratio), mlp_type, dd)
@@ -102,12 +102,12 @@ class LGABlock(nn.Module):
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, drop_path: float = 0.0,
                  attn: str = "enhanced_linear", lcm_kernel_size: int = 7,
                  input_size: tuple[int, int] | None = None, mlp_type: str = "plain",
-                 attn_kwargs: dict | None = None, device=None, dtype=None) -> None:
+                 hints: dict | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.cpe = nn.ModuleList([ConvPosEnc(dim, 3, **dd)])
         self.norm1 = nn.LayerNorm(dim, **dd)
-        self.attn = build_attention(attn, dim, num_heads, **_attn_kwargs(attn, 0, input_size, attn_kwargs), **dd)
+        self.attn = build_stage_attention(attn, dim, num_heads, lga_stage(input_size, hints), **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
         self.mlp = _build_mlp(dim, int(dim * mlp_ratio), mlp_type, dd)
@@ -191,10 +191,13 @@ class L2ViT(Backbone):
             raise UserError(f"L2ViT: lcm_kernel_size={lcm_kernel_size!r} must be a positive odd int, or 0 for no LCM")
         lga_extra = {}
         if not learnable_scale or clamp_min != 100.0:
-            if lga_attn != "enhanced_linear":
-                raise UserError(f"L2ViT: learnable_scale / clamp_min are options of lga_attn='enhanced_linear', "
-                                f"got lga_attn={lga_attn!r}")
+            # Ablation options of the LGA mechanism (L2ViT's enhanced linear attention takes them): refused for a
+            # mechanism whose adapter does not take them, instead of being dropped silently.
             lga_extra = dict(learnable_scale=learnable_scale, clamp_min=clamp_min)
+            taken = get_attention_cls(lga_attn).stage_kwargs(lga_stage(None, lga_extra))
+            if any(k not in taken for k in lga_extra):
+                raise UserError(f"L2ViT: learnable_scale / clamp_min are options of the LGA mechanism, which "
+                                f"lga_attn={lga_attn!r} does not take (the official 'enhanced_linear' does)")
         self.in_chans = in_chans
         self.num_stages = 4
         self.total_stride = stem_stride * 8

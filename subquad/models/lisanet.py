@@ -29,7 +29,7 @@ from timm.layers import DropPath, register_notrace_module
 from torch import nn
 
 from .._shapes import as_hw
-from ..attention import build_attention
+from ..attention import build_stage_attention
 from ..attention.functional.structure_aware import inflate_kernel, resize_kernel
 from ..errors import UserError
 from ..layers.conv_blocks import ConvMlp3d, ConvPosEnc3d, DWConvBlock, LayerNormChannels, conv_nd
@@ -48,18 +48,20 @@ class LiSABlock(nn.Module):
     """LiSA block: x <- x + CPE(x); x <- x + DropPath(LiSA(LN(x))); x <- x + DropPath(ConvMLP(LN(x))).
 
     Shapes: x (B, N, C) with grid (H, W) or (T, H, W) (video) -> (B, N, C). Keys `cpe.proj, norm1, attn.*, norm2,
-    mlp.{fc1, dwconv.dwconv, fc2}`.
+    mlp.{fc1, dwconv.dwconv, fc2}`. `attn` is any registered mechanism that fits the grid (LiSA by default, which
+    takes `D` from the stage hints); a spatial one must declare the grid's rank (`AttentionCaps.grid_ndims`).
     """
 
     def __init__(self, dim: int, num_heads: int, D: int, input_size: Sequence[int], mlp_ratio: float = 4.0,
-                 drop_path: float = 0.0, attn_kwargs: dict | None = None, device=None, dtype=None) -> None:
+                 drop_path: float = 0.0, attn_kwargs: dict | None = None, attn: str = "structure_aware",
+                 device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         video = len(input_size) == 3
         self.cpe = ConvPosEnc3d(dim, **dd) if video else ConvPosEnc(dim, **dd)
         self.norm1 = nn.LayerNorm(dim, eps=1e-6, **dd)
-        self.attn = build_attention("structure_aware", dim, num_heads, D=D, input_size=tuple(input_size),
-                                    **(attn_kwargs or {}), **dd)
+        stage = dict(grid=tuple(input_size), hints=dict(D=D), host="LiSANet's attention blocks")
+        self.attn = build_stage_attention(attn, dim, num_heads, stage, attn_kwargs, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6, **dd)
         hidden = int(dim * mlp_ratio)
@@ -104,7 +106,8 @@ class LiSAStage(nn.Module):
 
     def __init__(self, in_dim: int, dim: int, depth: int, stage_type: str, num_heads: int, D: int,
                  input_size: Sequence[int], downsample: bool, video: bool, mlp_ratio: float,
-                 drop_path: Sequence[float], attn_kwargs: dict | None, device=None, dtype=None) -> None:
+                 drop_path: Sequence[float], attn_kwargs: dict | None, attn: str = "structure_aware", device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if stage_type not in _STAGE_TYPES:
@@ -117,7 +120,7 @@ class LiSAStage(nn.Module):
         else:
             self.downsample = nn.Identity()
         if stage_type == "lisa":
-            blocks = [LiSABlock(dim, num_heads, D, input_size, mlp_ratio, drop_path[j], attn_kwargs, **dd)
+            blocks = [LiSABlock(dim, num_heads, D, input_size, mlp_ratio, drop_path[j], attn_kwargs, attn, **dd)
                       for j in range(depth)]
         else:
             blocks = [DWConvBlock(dim, mlp_ratio, drop_path[j], ndim=3 if video else 2, **dd) for j in range(depth)]
@@ -200,7 +203,9 @@ class LiSANet(_LiSAHost):
         D: structural-pattern size of every LiSA block.
         mlp_ratio, drop_rate, drop_path_rate: the usual (linear stochastic-depth rule).
         video, num_frames: 3-D form and the clip length the kernels are sized for.
-        attn_kwargs: extra `structure_aware` options for every LiSA block.
+        attn_kwargs: extra mechanism options for every attention block.
+        attn: the mechanism of the attention ('lisa') stages: 'structure_aware' (LiSA, default) or any registered
+            mechanism whose capabilities fit the stage grids (2-D, or 3-D with `video`).
     """
 
     group_patterns = dict(stem=r"^patch_embed", blocks=[(r"^stages\.(\d+)\.downsample", (0,)),
@@ -213,7 +218,7 @@ class LiSANet(_LiSAHost):
                  depths: Sequence[int] = (3, 4, 8, 3), stage_types: Sequence[str] = ("lisa",) * 4,
                  num_heads: Sequence[int] | None = None, D: int = 8, mlp_ratio: float = 4.0, drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, video: bool = False, num_frames: int = 16,
-                 attn_kwargs: dict | None = None, device=None, dtype=None) -> None:
+                 attn_kwargs: dict | None = None, attn: str = "structure_aware", device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if not (len(embed_dims) == len(depths) == len(stage_types) == 4):
@@ -244,7 +249,7 @@ class LiSANet(_LiSAHost):
                 grid = (t_tokens, *grid)
             stages.append(LiSAStage(in_dim, embed_dims[s], depths[s], stage_types[s], num_heads[s], D, grid,
                                     downsample=s > 0, video=video, mlp_ratio=mlp_ratio,
-                                    drop_path=dpr[s], attn_kwargs=attn_kwargs, **dd))
+                                    drop_path=dpr[s], attn_kwargs=attn_kwargs, attn=attn, **dd))
             in_dim = embed_dims[s]
             self.feature_info.append(dict(num_chs=embed_dims[s], reduction=red, module=f"stages.{s}"))
         self.stages = nn.ModuleList(stages)
@@ -294,7 +299,8 @@ class LiSANetIsotropic(_LiSAHost):
         img_size: construction resolution (kernels sized for img_size / patch_size tokens).
         patch_size, in_chans, num_classes, global_pool ('avg').
         embed_dim, depth, num_heads, D, mlp_ratio, drop_rate, drop_path_rate: the usual; D = 16 for LiSANet-I.
-        attn_kwargs: extra `structure_aware` options.
+        attn_kwargs: extra mechanism options.
+        attn: the blocks' mechanism: 'structure_aware' (LiSA, default) or any registered mechanism that fits.
     """
 
     video = False
@@ -304,7 +310,8 @@ class LiSANetIsotropic(_LiSAHost):
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 16, in_chans: int = 3,
                  num_classes: int = 1000, global_pool: str = "avg", embed_dim: int = 384, depth: int = 12,
                  num_heads: int = 6, D: int = 16, mlp_ratio: float = 4.0, drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, attn_kwargs: dict | None = None, device=None, dtype=None) -> None:
+                 drop_path_rate: float = 0.0, attn_kwargs: dict | None = None, attn: str = "structure_aware",
+                 device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.img_size = as_hw(img_size)
@@ -315,8 +322,8 @@ class LiSANetIsotropic(_LiSAHost):
         self.patch_embed = _Embed(in_chans, embed_dim, (patch_size,) * 2, (patch_size,) * 2, (0, 0), **dd)
         grid = (math.ceil(self.img_size[0] / patch_size), math.ceil(self.img_size[1] / patch_size))
         dpr = drop_path_rates(drop_path_rate, [depth])[0]
-        self.blocks = nn.ModuleList([LiSABlock(embed_dim, num_heads, D, grid, mlp_ratio, dpr[j], attn_kwargs, **dd)
-                                     for j in range(depth)])
+        self.blocks = nn.ModuleList([LiSABlock(embed_dim, num_heads, D, grid, mlp_ratio, dpr[j], attn_kwargs, attn,
+                                               **dd) for j in range(depth)])
         self.norm = LayerNormChannels(embed_dim, eps=1e-6, **dd)
         self._init_head(num_classes, global_pool, drop_rate, **dd)
         self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f"blocks.{i}")

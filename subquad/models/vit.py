@@ -183,7 +183,7 @@ class VisionTransformerAttn(Backbone):
         num_pos = self.grid_size[0] * self.grid_size[1] + self.num_prefix_tokens
         self.pos_embed = nn.Parameter(torch.zeros(1, num_pos, embed_dim, **dd))
         dpr = drop_path_rates(drop_path_rate, [depth])[0]
-        stage = dict(grid=self.grid_size, num_prefix_tokens=self.num_prefix_tokens)
+        stage = dict(grid=self.grid_size, num_prefix_tokens=self.num_prefix_tokens, host="ViT blocks")
         self.blocks = nn.ModuleList([Block(embed_dim, num_heads, name, attn_kwargs, mlp_ratio, dpr[i],
                                            partial(nn.LayerNorm, eps=1e-6), stage,
                                            lcm_kernel_size if lcm_after in (None, name) else None, **dd)

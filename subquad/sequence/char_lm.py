@@ -28,11 +28,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import Request, build_attention, check, get_attention_cls, list_attention
+from ..attention import Request, build_stage_attention, check, get_attention_cls, list_attention
 from ..attention.functional.long_short import xl_sinusoid
 from . import register_sequence_model
 
 __all__ = ["CharLM", "CharLMCache", "char_lm"]
+
+
+#: What a causal LM asks of its mechanism (`build_stage_attention`): the causal mode on 1-D token sequences; each
+#: mechanism's adapter turns it into its options (e.g. `causal=True`).
+LM_STAGE = dict(causal=True, sequence=True, host="a causal language model")
 
 
 class FeedForward(nn.Module):
@@ -63,7 +68,7 @@ class CharLMLayer(nn.Module):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.residual = residual
-        self.attn = build_attention(attention, dim, num_heads, causal=True, **attn_kw, **dd)
+        self.attn = build_stage_attention(attention, dim, num_heads, LM_STAGE, attn_kw, **dd)
         self.norm1 = nn.LayerNorm(dim, **dd)
         self.attn_dropout = nn.Dropout(drop)
         self.ff = FeedForward(dim, ffn_dim, drop, **dd)
@@ -113,8 +118,8 @@ class CharLM(nn.Module):
         dim: model width d.
         depth: layers.
         num_heads: heads h.
-        attention: registered mechanism name whose caps declare a causal mode; built with `causal=True` and
-            `**attn_kw`.
+        attention: registered mechanism name whose caps declare a causal mode; built for the stage `LM_STAGE`
+            (causal, 1-D) by its adapter, plus `**attn_kw`.
         ffn_dim: FFN width (default 4 d).
         dropout: dropout on the attention output and in the FFN (official `dropout`).
         emb_dropout: dropout on the embeddings and the final hidden state (official `emb_dropout`).
