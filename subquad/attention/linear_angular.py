@@ -77,7 +77,8 @@ class LinearAngularAttention(TokenMixer):
     """
 
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=False, supports_mask=False, complexity="O(N)",
-                         sequence=True, notes="Castling-ViT angular kernel, first-order; value DWConv on tokens")
+                         sequence=True, grid_ndims=(2, 3),
+                         notes="Castling-ViT angular kernel, first-order; value DWConv on tokens")
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, res_kernel_size: int = 9,
                  eps: float = 1e-6, input_size: tuple[int, int] | None = None, proj_drop: float = 0.0,
