@@ -31,6 +31,7 @@ __all__ = ["L2ViT", "LWABlock", "LGABlock", "remap_official"]
 
 
 MLP_TYPES = ("plain", "pvtv2")
+LGA_WINDOWS = ("lwa", "shifted")
 
 
 def lwa_stage(grid: tuple[int, int] | None, window_size: int) -> dict:
@@ -39,10 +40,23 @@ def lwa_stage(grid: tuple[int, int] | None, window_size: int) -> dict:
     return dict(grid=grid, qkv_bias=True, window_size=window_size, form="lwa", host="L2ViT's LWA blocks")
 
 
-def lga_stage(grid: tuple[int, int] | None, hints: dict | None = None) -> dict:
+def lga_stage(grid: tuple[int, int] | None, hints: dict | None = None, window: str | None = None,
+              window_size: int = 7) -> dict:
     """The stage facts of an LGA block: `hints` are the LGA ablation options (learnable_scale, clamp_min) for a
-    mechanism that takes them."""
-    return dict(grid=grid, qkv_bias=True, hints=dict(hints or {}), host="L2ViT's LGA blocks")
+    mechanism that takes them.
+
+    `window` describes the LGA blocks as local blocks for a windowed mechanism (L2ViT paper Tab. 6, "Enhanced
+    Swin-T" rows): None (default) gives no window facts; 'lwa' the facts of the LWA blocks (window ws, no shift, no
+    RPB, zero-padded keys); 'shifted' Swin's shifted-window block (window ws, shift ws // 2, padded keys masked, the
+    Swin clipping rule on small maps) without the relative position bias, whose place the block's CPE takes.
+    """
+    hints = dict(hints or {})
+    if window == "lwa":
+        return {**lwa_stage(grid, window_size), "hints": hints, "host": "L2ViT's LGA blocks"}
+    if window == "shifted":
+        return dict(grid=grid, qkv_bias=True, window_size=window_size, shifted=True,
+                    hints={"rel_pos_bias": False, **hints}, host="L2ViT's LGA blocks")
+    return dict(grid=grid, qkv_bias=True, hints=hints, host="L2ViT's LGA blocks")
 
 
 def _build_mlp(dim: int, hidden: int, mlp_type: str, dd: dict) -> nn.Module:
@@ -93,7 +107,9 @@ class LGABlock(nn.Module):
 
     x = CPE0(x); x = x + DropPath(LinearAttn(LN1(x))); x = x + DropPath(LCM(LN3(x), hw));
     x = x + DropPath(MLP(LN2(x))). `lcm_kernel_size=0` builds no LCM and no LN3 (official `enhanced=False`; the
-    "without LCM" rows of L2ViT paper Tab. 6 and 12).
+    "without LCM" rows of L2ViT paper Tab. 6 and 12). The LCM belongs to the block, so it stays whatever `attn` is
+    (e.g. window attention, Tab. 6 "Enhanced Swin-T-V2"); `window` / `window_size` are the stage's window facts
+    (`lga_stage`).
 
     Paper: L2ViT Sec. 3.1-3.2, Eq. 8 (LGA + LCM). Official: L2ViT `LGABlock(enhanced=True)` (keys `cpe.0.proj`,
     `norm1`, `attn.{temperature,qkv,proj}`, `norm2`, `mlp`, `norm3`, `local_mp.{conv1,bn,conv2}`).
@@ -102,12 +118,14 @@ class LGABlock(nn.Module):
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, drop_path: float = 0.0,
                  attn: str = "enhanced_linear", lcm_kernel_size: int = 7,
                  input_size: tuple[int, int] | None = None, mlp_type: str = "plain",
-                 hints: dict | None = None, device=None, dtype=None) -> None:
+                 hints: dict | None = None, window: str | None = None, window_size: int = 7,
+                 device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.cpe = nn.ModuleList([ConvPosEnc(dim, 3, **dd)])
         self.norm1 = nn.LayerNorm(dim, **dd)
-        self.attn = build_stage_attention(attn, dim, num_heads, lga_stage(input_size, hints), **dd)
+        stage = lga_stage(input_size, hints, window, window_size)
+        self.attn = build_stage_attention(attn, dim, num_heads, stage, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
         self.mlp = _build_mlp(dim, int(dim * mlp_ratio), mlp_type, dd)
@@ -158,6 +176,12 @@ class L2ViT(Backbone):
         clamp_min: the denominator clamp C_min of the enhanced linear attention (default 100; Tab. 10).
         mlp_type: 'plain' (default) or 'pvtv2' (fc1 -> depthwise 3x3 -> GELU -> fc2 in every block; Tab. 12,
             usually with `lcm_kernel_size=0`).
+        lga_window: None (default) or the window facts of the LGA blocks for a windowed `lga_attn` (Tab. 6's
+            "Enhanced Swin-T" rows; refused for a mechanism that takes no window): 'lwa' makes them local blocks
+            like the LWA blocks (window `window_size`, no shift; with `lga_attn='window'` and the LCM kept this is
+            "Enhanced Swin-T-V2: linear attention replaced by window attention, with LCM"); 'shifted' makes them
+            Swin's shifted-window blocks (shift `window_size` // 2) with CPE instead of the relative position bias
+            (with `lga_attn='window', lcm_kernel_size=0`: "Enhanced Swin-T-V1, CPE instead of RPE").
         drop_rate: dropout before the head.
         drop_path_rate: stochastic depth, linear over all blocks.
         img_size: nominal resolution (timm's cfg); the model runs at any size.
@@ -178,7 +202,7 @@ class L2ViT(Backbone):
                  drop_path_rate: float = 0.0, img_size: int | tuple[int, int] = 224, global_pool: str = "avg",
                  conv_stem_type: str = "2L", last_proj: bool = False, overlapped: bool = False,
                  learnable_scale: bool = True, clamp_min: float = 100.0, mlp_type: str = "plain",
-                 device=None, dtype=None) -> None:
+                 lga_window: str | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if not (len(dims) == len(depths) == len(num_heads) == 4):
@@ -198,6 +222,13 @@ class L2ViT(Backbone):
             if any(k not in taken for k in lga_extra):
                 raise UserError(f"L2ViT: learnable_scale / clamp_min are options of the LGA mechanism, which "
                                 f"lga_attn={lga_attn!r} does not take (the official 'enhanced_linear' does)")
+        if lga_window is not None:
+            if lga_window not in LGA_WINDOWS:
+                raise UserError(f"L2ViT: lga_window={lga_window!r} is not one of {LGA_WINDOWS} (or None)")
+            # The window facts are for a windowed mechanism: refused for one whose adapter takes no window.
+            if "window_size" not in get_attention_cls(lga_attn).stage_kwargs(lga_stage(None, {}, lga_window)):
+                raise UserError(f"L2ViT: lga_window={lga_window!r} gives the LGA blocks windows, which "
+                                f"lga_attn={lga_attn!r} does not take (use a windowed mechanism, e.g. 'window')")
         self.in_chans = in_chans
         self.num_stages = 4
         self.total_stride = stem_stride * 8
@@ -223,7 +254,8 @@ class L2ViT(Backbone):
                                            grid, mlp_type, **dd))
                 else:
                     blocks.append(LGABlock(dims[i], num_heads[i], mlp_ratio, dpr[i][j], lga_attn,
-                                           lcm_kernel_size, grid, mlp_type, lga_extra, **dd))
+                                           lcm_kernel_size, grid, mlp_type, lga_extra, lga_window, window_size,
+                                           **dd))
             self.stages.append(nn.ModuleList(blocks))
             self.feature_info.append(dict(num_chs=dims[i], reduction=stride, module=f"stages.{i}"))
             stride *= 2

@@ -17,6 +17,9 @@ from subquad.errors import UserError
 from tests._tol import assert_close
 
 _DN = dict(dims=(64, 128, 256, 512), depths=(4, 4, 18, 4), num_heads=(2, 4, 8, 16))  # Tab. 7 deep-narrow
+# Tab. 6's last rows (the paper gives top-1 / AP only: 82.3 / 44.7 and 82.5 / 44.8).
+SWIN_V1 = dict(lga_attn="window", lga_window="shifted", lcm_kernel_size=0)  # Enhanced Swin-T-V1, CPE instead of RPE
+SWIN_V2 = dict(lga_attn="window", lga_window="lwa")  # Enhanced Swin-T-V2, window attention in LGA blocks, with LCM
 TAB7 = {"4L": dict(conv_stem_type="4L"), "last_proj": dict(conv_stem_type="4L", last_proj=True),
         "overlapped": dict(conv_stem_type="4L", last_proj=True, overlapped=True)}
 
@@ -57,7 +60,7 @@ def test_tab7_switches_build_the_official_modules():
 @pytest.mark.parametrize("kw", [dict(conv_stem_type="4L", last_proj=True, overlapped=True),
                                 dict(conv_stem_type="patchify", lcm_kernel_size=0, learnable_scale=False),
                                 dict(clamp_min=1.0, mlp_type="pvtv2", lcm_kernel_size=0),
-                                dict(lcm_kernel_size=3)])
+                                dict(lcm_kernel_size=3), SWIN_V1, SWIN_V2])
 def test_micro_forward_backward(kw):
     torch.manual_seed(0)
     m = subquad.create_model("l2vit_micro", num_classes=4, **kw)
@@ -102,9 +105,57 @@ def test_lga_options_reach_the_attention():
 def test_bad_switch_values_refused():
     for kw, word in ((dict(conv_stem_type="3L"), "conv_stem_type"), (dict(mlp_type="moat"), "mlp_type"),
                      (dict(lcm_kernel_size=4), "lcm_kernel_size"), (dict(clamp_min=0.0), "clamp_min"),
-                     (dict(lga_attn="softmax", clamp_min=1.0), "clamp_min")):
+                     (dict(lga_attn="softmax", clamp_min=1.0), "clamp_min"), (dict(lga_window="lwa"), "lga_window"),
+                     (dict(lga_attn="softmax", lga_window="shifted"), "lga_window"),
+                     (dict(lga_attn="window", lga_window="swin"), "lga_window")):
         with pytest.raises(UserError, match=word):
             subquad.create_model("l2vit_micro", **kw)
+
+
+def _blocks(m, name):
+    return [b for s in m.stages for b in s if type(b).__name__ == name]
+
+
+def test_tab6_enhanced_swin_rows():
+    """Tab. 6 "Enhanced Swin-T-V1" (window attention everywhere, Swin's shift in alternate blocks, CPE instead of RPE)
+    and "-V2" (L2ViT-T with window attention in place of the linear attention, LCM kept), on the L2ViT-T macro
+    architecture: what each block gets, and that everything else is L2ViT-T's."""
+    base = subquad.create_model("l2vit_tiny", device="meta")
+    v1 = subquad.create_model("l2vit_tiny", device="meta", **SWIN_V1)
+    v2 = subquad.create_model("l2vit_tiny", device="meta", **SWIN_V2)
+    for m in (v1, v2):
+        assert all((b.attn.window_size, b.attn.shift_size, b.attn.pad_mode) == (7, 0, "zero")
+                   for b in _blocks(m, "LWABlock"))
+        assert all(type(b.attn).__name__ == "WindowAttention" and b.attn.relative_position_bias_table is None
+                   for b in _blocks(m, "LGABlock"))
+    # V2: the LGA blocks are local blocks like the LWA blocks (window 7, no shift, zero padding), the LCM stays.
+    assert all((b.attn.window_size, b.attn.shift_size, b.attn.pad_mode) == (7, 0, "zero") and b.local_mp is not None
+               and b.local_mp.conv1.kernel_size == (7, 7) for b in _blocks(v2, "LGABlock"))
+    # V1: Swin's shifted windows (shift 3) in every LGA position but stage 4, whose 7 x 7 map is one window (Swin's
+    # rule); no LCM.
+    v1_lga = [(i, b) for i, s in enumerate(v1.stages) for b in s if type(b).__name__ == "LGABlock"]
+    assert [(b.attn.window_size, b.attn.shift_size) for _, b in v1_lga] == [(7, 3)] * 5 + [(7, 0)]
+    assert all(b.local_mp is None and b.attn.pad_mode == "mask" for _, b in v1_lga)
+    # Same macro architecture: V2's keys are L2ViT-T's without the 69 per-head temperatures (3 + 6 + 3 * 12 + 24),
+    # V1's further without the LCM.
+    keys = {k: v.shape for k, v in base.state_dict().items()}
+    k2 = {k: v.shape for k, v in v2.state_dict().items()}
+    assert k2 == {k: v for k, v in keys.items() if not k.endswith(".attn.temperature")}
+    assert set(v1.state_dict()) == {k for k in k2 if ".local_mp." not in k and ".norm3." not in k}
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert n(v2) == n(base) - 69 == 28_596_712
+    assert n(v1) == 28_367_080
+
+
+def test_lga_window_default_unchanged():
+    """Without `lga_window` a window mechanism in the LGA blocks keeps its own defaults (Swin W-MSA with RPB,
+    window 7, clipped to the construction maps 16, 8, 4, 2 of the micro model), as before the option existed; the
+    LCM stays in the block."""
+    m = subquad.create_model("l2vit_micro", lga_attn="window", device="meta")
+    lga = _blocks(m, "LGABlock")
+    assert [(b.attn.window_size, b.attn.shift_size, b.attn.pad_mode) for b in lga] == [
+        (7, 0, "mask"), (7, 0, "mask"), (4, 0, "mask"), (2, 0, "mask")]
+    assert all(b.attn.relative_position_bias_table is not None and b.local_mp is not None for b in lga)
 
 
 def test_tab6_tab12_params_match_the_paper():
