@@ -205,7 +205,10 @@ class LiSANet(_LiSAHost):
         video, num_frames: 3-D form and the clip length the kernels are sized for.
         attn_kwargs: extra mechanism options for every attention block.
         attn: the mechanism of the attention ('lisa') stages: 'structure_aware' (LiSA, default) or any registered
-            mechanism whose capabilities fit the stage grids (2-D, or 3-D with `video`).
+            mechanism whose capabilities fit the stage grids (2-D, or 3-D with `video`). The softmax rungs of LiSA
+            Tab. 3(b): 'softmax' (SA without RPE); 'window' with `attn_kwargs=dict(window_size=S,
+            clip_window=False)`, S >= the largest grid side (SA with RPE: one window over the whole grid, padded
+            keys masked, Swin's relative position bias).
     """
 
     group_patterns = dict(stem=r"^patch_embed", blocks=[(r"^stages\.(\d+)\.downsample", (0,)),
@@ -300,7 +303,9 @@ class LiSANetIsotropic(_LiSAHost):
         patch_size, in_chans, num_classes, global_pool ('avg').
         embed_dim, depth, num_heads, D, mlp_ratio, drop_rate, drop_path_rate: the usual; D = 16 for LiSANet-I.
         attn_kwargs: extra mechanism options.
-        attn: the blocks' mechanism: 'structure_aware' (LiSA, default) or any registered mechanism that fits.
+        attn: the blocks' mechanism: 'structure_aware' (LiSA, default) or any registered mechanism that fits; LiSA
+            Tab. 3(b)'s softmax rungs: 'softmax' (SA), and 'window' with `attn_kwargs=dict(window_size=S,
+            clip_window=False)`, S >= the grid's larger side (SA with RPE; see `LiSANet`).
     """
 
     video = False

@@ -149,3 +149,53 @@ def test_video_model_gives_image_shaped_maps_for_an_image():
     for name in ("hylisanet_s_video", "hylisanet_b_video"):
         cfg = timm.create_model(name, pretrained=False, device="meta").pretrained_cfg
         assert tuple(cfg["pool_size"]) == (7, 7) and tuple(cfg["input_size"]) == (3, 224, 224)
+
+
+# LiSA Tab. 3(b) softmax rungs in the LiSANet hosts: SA without RPE is the 'softmax' mechanism; SA with RPE is the
+# 'window' mechanism with one window covering the token grid (Swin's relative position bias table, padded keys
+# masked, no clipping), i.e. global softmax attention plus a learned bias per head and 2-D offset.
+def _sa_rpe(side: int) -> dict:
+    return dict(attn="window", attn_kwargs=dict(window_size=side, clip_window=False))
+
+
+@pytest.mark.parametrize("rpe", [False, True], ids=["sa", "sa_rpe"])
+def test_tab3b_softmax_rungs_in_the_lisanet_hosts(rpe):
+    """Both rungs build in the isotropic and the hierarchical host (one window covers the largest grid: 4 x 5
+    tokens, resp. 16 x 12 in stage 1) and train at a non-square size."""
+    iso = _isotropic_small(num_classes=3, **(_sa_rpe(5) if rpe else dict(attn="softmax")))
+    hier = subquad.create_model("lisanet_micro", num_classes=3, **(_sa_rpe(16) if rpe else dict(attn="softmax")))
+    want = "WindowAttention" if rpe else "MultiHeadAttention"
+    for m, x in ((iso, torch.randn(2, 3, 32, 40)), (hier, torch.randn(2, 3, 64, 48))):
+        blocks = list(m.blocks) if hasattr(m, "blocks") else [b for s in m.stages for b in s.blocks]
+        assert all(type(b.attn).__name__ == want for b in blocks)
+        if rpe:
+            assert all(b.attn.relative_position_bias_table is not None and b.attn.shift_size == 0 for b in blocks)
+        assert not any(k.endswith(("kernel_a", "kernel_b")) for k in m.state_dict())
+        out = m(x)
+        assert out.shape == (2, 3) and torch.isfinite(out).all()
+        out.logsumexp(-1).mean().backward()
+        for n, p in m.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), n
+
+
+def test_tab3b_sa_rpe_is_global_softmax_plus_a_relative_bias():
+    """The SA-with-RPE rung, explicitly: on a 4 x 5 grid inside one 5 x 5 window every query attends to every real
+    token with softmax(q k^T / sqrt(d) + b_h[dy, dx]), b_h read from the table at the 2-D offset; with a zero table it
+    is the 'softmax' mechanism with the same weights."""
+    torch.manual_seed(0)
+    C, h, (H, W), w = 16, 2, (4, 5), 5
+    rpe = subquad.build_attention("window", C, h, **_sa_rpe(w)["attn_kwargs"], input_size=(H, W)).double()
+    with torch.no_grad():
+        rpe.relative_position_bias_table.normal_()
+    x = torch.randn(2, H * W, C, dtype=torch.float64)
+    q, k, _ = rpe.qkv(x).view(2, H * W, 3, h, C // h).permute(2, 0, 3, 1, 4)
+    ys, xs = torch.arange(H).repeat_interleave(W), torch.arange(W).repeat(H)
+    idx = (ys[:, None] - ys[None, :] + w - 1) * (2 * w - 1) + (xs[:, None] - xs[None, :] + w - 1)
+    bias = rpe.relative_position_bias_table[idx].permute(2, 0, 1)  # (h, N, N)
+    expect = (q @ k.transpose(-2, -1) * (C // h) ** -0.5 + bias).softmax(-1)
+    assert_close(rpe.attention_matrix(x, (H, W)), expect, torch.float64, "SA + RPE probabilities")
+    sa = subquad.build_attention("softmax", C, h).double()
+    sa.load_state_dict({k: v for k, v in rpe.state_dict().items() if not k.startswith("relative_position")})
+    with torch.no_grad():
+        rpe.relative_position_bias_table.zero_()
+        assert_close(rpe(x, (H, W)), sa(x), torch.float64, "SA + zero RPE vs SA")
