@@ -39,16 +39,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from ..engine.checkpoint import atomic_write, load_state, read_json, save_state, save_weights, write_json
-from ..engine.classify import (
-    _epoch_seed,
-    _prepare_output,
-    _read_csv,
-    _rng_state,
-    _seed_everything,
-    _set_rng_state,
-    _write_csv,
-)
+from ..engine.classify import _prepare_output
 from ..engine.distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed, train_sampler
+from ..engine.rng import epoch_seed as _epoch_seed
+from ..engine.rng import rng_state as _rng_state
+from ..engine.rng import seed_everything as _seed_everything
+from ..engine.rng import set_rng_state as _set_rng_state
+from ..engine.runfiles import read_csv as _read_csv
+from ..engine.runfiles import write_csv as _write_csv
 from ..errors import UserError
 from .backbone import FeatureBackbone
 from .config import DenseConfig
