@@ -58,9 +58,10 @@ from .checkpoint import load_state, read_json, save_weights, write_json
 from .config import TrainConfig
 from .distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed, train_sampler
 from .loop import Loop, Position, Precision, TrainTask
+from .modelbuild import build_model, check_img_size, model_input
 from .optim import build_optimizer, build_scheduler
 from .rng import epoch_seed, seed_everything
-from .runfiles import read_csv, write_args, write_csv
+from .runfiles import prepare_output, read_csv, write_args, write_csv
 
 __all__ = ["TrainConfig", "train", "evaluate", "build_model", "data_config", "eval_loader", "SUMMARY_FIELDS"]
 
@@ -90,61 +91,6 @@ def _inflate_into(model: nn.Module, path: str) -> None:
                    for k, v in image_state.items()}
     load_into(model, inflate_image_weights(image_state, model), what=f"inflated image checkpoint {src}")
     _logger.info("initialised %s from image checkpoint %s (2-D -> 3-D inflation)", type(model).__name__, src)
-
-
-def _first_line(e: BaseException) -> str:
-    s = str(e).strip()
-    return s.splitlines()[0] if s else type(e).__name__
-
-
-def build_model(name: str, num_classes: int, img_size: int | None = None, drop_path: float | None = None,
-                drop: float = 0.0, device: torch.device | str = "cpu",
-                model_kwargs: dict[str, Any] | None = None) -> nn.Module:
-    """create_model with the options every image model takes (plus `model_kwargs` for the model's constructor);
-    unknown names and refused sizes are a UserError."""
-    from ..models import create_model
-
-    kw: dict[str, Any] = {**(model_kwargs or {}), "num_classes": num_classes}
-    if drop_path is not None:
-        kw["drop_path_rate"] = drop_path
-    if drop:
-        kw["drop_rate"] = drop
-    if img_size is not None:
-        if img_size < 1:
-            raise UserError(f"--img-size must be >= 1, got {img_size}")
-        kw["img_size"] = img_size
-    try:
-        try:
-            model = create_model(name, **kw)
-        except TypeError as e:
-            if "img_size" not in str(e):
-                raise
-            kw.pop("img_size")
-            model = create_model(name, **kw)
-    except UserError:
-        raise
-    except (ValueError, AssertionError, RuntimeError, TypeError) as e:
-        raise UserError(f"cannot build model {name!r} with {kw}: {_first_line(e)}") from None
-    return model.to(device)
-
-
-def model_input(model: nn.Module, img_size: int | None) -> tuple[int, int]:
-    """(in_chans, side) the model takes: its pretrained_cfg's input_size unless `img_size` is given."""
-    c, h, _ = (getattr(model, "pretrained_cfg", None) or {}).get("input_size", (3, 224, 224))
-    return int(c), int(img_size or h)
-
-
-@torch.no_grad()
-def check_img_size(model: nn.Module, name: str, in_chans: int, img_size: int, device: torch.device) -> None:
-    """One eval forward at the requested size; a model that cannot take it gives a one-line UserError."""
-    was_training = model.training
-    model.eval()
-    try:
-        model(torch.zeros(1, in_chans, img_size, img_size, device=device))
-    except (RuntimeError, ValueError, AssertionError, IndexError) as e:
-        raise UserError(f"model {name!r} cannot take --img-size {img_size}: {_first_line(e)}") from None
-    finally:
-        model.train(was_training)
 
 
 def data_config(cfg: TrainConfig, source: ImageSource, in_chans: int, img_size: int) -> dict[str, Any]:
@@ -270,19 +216,6 @@ def _schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, updates_per_ep
         return build_scheduler(optimizer, dataclasses.replace(cfg, epochs=seg["end"]), updates_per_epoch)
     return build_scheduler(optimizer, dataclasses.replace(cfg, epochs=seg["end"] - seg["start"], warmup_epochs=0,
                                                          cooldown_epochs=0), updates_per_epoch)
-
-
-def _prepare_output(cfg: TrainConfig, info: DistInfo) -> Path:
-    if cfg.resume:
-        return Path(cfg.resume)
-    out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.model}")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--output {out} exists and is not a directory")
-    if (out / "last.safetensors").exists() or (out / "last_state.pth").exists():
-        raise UserError(f"--output {out} already holds a run; continue it with --resume {out} or choose another "
-                        "--output (nothing was overwritten)")
-    return out
-
 
 
 def train(cfg: TrainConfig, on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None,
@@ -578,7 +511,7 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None, on_u
 
     _check_config(cfg, info)
     rss0 = rss_mb()
-    out = _prepare_output(cfg, info)
+    out = prepare_output(cfg)
     state, side = _read_resume(cfg, out)
     source = open_source(cfg.data, cfg.dataset_download)
     num_classes = cfg.num_classes or len(source.classes)

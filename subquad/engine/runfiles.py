@@ -1,9 +1,11 @@
-"""The files every run directory shares: args.yaml and summary.csv, written atomically (engine.checkpoint)."""
+"""The run directory every trainer shares: its place, args.yaml and summary.csv (written atomically,
+engine.checkpoint)."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import yaml
 
 from .checkpoint import atomic_write
 
-__all__ = ["write_args", "write_csv", "read_csv"]
+__all__ = ["write_args", "write_csv", "read_csv", "prepare_output"]
 
 
 def write_args(out: Path, cfg: Any) -> None:
@@ -41,3 +43,19 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def prepare_output(cfg: Any) -> Path:
+    """The run directory of an epoch trainer's config (`resume`, `output`, `model`): the resumed one, or a new one
+    that holds no run (default runs/<time>-<model>)."""
+    from ..errors import UserError
+
+    if cfg.resume:
+        return Path(cfg.resume)
+    out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.model}")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output {out} exists and is not a directory")
+    if (out / "last.safetensors").exists() or (out / "last_state.pth").exists():
+        raise UserError(f"--output {out} already holds a run; continue it with --resume {out} or choose another "
+                        "--output (nothing was overwritten)")
+    return out
