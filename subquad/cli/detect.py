@@ -82,6 +82,7 @@ def run_train(args: argparse.Namespace) -> int:
     from subquad.cli.config import check_run_output
     from subquad.dense.config import resolve_dense_config
     from subquad.dense.engine import train_dense
+    from subquad.engine.loop import Preempted
 
     cfg = resolve_dense_config(args, args.task)
     if not cfg.resume and not cfg.dry_run:
@@ -90,7 +91,10 @@ def run_train(args: argparse.Namespace) -> int:
         from subquad.errors import UserError
 
         raise UserError(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
-    r = train_dense(cfg, args.task, checkpoint_every=args.checkpoint_every)
+    try:
+        r = train_dense(cfg, args.task, checkpoint_every=args.checkpoint_every)
+    except Preempted as e:  # SIGTERM / SIGINT: the state is written and its place printed
+        return int(e.code)
     if r.get("dry_run"):
         print(yaml.safe_dump(r["config"], sort_keys=False).rstrip())
         print(f"dry run: {r['kind']} on {cfg.model} ({r['params'] / 1e6:.3f}M params), {r['num_classes']} classes, "

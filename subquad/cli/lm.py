@@ -213,6 +213,7 @@ def _resume_config(args: argparse.Namespace):
 
 def run_train(args: argparse.Namespace) -> int:
     from subquad.attention import ATTENTION_REGISTRY
+    from subquad.engine.loop import Preempted
     from subquad.engine.sequence import train_lm
     from subquad.errors import UserError
 
@@ -226,7 +227,10 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     if not cfg.resume:
         check_run_output(cfg.output, args.overwrite)
-    r = train_lm(cfg, log=print)
+    try:
+        r = train_lm(cfg, log=print)
+    except Preempted as e:  # SIGTERM / SIGINT: the state is written and its place printed
+        return int(e.code)
     unit = r["metric"]
     label = f"{r['corpus']}" + (" (not comparable to enwik8/text8)" if r["corpus"].startswith("linuxdoc") else "")
     print(f"{label}: valid {r['valid_bpc']:.3f} {unit}, test {r['test_bpc']:.3f} {unit} "

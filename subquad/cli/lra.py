@@ -262,6 +262,7 @@ def resolve_config(args: argparse.Namespace):
 def run_train(args: argparse.Namespace) -> int:
     import subquad
     from subquad.attention import ATTENTION_REGISTRY
+    from subquad.engine.loop import Preempted
     from subquad.engine.sequence import train_lra
 
     if args.attention is not None and args.attention not in ATTENTION_REGISTRY:
@@ -271,7 +272,10 @@ def run_train(args: argparse.Namespace) -> int:
         from subquad.cli.config import check_run_output
 
         check_run_output(cfg.output, args.overwrite)
-    r = train_lra(cfg, log=print)
+    try:
+        r = train_lra(cfg, log=print)
+    except Preempted as e:  # SIGTERM / SIGINT: the state is written and its place printed
+        return int(e.code)
     enc = f", encoding {r['encoding']}" if r["encoding"] else ""
     print(f"{cfg.task} ({cfg.attention}{enc}): test accuracy {r['test_acc']:.2f} % (best val {r['best_val_acc']:.2f} "
           f"% at step {r['best_step']}); {r['sec_per_step'] * 1000:.0f} ms/step; peak memory {r['peak_mem_mb']:.0f} MB")
