@@ -202,3 +202,58 @@ def test_lm_torn_state_write_keeps_the_previous_state(lm_full, corpus, tmp_path)
     assert load_state(out / "last_state.pth")["step"] == 3  # the evaluation at step 3 came after the step-2 save
     train_lm(dataclasses.replace(_lm_cfg(corpus, out, checkpoint_every=2), resume=True), log=lambda s: None)
     _assert_same_lm(lm_full, out)
+
+
+# ---- LRA and segmentation: SIGTERM raised in this process at a fixed update ------------------------------------
+
+def _sigterm_at(k: int):
+    def hook(pos):
+        if pos.step == k:
+            signal.raise_signal(signal.SIGTERM)
+    return hook
+
+
+def test_lra_sigterm_between_evaluations(tmp_path):
+    from subquad.data.lra.listops import write_listops
+    from subquad.engine.loop import Preempted
+    from subquad.engine.sequence import LRA_TIMING_FIELDS, LRAConfig, train_lra
+
+    data = tmp_path / "lo"
+    write_listops(data, num_train=40, num_val=8, num_test=8, seed=3, min_len=10, max_len=60)
+
+    def cfg(out, **kw):  # dropout on; 5 steps per epoch, evaluations at steps 3, 6 and 7
+        return LRAConfig(task="listops", data=str(data), max_len=64, dim=16, depth=2, num_heads=2, mlp_dim=24,
+                         pool="masked_mean", drop=0.2, batch_size=8, lr=3e-3, steps=7, warmup=2, eval_every=3,
+                         seed=5, device="cpu", output=str(out), **kw)
+
+    train_lra(cfg(tmp_path / "full"), log=lambda s: None)
+    with pytest.raises(Preempted) as e:
+        train_lra(cfg(tmp_path / "part"), log=lambda s: None, on_update=_sigterm_at(5))
+    assert e.value.code == 143 and load_state(tmp_path / "part" / "last_state.pth")["sums"]["k"] == 2
+    train_lra(cfg(tmp_path / "part", resume=True), log=lambda s: None)
+    _same_weights(tmp_path / "full", tmp_path / "part", ("last.safetensors", "best.safetensors"))
+    assert _rows(tmp_path / "full" / "summary.csv", LRA_TIMING_FIELDS) == \
+        _rows(tmp_path / "part" / "summary.csv", LRA_TIMING_FIELDS)
+
+
+@pytest.mark.slow  # about 10 s alone, several times that on a busy machine
+def test_segmentation_sigterm_inside_epoch(tmp_path):
+    from subquad.dense.config import DenseConfig
+    from subquad.dense.engine import train_dense
+    from subquad.dense.synthetic import generate_synthetic
+    from subquad.engine.loop import Preempted
+
+    root = generate_synthetic(tmp_path / "synth", seed=1, n_train=4, n_val=2, size=(40, 56), min_r=5, max_r=10)
+
+    def cfg(out, **kw):  # 2 iterations per epoch, 2 epochs; the stop falls after the first iteration of epoch 2
+        return DenseConfig(kind="semantic_fpn", model="l2vit_micro", data=f"synthetic:{root}", head_channels=16,
+                           fpn_channels=16, scale=[40, 56], crop_size=[32, 32], batch_size=2, epochs=2,
+                           log_interval=0, clip_grad=1.0, device="cpu", output=str(out), **kw)
+
+    train_dense(cfg(tmp_path / "full"), "segment")
+    with pytest.raises(Preempted):
+        train_dense(cfg(tmp_path / "part"), "segment", on_update=_sigterm_at(3))
+    assert load_state(tmp_path / "part" / "last_state.pth")["position"] == {"epoch": 1, "batch": 1, "step": 3}
+    train_dense(cfg("", resume=str(tmp_path / "part")), "segment")
+    _same_weights(tmp_path / "full", tmp_path / "part", ("last.safetensors", "best.safetensors"))
+    assert _rows(tmp_path / "full" / "summary.csv", ("time",)) == _rows(tmp_path / "part" / "summary.csv", ("time",))

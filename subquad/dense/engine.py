@@ -11,6 +11,8 @@
 
 Resume (`--resume DIR`) continues after the last complete epoch with the same batches and random draws: the data
 order of epoch e is a permutation drawn from (seed, e) and every RNG is re-seeded from (seed, e, rank) at its start.
+`--checkpoint-every N` (iterations) and SIGTERM / SIGINT also write last_state.pth inside an epoch, with the weights,
+sampler position and RNG states, from which `--resume` continues exactly (engine.loop).
 `torchrun --nproc_per_node N -m subquad detect train ...` trains with DistributedDataParallel.
 
 The learning rate is a pure function of the iteration (linear warm-up, then step / poly / cosine), so it needs no
@@ -463,6 +465,7 @@ def _train(cfg: DenseConfig, task: str, info: DistInfo, on_epoch_end: Callable |
     if state is not None:
         pos = Position(**state["position"]) if "position" in state else \
             Position(int(state["epoch"]) + 1, 0, int(state["iters"]))
+        state = loop.for_rank(state)
         dtask.load(state, pos)
         loop.load_state_dict(state, pos)
         if pos.batch:

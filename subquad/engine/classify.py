@@ -22,10 +22,12 @@ last epoch (tests assert it is not opened before).
 
 Determinism and resume: the data order of epoch e is a permutation drawn from (seed, e) (GlobalBatchSampler) and
 every RNG is re-seeded from (seed, e, rank) at the start of epoch e, so `--resume DIR` after epoch k continues with
-exactly the batches, augmentations and drop-path draws of the uninterrupted run. Resuming a finished run reports it
-complete; `--resume DIR --epochs N` with N above the run's epochs extends it, with the schedule `--resume-schedule`
-names (restart: a new cosine from --lr over the added epochs; continue: the old schedule, whose lr has reached
-min_lr).
+exactly the batches, augmentations and drop-path draws of the uninterrupted run. Inside an epoch, `--checkpoint-every
+N` (updates) and SIGTERM / SIGINT write last_state.pth with the weights, the sampler position, every RNG state and
+the epoch's loss sums (engine.loop), and `--resume DIR` from it ends with the same weights and metrics too.
+Resuming a finished run reports it complete; `--resume DIR --epochs N` with N above the run's epochs extends it, with
+the schedule `--resume-schedule` names (restart: a new cosine from --lr over the added epochs; continue: the old
+schedule, whose lr has reached min_lr).
 
 Pieces from timm: create_transform, Mixup/CutMix, SoftTargetCrossEntropy, LabelSmoothingCrossEntropy,
 create_optimizer_v2, create_scheduler_v2, ModelEmaV3, dispatch_clip_grad, accuracy.
@@ -544,7 +546,7 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None, on_u
         "global_batch": cfg.batch_size * info.world_size, "on_epoch_end": on_epoch_end, "on_update": on_update,
         **_metas(cfg, model, dcfg, source, out)})
     if state is not None:
-        done = _resume(loop, task, state, out)
+        done = _resume(loop, task, loop.for_rank(state), out)
         if done is not None:
             return done
     if info.is_main:

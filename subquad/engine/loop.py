@@ -180,6 +180,14 @@ class Loop:
         self._rng: dict[str, Any] | None = None  # restored when the resumed epoch's iterator exists
         self.signals = StopSignals()
 
+    PER_RANK = ("rng", "sums")  # state keys that differ between DDP ranks
+
+    def for_rank(self, state: dict[str, Any]) -> dict[str, Any]:
+        """`state` with this rank's own entries of the per-rank keys (a state written under DDP keeps them all)."""
+        own = {k: state[f"{k}_ranks"][self.info.rank] for k in self.PER_RANK
+               if len(state.get(f"{k}_ranks") or ()) == self.info.world_size}
+        return {**state, **own}
+
     @property
     def scaler(self) -> Any:
         return self.precision.scaler
@@ -189,12 +197,14 @@ class Loop:
         """The task's state plus position, optimizer, scaler, EMA, RNG (and the weights when inside an epoch)."""
         state = {**task.state_dict(), "position": self.pos.as_dict(), "optimizer": self.optimizer.state_dict(),
                  "rng": rng_state()}
-        if self.info.enabled:
+        if self.info.enabled:  # every rank's RNG and metric sums, each rank reads its own back (for_rank)
             import torch.distributed as dist
 
-            ranks: list = [None] * self.info.world_size
-            dist.all_gather_object(ranks, state["rng"])
-            state["rng_ranks"] = ranks
+            for key in self.PER_RANK:
+                if key in state:
+                    ranks: list = [None] * self.info.world_size
+                    dist.all_gather_object(ranks, state[key])
+                    state[f"{key}_ranks"] = ranks
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
         if self.ema is not None:
@@ -219,8 +229,7 @@ class Loop:
             self.ema.module.load_state_dict(state["ema"])
         if "model" in state:
             self.model.load_state_dict(state["model"])
-        ranks = state.get("rng_ranks")
-        self._rng = ranks[self.info.rank] if ranks and len(ranks) == self.info.world_size else state["rng"]
+        self._rng = self.for_rank(state)["rng"]
         if pos.batch == 0:
             set_rng_state(self._rng)
 

@@ -9,9 +9,10 @@ LM (`train_lm`): random contiguous windows of the train memmap, AdamW with a lin
 official fairseq `fixed` schedule), optional wall-clock budget; BPC (= mean NLL / ln 2) on valid/test with the
 paper's sliding-window protocol (`evaluate_bpc`: every scored token has at least `ctx - score` tokens of context).
 
-Both write the run directory like the image trainer: `args.yaml`, `summary.csv`, `last.safetensors` /
-`best.safetensors` with JSON sidecars, and `results.json`; the LRA loop also writes `last_state.pth` at every
-evaluation, from which `LRAConfig(resume=True)` (`subquad lra train --resume DIR`) continues exactly.
+Both train in the shared loop (engine.loop) and write the run directory like the image trainer: `args.yaml`,
+`summary.csv`, `last.safetensors` / `best.safetensors` with JSON sidecars, and `results.json`; `last_state.pth` is
+written at every evaluation, every `checkpoint_every` steps and on SIGTERM / SIGINT, and `resume=True` (`--resume
+DIR`) continues from it exactly.
 """
 
 from __future__ import annotations
@@ -422,31 +423,33 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
     return _lra_results(cfg, task, device, rss_start)
 
 
-class _LRATask(TrainTask):
-    """LRA classification in the shared loop: one stream of seeded batches (`_train_batches`), OneCycle per step,
-    the dev split scored every `eval_every` steps."""
+class _StepTask(TrainTask):
+    """What the LRA and LM trainers share in the loop: one stream of steps, totals carried across resumes, a
+    summary.csv row and run files at each evaluation (every `eval_every` steps and the last), then the state and
+    `on_eval`; the torch RNG re-seeded from (seed, step) after each evaluation."""
 
-    def __init__(self, cfg: LRAConfig, loop: Loop, scheduler: Any, sets: dict[str, Dataset], steps: int, out: Path,
-                 log: Callable[[str], None], on_eval: Callable | None, on_update: Callable | None) -> None:
-        self.cfg, self.loop, self.scheduler, self.sets, self.total_steps, self.out, self.log = cfg, loop, scheduler, \
-            sets, steps, out, log
+    ARCH = ""
+    COUNTER = ""  # the evaluated-items total: eval_samples / eval_tokens
+
+    def __init__(self, cfg: Any, loop: Loop, total: int, out: Path, log: Callable[[str], None],
+                 on_eval: Callable | None, on_update: Callable | None) -> None:
+        self.cfg, self.loop, self.total_steps, self.out, self.log = cfg, loop, total, out, log
         self.on_eval, self.on_update = on_eval, on_update
         self.model, self.device = loop.model, loop.info.device
         self.n_params = sum(p.numel() for p in self.model.parameters())
-        self.val_loader = DataLoader(sets["val"], cfg.batch_size, shuffle=False, num_workers=cfg.workers)
-        self.rows: list[dict[str, Any]] = []
-        self.best_acc, self.best_step = -1.0, -1
-        # Totals over the whole run (carried across resumes): training time (wall and CPU), evaluation time / samples.
+        # Totals over the whole run (carried across resumes): training time (wall and CPU), evaluation time / items.
         self.tot = {"train_seconds": 0.0, "train_cpu_seconds": 0.0, "eval_seconds": 0.0, "eval_cpu_seconds": 0.0,
-                    "eval_samples": 0, "wall_seconds": 0.0}
-        self.sums = {"time": 0.0, "loss_sum": 0.0, "acc_sum": 0.0, "k": 0}
-        self.meta = {"arch": "lra_encoder", "task": cfg.task, "attention": cfg.attention, "encoding": cfg.encoding,
-                     "args": asdict(cfg)}
-        self.wall0 = time.perf_counter()
+                    self.COUNTER: 0, "wall_seconds": 0.0}
+        self.rows: list[dict[str, Any]] = []
+        self.sums = self.zero_sums()
+        self.wall0 = self.t_start = time.perf_counter()
+        self.out_of_time = False
+
+    def zero_sums(self) -> dict[str, Any]:
+        """The metric sums of one evaluation interval."""
+        raise NotImplementedError
 
     def load(self, state: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.best_acc, self.best_step = float(state["best_acc"]), int(state["best_step"])
         self.tot.update({k: type(self.tot[k])(v) for k, v in state["totals"].items() if k in self.tot})
         self.sums.update(state.get("sums", {}))
         with open(self.out / "summary.csv", newline="") as f:
@@ -454,14 +457,78 @@ class _LRATask(TrainTask):
 
     def state_dict(self) -> dict[str, Any]:
         self.tot["wall_seconds"] = time.perf_counter() - self.wall0
-        return {"step": self.loop.pos.step, "best_acc": self.best_acc, "best_step": self.best_step,
-                "scheduler": self.scheduler.state_dict(), "totals": dict(self.tot), "arch": "lra_encoder",
-                "sums": dict(self.sums)}
+        return {"step": self.loop.pos.step, "totals": dict(self.tot), "arch": self.ARCH, "sums": dict(self.sums)}
 
     def start_epoch(self, epoch: int, fresh: bool) -> None:
         if fresh:
             seed_everything(step_seed(self.cfg.seed, 0))
+        self.t_start = time.perf_counter()
         self.model.train()
+
+    def check_loss(self, loss: torch.Tensor, pos: Position) -> None:
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"non-finite training loss at step {pos.step + 1}")
+
+    def after_update(self, pos: Position) -> bool:
+        if self.on_update is not None:
+            self.on_update(pos)
+        if not (pos.step % self.cfg.eval_every == 0 or pos.step == self.total_steps or self.out_of_time):
+            return False
+        t_ev, c_ev = time.perf_counter(), time.process_time()
+        ev = self.evaluate()
+        self.tot["eval_seconds"] += time.perf_counter() - t_ev
+        self.tot["eval_cpu_seconds"] += time.process_time() - c_ev
+        self.tot[self.COUNTER] += int(ev["n"])
+        self.model.train()
+        self.row, sidecar, better = self.record(pos.step, ev)
+        self.rows.append(self.row)
+        for tag in ("last", "best") if better else ("last",):
+            save_weights(self.model, self.out / f"{tag}.safetensors", {"arch": self.ARCH, "step": str(pos.step)})
+            write_json(sidecar, self.out / f"{tag}.json")
+        write_csv(self.out / "summary.csv", self.rows)
+        self.sums = self.zero_sums()
+        # The next interval's draws depend on (seed, step) only; the state file is the resume point.
+        seed_everything(step_seed(self.cfg.seed, pos.step))
+        return True
+
+    def evaluate(self) -> dict[str, Any]:
+        """The periodic evaluation ({..., "n": items scored})."""
+        raise NotImplementedError
+
+    def record(self, step: int, ev: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        """(summary row, sidecar, better than the best so far) of the evaluation at `step`; logs it."""
+        raise NotImplementedError
+
+    def after_save(self, pos: Position) -> None:
+        if self.on_eval is not None:
+            self.on_eval({**self.row, "steps": self.total_steps})
+
+
+class _LRATask(_StepTask):
+    """LRA classification: seeded batches (`_train_batches`), OneCycle per step, the dev split scored."""
+
+    ARCH, COUNTER = "lra_encoder", "eval_samples"
+
+    def __init__(self, cfg: LRAConfig, loop: Loop, scheduler: Any, sets: dict[str, Dataset], steps: int, out: Path,
+                 log: Callable[[str], None], on_eval: Callable | None, on_update: Callable | None) -> None:
+        super().__init__(cfg, loop, steps, out, log, on_eval, on_update)
+        self.scheduler, self.sets = scheduler, sets
+        self.val_loader = DataLoader(sets["val"], cfg.batch_size, shuffle=False, num_workers=cfg.workers)
+        self.best_acc, self.best_step = -1.0, -1
+        self.meta = {"arch": "lra_encoder", "task": cfg.task, "attention": cfg.attention, "encoding": cfg.encoding,
+                     "args": asdict(cfg)}
+
+    def zero_sums(self) -> dict[str, Any]:
+        return {"time": 0.0, "loss_sum": 0.0, "acc_sum": 0.0, "k": 0}
+
+    def load(self, state: dict[str, Any]) -> None:
+        super().load(state)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.best_acc, self.best_step = float(state["best_acc"]), int(state["best_step"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_acc": self.best_acc, "best_step": self.best_step,
+                "scheduler": self.scheduler.state_dict()}
 
     def batches(self, epoch: int, skip: int) -> DataLoader:
         # The loader's own generator keeps DataLoader from drawing on the global RNG (it would shift dropout draws).
@@ -477,13 +544,8 @@ class _LRATask(TrainTask):
         return _to(batch, self.device)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        self.logits = _lra_forward(self.model, batch)
-        self.label = batch["label"]
+        self.logits, self.label = _lra_forward(self.model, batch), batch["label"]
         return F.cross_entropy(self.logits.float(), batch["label"])
-
-    def check_loss(self, loss: torch.Tensor, pos: Position) -> None:
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"non-finite training loss at step {pos.step + 1}")
 
     def after_batch(self, pos: Position, loss: torch.Tensor, batch: Any, seconds: float, cpu: float) -> None:
         self.tot["train_cpu_seconds"] += cpu
@@ -496,38 +558,25 @@ class _LRATask(TrainTask):
 
     def after_update(self, pos: Position) -> bool:
         self.scheduler.step()
-        if self.on_update is not None:
-            self.on_update(pos)
-        step, cfg = pos.step, self.cfg
-        if not (step % cfg.eval_every == 0 or step == self.total_steps):
-            return False
-        t_ev, c_ev = time.perf_counter(), time.process_time()
-        ev = evaluate_lra(self.model, self.val_loader, self.device, cfg.eval_steps, cfg.amp)
-        self.tot["eval_seconds"] += time.perf_counter() - t_ev
-        self.tot["eval_cpu_seconds"] += time.process_time() - c_ev
-        self.tot["eval_samples"] += int(ev["samples"])
-        self.model.train()
-        s = self.sums
-        self.row = {"step": step, "train_loss": s["loss_sum"] / s["k"], "train_acc": s["acc_sum"] / s["k"],
-                    "eval_loss": ev["loss"], "eval_acc": ev["acc"], "lr": self.lr_used, "time": s["time"],
-                    "sec_per_step": s["time"] / s["k"]}
-        self.rows.append(self.row)
-        self.log(f"step {step}/{self.total_steps}  train_loss {self.row['train_loss']:.4f}  train_acc "
-                 f"{self.row['train_acc']:.2f}  val_loss {ev['loss']:.4f}  val_acc {ev['acc']:.2f}  "
-                 f"{self.row['sec_per_step']:.3f}s/step")
-        sidecar = {**self.meta, "step": step, "metrics": {"eval_acc": ev["acc"], "eval_loss": ev["loss"]}}
-        _save_eval_files(self.out, self.model, "lra_encoder", step, sidecar, ev["acc"] > self.best_acc)
-        if ev["acc"] > self.best_acc:
-            self.best_acc, self.best_step = ev["acc"], step
-        write_csv(self.out / "summary.csv", self.rows)
-        self.sums = {"time": 0.0, "loss_sum": 0.0, "acc_sum": 0.0, "k": 0}
-        # The next interval's draws depend on (seed, step) only; the state file is the resume point.
-        seed_everything(step_seed(cfg.seed, step))
-        return True
+        return super().after_update(pos)
 
-    def after_save(self, pos: Position) -> None:
-        if self.on_eval is not None:
-            self.on_eval({**self.row, "steps": self.total_steps})
+    def evaluate(self) -> dict[str, Any]:
+        ev = evaluate_lra(self.model, self.val_loader, self.device, self.cfg.eval_steps, self.cfg.amp)
+        return {**ev, "n": ev["samples"]}
+
+    def record(self, step: int, ev: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        s = self.sums
+        row = {"step": step, "train_loss": s["loss_sum"] / s["k"], "train_acc": s["acc_sum"] / s["k"],
+               "eval_loss": ev["loss"], "eval_acc": ev["acc"], "lr": self.lr_used, "time": s["time"],
+               "sec_per_step": s["time"] / s["k"]}
+        self.log(f"step {step}/{self.total_steps}  train_loss {row['train_loss']:.4f}  train_acc "
+                 f"{row['train_acc']:.2f}  val_loss {ev['loss']:.4f}  val_acc {ev['acc']:.2f}  "
+                 f"{row['sec_per_step']:.3f}s/step")
+        sidecar = {**self.meta, "step": step, "metrics": {"eval_acc": ev["acc"], "eval_loss": ev["loss"]}}
+        better = ev["acc"] > self.best_acc
+        if better:
+            self.best_acc, self.best_step = ev["acc"], step
+        return row, sidecar, better
 
 
 def _lra_results(cfg: LRAConfig, task: _LRATask, device: torch.device, rss_start: float) -> dict[str, Any]:
@@ -714,51 +763,35 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
     return _lm_results(cfg, task, loop.pos.step, device)
 
 
-class _LMTask(TrainTask):
-    """The character LM in the shared loop: one endless stream of random windows, the phase schedule before each
-    step, the valid split scored every `eval_every` steps."""
+class _LMTask(_StepTask):
+    """The character LM: one endless stream of random windows, the phase schedule before each step, the valid split
+    scored (bits per character)."""
+
+    ARCH, COUNTER = "char_lm", "eval_tokens"
 
     def __init__(self, cfg: LMConfig, loop: Loop, phases: list[dict[str, Any]], meta: dict[str, Any],
                  data: dict[str, np.ndarray], out: Path, log: Callable[[str], None],
                  on_eval: Callable | None, on_update: Callable | None) -> None:
-        self.cfg, self.loop, self.phases, self.meta, self.data, self.out, self.log = cfg, loop, phases, meta, data, \
-            out, log
-        self.on_eval, self.on_update = on_eval, on_update
-        self.model, self.device = loop.model, loop.info.device
-        self.total_steps = phases[-1]["last"]
-        self.n_params = sum(p.numel() for p in self.model.parameters())
+        super().__init__(cfg, loop, phases[-1]["last"], out, log, on_eval, on_update)
+        self.phases, self.meta, self.data = phases, meta, data
         model_args = lm_model_args(int(meta["vocab_size"]), cfg)
         self.side = {"arch": "char_lm", "model_args": model_args, "corpus": meta.get("name", ""),
                      "variant": meta.get("variant", ""), "vocab": meta.get("vocab"), "args": asdict(cfg)}
         self.rss0 = rss_mb()
-        self.tot = {"train_seconds": 0.0, "train_cpu_seconds": 0.0, "eval_seconds": 0.0, "eval_cpu_seconds": 0.0,
-                    "eval_tokens": 0, "wall_seconds": 0.0}
-        self.rows: list[dict[str, Any]] = []
         self.best_bpc, self.best_step = float("inf"), 0
         self.rng = np.random.default_rng(cfg.seed)
-        self.sums = {"loss_sum": 0.0, "k": 0}
-        self.t_start = time.perf_counter()
-        self.wall0 = self.t_start
+
+    def zero_sums(self) -> dict[str, Any]:
+        return {"loss_sum": 0.0, "k": 0}
 
     def load(self, state: dict[str, Any]) -> None:
+        super().load(state)
         self.rng.bit_generator.state = json.loads(state["sampler"])
         self.best_bpc, self.best_step = float(state["best_bpc"]), int(state["best_step"])
-        self.tot.update({k: type(self.tot[k])(v) for k, v in state["totals"].items() if k in self.tot})
-        self.sums.update(state.get("sums", {}))
-        with open(self.out / "summary.csv", newline="") as f:
-            self.rows = [r for r in csv.DictReader(f) if int(r["step"]) <= int(state["step"])]
 
     def state_dict(self) -> dict[str, Any]:
-        self.tot["wall_seconds"] = time.perf_counter() - self.wall0
-        return {"step": self.loop.pos.step, "best_bpc": self.best_bpc, "best_step": self.best_step,
-                "totals": dict(self.tot), "sampler": json.dumps(self.rng.bit_generator.state), "arch": "char_lm",
-                "sums": dict(self.sums)}
-
-    def start_epoch(self, epoch: int, fresh: bool) -> None:
-        if fresh:
-            seed_everything(step_seed(self.cfg.seed, 0))
-        self.t_start = time.perf_counter()
-        self.model.train()
+        return {**super().state_dict(), "best_bpc": self.best_bpc, "best_step": self.best_step,
+                "sampler": json.dumps(self.rng.bit_generator.state)}
 
     def batches(self, epoch: int, skip: int) -> Iterator[torch.Tensor]:
         for step in itertools.count(skip + 1):
@@ -784,64 +817,40 @@ class _LMTask(TrainTask):
         logits = _lm_logits(self.model, xy[:, :-1])
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
 
-    def check_loss(self, loss: torch.Tensor, pos: Position) -> None:
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"non-finite training loss at step {pos.step + 1}")
-
     def after_batch(self, pos: Position, loss: torch.Tensor, batch: Any, seconds: float, cpu: float) -> None:
         self.tot["train_seconds"] += seconds
         self.tot["train_cpu_seconds"] += cpu
         self.sums["loss_sum"] += loss.item()
         self.sums["k"] += 1
 
+    def after_update(self, pos: Position) -> bool:
+        cfg = self.cfg
+        self.out_of_time = cfg.max_minutes > 0 and time.perf_counter() - self.t_start > cfg.max_minutes * 60.0
+        return super().after_update(pos)
+
     def should_stop(self, pos: Position) -> bool:
         if self.out_of_time:
             self.log(f"time budget of {self.cfg.max_minutes} min reached at step {pos.step}")
         return self.out_of_time
 
-    def after_update(self, pos: Position) -> bool:
-        step, cfg = pos.step, self.cfg
-        self.out_of_time = cfg.max_minutes > 0 and time.perf_counter() - self.t_start > cfg.max_minutes * 60.0
-        if self.on_update is not None:
-            self.on_update(pos)
-        if not (step % cfg.eval_every == 0 or step == self.total_steps or self.out_of_time):
-            return False
-        t_ev, c_ev = time.perf_counter(), time.process_time()
+    def evaluate(self) -> dict[str, Any]:
+        cfg = self.cfg
         ev = evaluate_bpc(self.model, self.data["valid"], cfg.eval_ctx, cfg.eval_score, cfg.eval_batch,
                           cfg.eval_tokens, self.device)
-        self.tot["eval_seconds"] += time.perf_counter() - t_ev
-        self.tot["eval_cpu_seconds"] += time.process_time() - c_ev
-        self.tot["eval_tokens"] += int(ev["tokens"])
-        self.model.train()
+        return {**ev, "n": ev["tokens"]}
+
+    def record(self, step: int, ev: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:
         loss_sum, k = self.sums["loss_sum"], self.sums["k"]
         ph = self.phases[self.pi]
-        self.row = {"step": step, "phase": self.pi + 1, "seq_len": ph["seq_len"], "train_loss": loss_sum / k,
-                    "train_bpc": loss_sum / k / math.log(2), "valid_bpc": ev["bpc"], "valid_tokens": ev["tokens"],
-                    "lr": self.lr, "elapsed": time.perf_counter() - self.wall0}
-        self.rows.append(self.row)
-        self.log(f"step {step}  train_bpc {self.row['train_bpc']:.3f}  valid_bpc {ev['bpc']:.3f}  "
-                 f"({self.row['elapsed']:.0f}s)")
+        row = {"step": step, "phase": self.pi + 1, "seq_len": ph["seq_len"], "train_loss": loss_sum / k,
+               "train_bpc": loss_sum / k / math.log(2), "valid_bpc": ev["bpc"], "valid_tokens": ev["tokens"],
+               "lr": self.lr, "elapsed": time.perf_counter() - self.wall0}
+        self.log(f"step {step}  train_bpc {row['train_bpc']:.3f}  valid_bpc {ev['bpc']:.3f}  ({row['elapsed']:.0f}s)")
         sidecar = {**self.side, "step": step, "metrics": {"valid_bpc": ev["bpc"]}}
-        _save_eval_files(self.out, self.model, "char_lm", step, sidecar, ev["bpc"] < self.best_bpc)
-        if ev["bpc"] < self.best_bpc:
+        better = ev["bpc"] < self.best_bpc
+        if better:
             self.best_bpc, self.best_step = ev["bpc"], step
-        write_csv(self.out / "summary.csv", self.rows)
-        self.sums = {"loss_sum": 0.0, "k": 0}
-        # The next interval's dropout draws depend on (seed, step) only; the state file is the resume point.
-        seed_everything(step_seed(cfg.seed, step))
-        return True
-
-    def after_save(self, pos: Position) -> None:
-        if self.on_eval is not None:
-            self.on_eval({**self.row, "steps": self.total_steps})
-
-
-def _save_eval_files(out: Path, model: nn.Module, arch: str, step: int, sidecar: dict[str, Any], best: bool
-                     ) -> None:
-    """last.safetensors + last.json, and best.* when `best`, each atomically."""
-    for tag in ("last", "best") if best else ("last",):
-        save_weights(model, out / f"{tag}.safetensors", {"arch": arch, "step": str(step)})
-        write_json(sidecar, out / f"{tag}.json")
+        return row, sidecar, better
 
 
 def _lm_results(cfg: LMConfig, task: _LMTask, step: int, device: torch.device) -> dict[str, Any]:
