@@ -227,9 +227,11 @@ def test_lra_sigterm_between_evaluations(tmp_path):
                          seed=5, device="cpu", output=str(out), **kw)
 
     train_lra(cfg(tmp_path / "full"), log=lambda s: None)
+    # Stopped at step 2, before the first evaluation (no summary.csv, no weights files yet).
     with pytest.raises(Preempted) as e:
-        train_lra(cfg(tmp_path / "part"), log=lambda s: None, on_update=_sigterm_at(5))
+        train_lra(cfg(tmp_path / "part"), log=lambda s: None, on_update=_sigterm_at(2))
     assert e.value.code == 143 and load_state(tmp_path / "part" / "last_state.pth")["sums"]["k"] == 2
+    assert not (tmp_path / "part" / "summary.csv").exists()
     train_lra(cfg(tmp_path / "part", resume=True), log=lambda s: None)
     _same_weights(tmp_path / "full", tmp_path / "part", ("last.safetensors", "best.safetensors"))
     assert _rows(tmp_path / "full" / "summary.csv", LRA_TIMING_FIELDS) == \

@@ -18,7 +18,6 @@ DIR`) continues from it exactly.
 from __future__ import annotations
 
 import contextlib
-import csv
 import itertools
 import json
 import logging
@@ -43,7 +42,7 @@ from .checkpoint import read_json, save_weights, write_json
 from .distributed import DistInfo
 from .loop import Loop, Position, Precision, TrainTask
 from .rng import seed_everything, step_seed
-from .runfiles import write_args, write_csv
+from .runfiles import read_csv, write_args, write_csv
 
 __all__ = ["LRAConfig", "LMConfig", "train_lra", "train_lm", "evaluate_lra", "evaluate_bpc", "build_lra_data",
            "build_lm", "load_lm", "one_cycle", "lm_phases", "LM_TIMING_FIELDS"]
@@ -452,8 +451,8 @@ class _StepTask(TrainTask):
     def load(self, state: dict[str, Any]) -> None:
         self.tot.update({k: type(self.tot[k])(v) for k, v in state["totals"].items() if k in self.tot})
         self.sums.update(state.get("sums", {}))
-        with open(self.out / "summary.csv", newline="") as f:
-            self.rows = [r for r in csv.DictReader(f) if int(r["step"]) <= int(state["step"])]
+        # (A state written before the first evaluation has no summary.csv yet.)
+        self.rows = [r for r in read_csv(self.out / "summary.csv") if int(r["step"]) <= int(state["step"])]
 
     def state_dict(self) -> dict[str, Any]:
         self.tot["wall_seconds"] = time.perf_counter() - self.wall0
