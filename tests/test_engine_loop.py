@@ -169,3 +169,26 @@ def test_engine_functions_are_at_most_80_lines():
             for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and n.end_lineno - n.lineno + 1 > 80]
     assert long == []
+
+
+def test_sigterm_during_the_epoch_end_stops_after_it(tmp_path):
+    class _SlowEval(_Toy):
+        def end_epoch(self, pos):
+            if pos.epoch == 0:
+                signal.raise_signal(signal.SIGTERM)  # arrives during the (long) evaluation of epoch 1
+            return False
+
+    full = _model()
+    _loop(full, tmp_path / "full.pth").fit(_Toy(full))
+    part = _model()
+    with pytest.raises(Preempted) as e:
+        _loop(part, tmp_path / "part.pth").fit(_SlowEval(part))
+    assert e.value.position == Position(1, 0, 6)
+    state = load_state(tmp_path / "part.pth")
+    resumed = _model()
+    loop = _loop(resumed, tmp_path / "part.pth")
+    resumed.load_state_dict(part.state_dict())  # an epoch-end state: the task's own files hold the weights
+    loop.load_state_dict(state, Position(**state["position"]))
+    loop.fit(_Toy(resumed))
+    for a, b in zip(full.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)

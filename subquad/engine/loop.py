@@ -275,6 +275,11 @@ class Loop:
         if save:
             self.save(task)
             task.after_save(pos)
+        signum = self._agreed_signal() if going and pos.epoch < task.epochs else 0
+        if signum:  # received during the epoch-end evaluation
+            if not save:
+                self.save(task)
+            self._preempt(signum)
         return going
 
     def _micro_step(self, task: TrainTask, batch: Any, boundary: bool) -> torch.Tensor:
