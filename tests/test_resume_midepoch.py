@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,14 +117,26 @@ def _assert_same_cls(full, out: Path, res: dict) -> None:
         assert full_res[k] == res[k], k
 
 
-def test_classify_sigterm_inside_epoch(cls_full, tmp_path):
-    out = tmp_path / "part"
-    r = _child("classify", _cls_cfg(out), "term", 3)
+@pytest.fixture(scope="module")
+def cls_term(tmp_path_factory):
+    """A run stopped by SIGTERM at update 3 (epoch 2, batch 2 of 4) and the child process's result."""
+    out = tmp_path_factory.mktemp("cls") / "term"
+    return out, _child("classify", _cls_cfg(out), "term", 3)
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    shutil.copytree(run, tmp_path / "part")
+    return tmp_path / "part"
+
+
+def test_classify_sigterm_inside_epoch(cls_full, cls_term, tmp_path):
+    term, r = cls_term
     assert r.returncode == 128 + signal.SIGTERM, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if "resumable state written" in ln]
-    assert len(lines) == 1 and str(out / "last_state.pth") in lines[0] and "update 3 (epoch 2, batch 2)" in lines[0]
-    state = load_state(out / "last_state.pth")
+    assert len(lines) == 1 and str(term / "last_state.pth") in lines[0] and "update 3 (epoch 2, batch 2)" in lines[0]
+    state = load_state(term / "last_state.pth")
     assert state["position"] == {"epoch": 1, "batch": 2, "step": 3} and "model" in state
+    out = _copy(term, tmp_path)
     _assert_same_cls(cls_full, out, _resume_cls(out))
 
 
@@ -135,10 +148,10 @@ def test_classify_kill9_after_checkpoint_every_save(cls_full, tmp_path):
     _assert_same_cls(cls_full, out, _resume_cls(out))
 
 
-def test_classify_resume_without_rng_state_differs(cls_full, tmp_path, monkeypatch):
+def test_classify_resume_without_rng_state_differs(cls_full, cls_term, tmp_path, monkeypatch):
     """The comparison can fail: a resume that skips the saved RNG state ends with other weights."""
-    out = tmp_path / "part"
-    assert _child("classify", _cls_cfg(out), "term", 3).returncode == 128 + signal.SIGTERM
+    assert cls_term[1].returncode == 128 + signal.SIGTERM
+    out = _copy(cls_term[0], tmp_path)
     monkeypatch.setattr("subquad.engine.loop.set_rng_state", lambda state: None)
     _resume_cls(out)
     a, b = load_file(cls_full[0] / "last.safetensors"), load_file(out / "last.safetensors")
