@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["peak_memory", "quiet_native_stderr"]
+__all__ = ["peak_memory", "peak_memory_mb", "rss_mb", "quiet_native_stderr"]
 
 
 @contextlib.contextmanager
@@ -95,3 +95,18 @@ def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") ->
     if device.type != "cpu":
         raise ValueError(f"peak_memory supports cpu and cuda devices, got {device}")
     return _peak_cpu(fn)
+
+
+def rss_mb() -> float:
+    """The process's peak resident set size so far, in MiB (ru_maxrss is in KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def peak_memory_mb(device: torch.device, rss_before: float) -> float:
+    """Peak memory of a training run: CUDA max allocated, or on CPU the growth of the process's peak RSS since
+    `rss_before` (`rss_mb()` at the run's start)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return max(rss_mb() - rss_before, 0.0)

@@ -44,6 +44,8 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("eval_tokens", int, "valid tokens scored at each periodic evaluation (0 = all)"),
     ("final_eval_tokens", int, "valid/test tokens scored at the end (0 = the whole splits)"),
     ("seed", int, "random seed"),
+    ("checkpoint_every", int, "also write the resumable state every N steps (0: at evaluations only); SIGTERM / "
+     "SIGINT always write it before stopping"),
     ("device", str, "cpu, cuda, ... (default: cuda when available)"),
     ("output", str, "run directory (default runs/<time>-lm-<attention>)"),
 ]
@@ -77,8 +79,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="prepared corpus folder (subquad lm prepare), or enwik8:PATH / text8:PATH (the file or its "
                    "zip, split 90M/5M/5M; a file of another size 90/5/5 %%); required unless --resume")
     t.add_argument("--resume", default=None, metavar="RUN",
-                   help="continue the run in RUN from its last evaluation with its own settings (only --device "
-                   "may be given); ends bit-identical to an uninterrupted run")
+                   help="continue the run in RUN from its last state (an evaluation, --checkpoint-every or a SIGTERM) "
+                   "with its own settings (only --device and --checkpoint-every may be given); ends bit-identical "
+                   "to an uninterrupted run")
     t.add_argument("--attention", default="long_short",
                    help="a mechanism with a causal form: long_short (default), softmax, sliding_window, linear_elu1, "
                    "linear_relu")
@@ -185,11 +188,12 @@ def _resume_config(args: argparse.Namespace):
     from subquad.errors import UserError
 
     out = Path(args.resume)
-    given = [f"--{n.replace('_', '-')}" for n, _, _ in _FLAGS if n != "device" and getattr(args, n, None) is not None]
+    given = [f"--{n.replace('_', '-')}" for n, _, _ in _FLAGS
+             if n not in ("device", "checkpoint_every") and getattr(args, n, None) is not None]
     given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--data", args.data)) if v]
     if given:
         raise UserError(f"--resume {out} continues the run with its own settings (args.yaml); drop {', '.join(given)}"
-                        " (only --device may be given)")
+                        " (only --device and --checkpoint-every may be given)")
     if not (out / "args.yaml").is_file():
         raise UserError(f"--resume {out}: no args.yaml there (not a `subquad lm train` run directory)")
     values = yaml.safe_load((out / "args.yaml").read_text()) or {}
@@ -201,13 +205,15 @@ def _resume_config(args: argparse.Namespace):
         raise UserError(f"--resume {out}: the run has --attention {values.get('attention')!r}, not "
                         f"{args.attention!r}")
     values.update(resume=True, output=str(out))
-    if args.device is not None:
-        values["device"] = args.device
+    for name in ("device", "checkpoint_every"):
+        if getattr(args, name, None) is not None:
+            values[name] = getattr(args, name)
     return LMConfig(**values)
 
 
 def run_train(args: argparse.Namespace) -> int:
     from subquad.attention import ATTENTION_REGISTRY
+    from subquad.engine.loop import Preempted
     from subquad.engine.sequence import train_lm
     from subquad.errors import UserError
 
@@ -221,7 +227,10 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     if not cfg.resume:
         check_run_output(cfg.output, args.overwrite)
-    r = train_lm(cfg, log=print)
+    try:
+        r = train_lm(cfg, log=print)
+    except Preempted as e:  # SIGTERM / SIGINT: the state is written and its place printed
+        return int(e.code)
     unit = r["metric"]
     label = f"{r['corpus']}" + (" (not comparable to enwik8/text8)" if r["corpus"].startswith("linuxdoc") else "")
     print(f"{label}: valid {r['valid_bpc']:.3f} {unit}, test {r['test_bpc']:.3f} {unit} "

@@ -48,6 +48,8 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("limit_train", int, "use only the first N training examples"),
     ("limit_eval", int, "use only the first N dev/test examples"),
     ("seed", int, "random seed"),
+    ("checkpoint_every", int, "also write the resumable state every N steps (0: at evaluations only); SIGTERM / "
+     "SIGINT always write it before stopping"),
     ("device", str, "cpu, cuda, ... (default: cuda when available)"),
     ("workers", int, "data-loader workers"),
     ("output", str, "run directory (default runs/<time>-lra-<task>-<attention>)"),
@@ -104,8 +106,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--task", choices=TASKS, help="LRA task (required unless --resume)")
     t.add_argument("--data", help="folder with the task's files (required unless --resume)")
     t.add_argument("--resume", default=None, metavar="DIR",
-                   help="continue the run in DIR from its last evaluation, with the settings of DIR/args.yaml "
-                   "(only --device and --workers may be given besides)")
+                   help="continue the run in DIR from its last state (an evaluation, --checkpoint-every or a "
+                   "SIGTERM), with the settings of DIR/args.yaml (only --device, --workers and --checkpoint-every "
+                   "may be given besides)")
     t.add_argument("--attention", default=None,
                    help="registered mechanism (default softmax): any 1-D one (softmax, linear, long_short ...), and "
                    "with --grid the 2-D ones too (structure_aware, focused_linear, window, global_filter ...)")
@@ -189,13 +192,13 @@ def _resume_config(args: argparse.Namespace):
     from subquad.errors import UserError
 
     out = Path(args.resume)
-    given = [_flag(n) for n, _, _ in _FLAGS if n not in ("device", "workers")
+    given = [_flag(n) for n, _, _ in _FLAGS if n not in ("device", "workers", "checkpoint_every")
              and getattr(args, n, None) is not None]
     given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--grid", args.grid),
                              ("--window-size", args.window_size), ("--rank", args.rank)) if v]
     if given:
         raise UserError(f"--resume {out} continues the run with its own settings (args.yaml); drop {', '.join(given)}"
-                        " (only --device and --workers may be given)")
+                        " (only --device, --workers and --checkpoint-every may be given)")
     if not (out / "args.yaml").is_file():
         raise UserError(f"--resume {out}: no args.yaml there (not a `subquad lra train` run directory)")
     values = yaml.safe_load((out / "args.yaml").read_text()) or {}
@@ -207,7 +210,7 @@ def _resume_config(args: argparse.Namespace):
         if given_value is not None and given_value != values.get(name):
             raise UserError(f"--resume {out}: the run has --{name} {values.get(name)!r}, not {given_value!r}")
     values.update(resume=True, output=str(out))
-    for name in ("device", "workers"):
+    for name in ("device", "workers", "checkpoint_every"):
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
     return LRAConfig(**values)
@@ -259,6 +262,7 @@ def resolve_config(args: argparse.Namespace):
 def run_train(args: argparse.Namespace) -> int:
     import subquad
     from subquad.attention import ATTENTION_REGISTRY
+    from subquad.engine.loop import Preempted
     from subquad.engine.sequence import train_lra
 
     if args.attention is not None and args.attention not in ATTENTION_REGISTRY:
@@ -268,7 +272,10 @@ def run_train(args: argparse.Namespace) -> int:
         from subquad.cli.config import check_run_output
 
         check_run_output(cfg.output, args.overwrite)
-    r = train_lra(cfg, log=print)
+    try:
+        r = train_lra(cfg, log=print)
+    except Preempted as e:  # SIGTERM / SIGINT: the state is written and its place printed
+        return int(e.code)
     enc = f", encoding {r['encoding']}" if r["encoding"] else ""
     print(f"{cfg.task} ({cfg.attention}{enc}): test accuracy {r['test_acc']:.2f} % (best val {r['best_val_acc']:.2f} "
           f"% at step {r['best_step']}); {r['sec_per_step'] * 1000:.0f} ms/step; peak memory {r['peak_mem_mb']:.0f} MB")

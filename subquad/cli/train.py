@@ -25,11 +25,15 @@ def run(args: argparse.Namespace) -> int:
 
     from subquad.cli.config import check_run_output
     from subquad.engine.classify import train
+    from subquad.engine.loop import Preempted
 
     cfg = resolve_config(args)
     if not cfg.resume and not cfg.dry_run:
         check_run_output(cfg.output, args.overwrite)
-    r = train(cfg)
+    try:
+        r = train(cfg)
+    except Preempted as e:  # SIGTERM / SIGINT: the state is written and its place printed
+        return int(e.code)
     if r.get("dry_run"):
         print(yaml.safe_dump(r["config"], sort_keys=False).rstrip())
         print(f"dry run: {cfg.model} ({r['params'] / 1e6:.3f}M params) on {cfg.data}: {r['num_classes']} classes, "

@@ -11,6 +11,8 @@
 
 Resume (`--resume DIR`) continues after the last complete epoch with the same batches and random draws: the data
 order of epoch e is a permutation drawn from (seed, e) and every RNG is re-seeded from (seed, e, rank) at its start.
+`--checkpoint-every N` (iterations) and SIGTERM / SIGINT also write last_state.pth inside an epoch, with the weights,
+sampler position and RNG states, from which `--resume` continues exactly (engine.loop).
 `torchrun --nproc_per_node N -m subquad detect train ...` trains with DistributedDataParallel.
 
 The learning rate is a pure function of the iteration (linear warm-up, then step / poly / cosine), so it needs no
@@ -34,21 +36,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from ..engine.checkpoint import atomic_write, load_state, read_json, save_state, save_weights, write_json
-from ..engine.classify import (
-    _epoch_seed,
-    _prepare_output,
-    _read_csv,
-    _rng_state,
-    _seed_everything,
-    _set_rng_state,
-    _write_csv,
-)
+from ..engine.checkpoint import load_state, read_json, save_weights, write_json
 from ..engine.distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed, train_sampler
+from ..engine.loop import Loop, Position, Precision, TrainTask
+from ..engine.rng import epoch_seed, seed_everything
+from ..engine.runfiles import prepare_output, read_csv, write_args, write_csv
 from ..errors import UserError
 from .backbone import FeatureBackbone
 from .config import DenseConfig
@@ -282,172 +277,225 @@ def _evaluate(task: str, model: nn.Module, val, device, info, cfg: DenseConfig, 
     return evaluate_segmentation(model, val, device, num_classes, info, amp)
 
 
-def train_dense(cfg: DenseConfig, task: str, on_epoch_end: Callable[[int, dict], None] | None = None) -> dict:
-    """Train a detector (task 'detect') or segmenter ('segment') as `cfg` says; returns final metrics and paths."""
+def train_dense(cfg: DenseConfig, task: str, on_epoch_end: Callable[[int, dict], None] | None = None,
+                checkpoint_every: int = 0, on_update: Callable[[Position], None] | None = None) -> dict:
+    """Train a detector (task 'detect') or segmenter ('segment') as `cfg` says; returns final metrics and paths.
+
+    `checkpoint_every` > 0 also writes last_state.pth every N iterations, inside epochs; SIGTERM / SIGINT write it
+    and stop (`engine.loop.Preempted`); `--resume` continues from it exactly. `on_update(position)` follows every
+    iteration (tests)."""
     info = init_distributed(cfg.device)
     if not info.is_main:
         logging.getLogger("subquad").setLevel(logging.WARNING)
     try:
-        return _train(cfg, task, info, on_epoch_end)
+        return _train(cfg, task, info, on_epoch_end, checkpoint_every, on_update)
     finally:
         cleanup(info)
 
 
-def _train(cfg: DenseConfig, task: str, info: DistInfo, on_epoch_end: Callable | None) -> dict:
+def _read_resume(cfg: DenseConfig, out: Path, kind: str) -> dict[str, Any] | None:
+    """The resumable state of `out` (checked against the model and kind of `cfg`), None for a new run."""
+    if not cfg.resume:
+        return None
+    if not (out / "last_state.pth").is_file():
+        raise UserError(f"--resume {out}: last_state.pth is missing (the run saved no state to resume from)")
+    state = load_state(out / "last_state.pth")
+    if "model" not in state:  # written at an epoch end: the weights are last.safetensors
+        for f in ("last.safetensors", "last.json"):
+            if not (out / f).is_file():
+                raise UserError(f"--resume {out}: {f} is missing (the run saved no complete epoch)")
+    side = read_json(out / "last.json") if (out / "last.json").is_file() else state
+    if side.get("arch") != cfg.model or side.get("kind") != kind:
+        raise UserError(f"--resume {out}: the run trained {side.get('kind')} on {side.get('arch')!r}, not {kind} "
+                        f"on {cfg.model!r}")
+    return state
+
+
+class _DenseTask(TrainTask):
+    """Detection / segmentation in the shared loop: epochs over the seeded sampler, the iteration-wise lr, an
+    evaluation every `eval_interval` epochs and after the last, run files at each epoch end."""
+
+    def __init__(self, cfg: DenseConfig, task: str, info: DistInfo, run: dict[str, Any]) -> None:
+        self.cfg, self.task, self.info = cfg, task, info
+        self.__dict__.update(run)  # loop, model, ddp_model, sampler, loader, val_set, num_classes, meta, ...
+        self.ipe = len(self.loader)
+        self.total_steps = cfg.max_iters or cfg.epochs * self.ipe
+        self.epochs = math.ceil(self.total_steps / self.ipe)
+        self.rows: list[dict[str, Any]] = []
+        self.best, self.best_epoch, self.metrics = -1.0, -1, {}
+        self.sums = {"loss_sum": 0.0, "loss_n": 0, "time": 0.0}
+
+    def load(self, state: dict[str, Any], pos: Position) -> None:
+        self.best, self.best_epoch = float(state["best"]), int(state["best_epoch"])
+        self.sums.update(state.get("sums", {}))
+        self.rows = [r for r in read_csv(self.out / "summary.csv") if int(r["epoch"]) < pos.epoch]
+
+    def state_dict(self) -> dict[str, Any]:
+        pos = self.loop.pos
+        return {"epoch": pos.epoch - 1, "iters": pos.step, "best": self.best, "best_epoch": self.best_epoch,
+                "arch": self.cfg.model, "kind": self.kind, "sums": dict(self.sums)}
+
+    def start_epoch(self, epoch: int, fresh: bool) -> None:
+        seed_everything(epoch_seed(self.cfg.seed, epoch, self.info.rank))
+        if fresh:
+            self.sums = {"loss_sum": 0.0, "loss_n": 0, "time": 0.0}
+        self.ddp_model.train()
+        self.t0 = time.perf_counter() - self.sums["time"]
+
+    def batches(self, epoch: int, skip: int) -> DataLoader:
+        self.sampler.set_epoch(epoch, skip)
+        return self.loader
+
+    def epoch_len(self, epoch: int) -> int:
+        return self.ipe
+
+    def before_update(self, pos: Position) -> None:
+        f = lr_factor(self.cfg, pos.step, self.total_steps, self.ipe)
+        for g in self.loop.optimizer.param_groups:
+            g["lr"] = self.cfg.lr * g.get("lr_mult", 1.0) * f
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        device = self.info.device
+        if self.task == "detect":
+            images, targets = batch
+            images = [im.to(device) for im in images]
+            targets = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in t.items()} for t in targets]
+            return sum(self.ddp_model(images, targets).values())
+        x, y = batch
+        return segmentation_loss(self.ddp_model(x.to(device)), y.to(device).long(), self.cfg.aux_weight)
+
+    def check_loss(self, loss: torch.Tensor, pos: Position) -> None:
+        if not torch.isfinite(loss):
+            raise UserError(f"training diverged: loss is {loss.item()} at epoch {pos.epoch + 1} iteration "
+                            f"{pos.step + 1}; lower --lr or set --clip-grad (nothing saved was changed)")
+
+    def after_update(self, pos: Position) -> bool:
+        if self.on_update is not None:
+            self.on_update(pos)
+        return False
+
+    def after_batch(self, pos: Position, loss: torch.Tensor, batch: Any, seconds: float, cpu: float) -> None:
+        self.sums["loss_sum"] += float(loss.item())
+        self.sums["loss_n"] += 1
+        self.sums["time"] = time.perf_counter() - self.t0
+        it, cfg = pos.step, self.cfg
+        if self.info.is_main and cfg.log_interval > 0 and it % cfg.log_interval == 0:
+            _logger.info("epoch %d [%d/%d] iter %d/%d  loss %.4f  lr %.3e  %.2fs/iter", pos.epoch + 1, pos.batch,
+                         self.ipe, it, self.total_steps, loss.item(), self.loop.optimizer.param_groups[0]["lr"],
+                         self.sums["time"] / pos.batch)
+
+    def end_epoch(self, pos: Position) -> bool:
+        cfg, epoch, it = self.cfg, pos.epoch, pos.step
+        dt = time.perf_counter() - self.t0
+        loss_sum, loss_n = all_reduce_sum([self.sums["loss_sum"], self.sums["loss_n"]], self.info)
+        row: dict[str, Any] = {"epoch": epoch, "iters": it, "train_loss": loss_sum / max(loss_n, 1),
+                               "lr": cfg.lr * lr_factor(cfg, max(it - 1, 0), self.total_steps, self.ipe),
+                               "time": round(dt, 3)}
+        evaluated = epoch == self.epochs - 1 or (cfg.eval_interval > 0 and (epoch + 1) % cfg.eval_interval == 0)
+        is_best = False
+        if evaluated:
+            self.metrics = _evaluate(self.task, self.model, self.val_set, self.info.device, self.info, cfg,
+                                     self.num_classes)
+            row.update({k: v for k, v in self.metrics.items() if k != "IoU"})
+            is_best = self.metrics[BEST_METRIC[self.task]] > self.best
+            if is_best:
+                self.best, self.best_epoch = self.metrics[BEST_METRIC[self.task]], epoch
+            _logger.info("epoch %d/%d  train_loss %.4f  %s  (%.1fs)", epoch + 1, self.epochs, row["train_loss"],
+                         "  ".join(f"{k} {v:.4f}" for k, v in self.metrics.items() if k != "IoU"), dt)
+        else:
+            _logger.info("epoch %d/%d  train_loss %.4f  (%.1fs)", epoch + 1, self.epochs, row["train_loss"], dt)
+        self.rows.append(row)
+        self.sums = {"loss_sum": 0.0, "loss_n": 0, "time": 0.0}
+        if self.info.is_main:
+            sidecar = {**self.meta, "epoch": epoch, "metrics": {k: v for k, v in row.items() if k != "epoch"},
+                       "args": dataclasses.asdict(cfg)}
+            for tag in ["last"] + (["best"] if is_best else []):
+                save_weights(self.model, self.out / f"{tag}.safetensors", {**self.st_meta, "epoch": str(epoch)})
+                write_json({**sidecar, "weights": f"{tag}.safetensors"}, self.out / f"{tag}.json")
+            write_csv(self.out / "summary.csv", self.rows)
+        self.row = row
+        return True
+
+    def after_save(self, pos: Position) -> None:
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(pos.epoch - 1, self.row)
+
+
+def _train(cfg: DenseConfig, task: str, info: DistInfo, on_epoch_end: Callable | None, checkpoint_every: int,
+           on_update: Callable | None) -> dict:
     from ..models._builder import load_into, read_state_dict
-    from ..version import __version__
 
     _check(cfg)
     kind = _kind(cfg, task)
     device = info.device
     if not cfg.resume and not cfg.output:
         cfg = dataclasses.replace(cfg, output=f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{task}-{cfg.model}")
-    out = _prepare_output(cfg, info)
-    resume_state = None
-    if cfg.resume:
-        for f in ("last.safetensors", "last_state.pth", "last.json"):
-            if not (out / f).is_file():
-                raise UserError(f"--resume {out}: {f} is missing (the run saved no complete epoch)")
-        resume_state = load_state(out / "last_state.pth")
+    out = prepare_output(cfg)
+    state = _read_resume(cfg, out, kind)
     source = open_dense_source(cfg.data, task, cfg.seed)
     num_classes = cfg.num_classes or len(source.classes)
     if num_classes < len(source.classes):
         raise UserError(f"--num-classes {num_classes} is below the data's {len(source.classes)} classes")
-    _seed_everything(_epoch_seed(cfg.seed, -1, 0))
+    seed_everything(epoch_seed(cfg.seed, -1, 0))
     model = build_dense_model(cfg, task, num_classes).to(device)
-    if resume_state is not None:
-        side = read_json(out / "last.json")
-        if side.get("arch") != cfg.model or side.get("kind") != kind:
-            raise UserError(f"--resume {out}: the run trained {side.get('kind')} on {side.get('arch')!r}, not {kind} "
-                            f"on {cfg.model!r}")
+    if state is not None and "model" not in state:
         load_into(model, read_state_dict(out / "last.safetensors"), what=f"checkpoint {out / 'last.safetensors'}")
     train_set, val_set = _datasets(cfg, task, source, num_classes, kind)
     train_set = _subset(train_set, cfg.train_limit, cfg.seed)
     val_set = _subset(val_set, cfg.eval_limit, cfg.seed)
-    global_batch = cfg.batch_size * info.world_size
     sampler = train_sampler(len(train_set), cfg.batch_size, info, cfg.seed)
     loader = DataLoader(train_set, cfg.batch_size, sampler=sampler, num_workers=cfg.workers, drop_last=True,
                         collate_fn=collate_detection if task == "detect" else None)
-    ipe = len(loader)
-    total = cfg.max_iters or cfg.epochs * ipe
-    n_epochs = math.ceil(total / ipe)
     ddp_model: nn.Module = model
     if info.enabled:
         ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-    optimizer = build_optimizer(model, cfg)
-    scaler = torch.amp.GradScaler(device.type) if cfg.amp and cfg.amp_dtype == "float16" and \
-        device.type == "cuda" else None
-    amp_ctx = _amp(cfg.amp, cfg.amp_dtype, device)
+    clip = (lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)) \
+        if cfg.clip_grad is not None else None
+    loop = Loop(model, build_optimizer(model, cfg), Precision(device, cfg.amp, cfg.amp_dtype), out / "last_state.pth",
+                info, clip=clip, checkpoint_every=checkpoint_every)
+    run = {"loop": loop, "model": model, "ddp_model": ddp_model, "sampler": sampler, "loader": loader,
+           "val_set": val_set, "num_classes": num_classes, "kind": kind, "out": out, "on_epoch_end": on_epoch_end,
+           "on_update": on_update, **_metas(cfg, task, kind, source, num_classes, out)}
+    dtask = _DenseTask(cfg, task, info, run)
     n_params = sum(p.numel() for p in model.parameters())
     if cfg.dry_run:
         return {"dry_run": True, "config": dataclasses.asdict(cfg), "task": task, "kind": kind,
                 "num_classes": num_classes, "params": n_params, "train_images": len(train_set),
-                "iters_per_epoch": ipe, "total_iters": total, "output": os.fspath(out)}
-    start_epoch, it, best, best_epoch = 0, 0, -1.0, -1
-    rows: list[dict[str, Any]] = []
-    if resume_state is not None:
-        optimizer.load_state_dict(resume_state["optimizer"])
-        if scaler is not None and resume_state.get("scaler"):
-            scaler.load_state_dict(resume_state["scaler"])
-        _set_rng_state(resume_state["rng"])
-        start_epoch, it = int(resume_state["epoch"]) + 1, int(resume_state["iters"])
-        best, best_epoch = float(resume_state["best"]), int(resume_state["best_epoch"])
-        rows = [r for r in _read_csv(out / "summary.csv") if int(r["epoch"]) < start_epoch]
-        _logger.info("resuming %s after epoch %d", out, start_epoch - 1)
+                "iters_per_epoch": dtask.ipe, "total_iters": dtask.total_steps, "output": os.fspath(out)}
+    if state is not None:
+        pos = Position(**state["position"]) if "position" in state else \
+            Position(int(state["epoch"]) + 1, 0, int(state["iters"]))
+        state = loop.for_rank(state)
+        dtask.load(state, pos)
+        loop.load_state_dict(state, pos)
+        if pos.batch:
+            _logger.info("resuming %s inside epoch %d, after iteration %d", out, pos.epoch + 1, pos.step)
+        else:
+            _logger.info("resuming %s after epoch %d", out, pos.epoch - 1)
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / "args.yaml", lambda tmp: Path(tmp).write_text(
-            yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)))
+        write_args(out, cfg)
     _logger.info("%s %s on %s: %.3fM params, %d classes, %d train images, global batch %d, %d iterations "
                  "(%d/epoch), %d rank(s)", kind, cfg.model, cfg.data, n_params / 1e6, num_classes, len(train_set),
-                 global_batch, total, ipe, info.world_size)
+                 cfg.batch_size * info.world_size, dtask.total_steps, dtask.ipe, info.world_size)
+    t_start = time.perf_counter()
+    loop.fit(dtask)
+    return {**{k: v for k, v in dtask.metrics.items() if k != "IoU"}, "best": dtask.best,
+            "best_epoch": dtask.best_epoch, "task": task, "kind": kind, "output": os.fspath(out),
+            "iters": loop.pos.step, "train_time_s": round(time.perf_counter() - t_start, 1),
+            "checkpoint": os.fspath(out / "best.safetensors"), "last": os.fspath(out / "last.safetensors")}
+
+
+def _metas(cfg: DenseConfig, task: str, kind: str, source: DenseSource, num_classes: int, out: Path
+           ) -> dict[str, Any]:
+    """The sidecar (`meta`) and safetensors header (`st_meta`) fields every epoch's files share."""
+    from ..version import __version__
+
     meta = {"task": task, "kind": kind, "arch": cfg.model, "classes": source.classes, "num_classes": num_classes,
             "subquad_version": __version__}
     st_meta = {"subquad_version": __version__, "arch": cfg.model, "task": task, "kind": kind,
                "source": f"trained:{out.name}", "num_classes": str(num_classes)}
-    metrics: dict[str, Any] = {}
-    t_start = time.perf_counter()
-    for epoch in range(start_epoch, n_epochs):
-        _seed_everything(_epoch_seed(cfg.seed, epoch, info.rank))
-        sampler.set_epoch(epoch)
-        ddp_model.train()
-        t0 = time.perf_counter()
-        loss_sum, loss_n = 0.0, 0
-        for i, batch in enumerate(loader):
-            if it >= total:
-                break
-            f = lr_factor(cfg, it, total, ipe)
-            for g in optimizer.param_groups:
-                g["lr"] = cfg.lr * g.get("lr_mult", 1.0) * f
-            with amp_ctx():
-                if task == "detect":
-                    images, targets = batch
-                    images = [im.to(device) for im in images]
-                    targets = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in t.items()} for t in targets]
-                    losses = ddp_model(images, targets)
-                    loss = sum(losses.values())
-                else:
-                    x, y = batch
-                    loss = segmentation_loss(ddp_model(x.to(device)), y.to(device).long(), cfg.aux_weight)
-            if not torch.isfinite(loss):
-                raise UserError(f"training diverged: loss is {loss.item()} at epoch {epoch + 1} iteration {it + 1}; "
-                                "lower --lr or set --clip-grad (nothing saved was changed)")
-            optimizer.zero_grad(set_to_none=True)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-            else:
-                loss.backward()
-            if cfg.clip_grad is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            it += 1
-            loss_sum += float(loss.item())
-            loss_n += 1
-            if info.is_main and cfg.log_interval > 0 and it % cfg.log_interval == 0:
-                _logger.info("epoch %d [%d/%d] iter %d/%d  loss %.4f  lr %.3e  %.2fs/iter", epoch + 1, i + 1, ipe, it,
-                             total, loss.item(), optimizer.param_groups[0]["lr"], (time.perf_counter() - t0) / (i + 1))
-        dt = time.perf_counter() - t0
-        loss_sum, loss_n = all_reduce_sum([loss_sum, loss_n], info)
-        row: dict[str, Any] = {"epoch": epoch, "iters": it, "train_loss": loss_sum / max(loss_n, 1),
-                               "lr": cfg.lr * lr_factor(cfg, max(it - 1, 0), total, ipe),
-                               "time": round(dt, 3)}
-        last = epoch == n_epochs - 1
-        evaluated = last or (cfg.eval_interval > 0 and (epoch + 1) % cfg.eval_interval == 0)
-        is_best = False
-        if evaluated:
-            metrics = _evaluate(task, model, val_set, device, info, cfg, num_classes)
-            row.update({k: v for k, v in metrics.items() if k != "IoU"})
-            is_best = metrics[BEST_METRIC[task]] > best
-            if is_best:
-                best, best_epoch = metrics[BEST_METRIC[task]], epoch
-            _logger.info("epoch %d/%d  train_loss %.4f  %s  (%.1fs)", epoch + 1, n_epochs, row["train_loss"],
-                         "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "IoU"), dt)
-        else:
-            _logger.info("epoch %d/%d  train_loss %.4f  (%.1fs)", epoch + 1, n_epochs, row["train_loss"], dt)
-        rows.append(row)
-        if info.is_main:
-            sidecar = {**meta, "epoch": epoch, "metrics": {k: v for k, v in row.items() if k != "epoch"},
-                       "args": dataclasses.asdict(cfg)}
-            for tag in ["last"] + (["best"] if is_best else []):
-                save_weights(model, out / f"{tag}.safetensors", {**st_meta, "epoch": str(epoch)})
-                write_json({**sidecar, "weights": f"{tag}.safetensors"}, out / f"{tag}.json")
-            _write_csv(out / "summary.csv", rows)
-            state = {"epoch": epoch, "iters": it, "best": best, "best_epoch": best_epoch,
-                     "optimizer": optimizer.state_dict(), "rng": _rng_state(), "arch": cfg.model, "kind": kind}
-            if scaler is not None:
-                state["scaler"] = scaler.state_dict()
-            save_state(state, out / "last_state.pth")
-        if on_epoch_end is not None:
-            on_epoch_end(epoch, row)
-    return {**{k: v for k, v in metrics.items() if k != "IoU"}, "best": best, "best_epoch": best_epoch,
-            "task": task, "kind": kind, "output": os.fspath(out), "iters": it,
-            "train_time_s": round(time.perf_counter() - t_start, 1),
-            "checkpoint": os.fspath(out / "best.safetensors"), "last": os.fspath(out / "last.safetensors")}
+    return {"meta": meta, "st_meta": st_meta}
 
 
 def resolve_checkpoint(checkpoint: str | os.PathLike) -> Path:

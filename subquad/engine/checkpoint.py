@@ -319,7 +319,7 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
 
     from ..models import create_model
     from ..models._builder import load_into
-    from .classify import build_model, check_img_size, model_input
+    from .modelbuild import build_model, check_img_size, model_input
 
     weights = resolve_checkpoint(checkpoint)
     # subquad keeps EMA weights in their own file; a timm training checkpoint holds them as state_dict_ema.
@@ -371,7 +371,7 @@ def _load_timm_checkpoint(weights: Path, sd: dict[str, torch.Tensor], meta: dict
     from ..errors import UserError
     from ..models import create_model
     from ..models._builder import load_into
-    from .classify import build_model, check_img_size
+    from .modelbuild import build_model, check_img_size
 
     args, arch = meta["args"], meta["arch"]
     if model and arch and model != arch:

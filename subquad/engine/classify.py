@@ -22,10 +22,12 @@ last epoch (tests assert it is not opened before).
 
 Determinism and resume: the data order of epoch e is a permutation drawn from (seed, e) (GlobalBatchSampler) and
 every RNG is re-seeded from (seed, e, rank) at the start of epoch e, so `--resume DIR` after epoch k continues with
-exactly the batches, augmentations and drop-path draws of the uninterrupted run. Resuming a finished run reports it
-complete; `--resume DIR --epochs N` with N above the run's epochs extends it, with the schedule `--resume-schedule`
-names (restart: a new cosine from --lr over the added epochs; continue: the old schedule, whose lr has reached
-min_lr).
+exactly the batches, augmentations and drop-path draws of the uninterrupted run. Inside an epoch, `--checkpoint-every
+N` (updates) and SIGTERM / SIGINT write last_state.pth with the weights, the sampler position, every RNG state and
+the epoch's loss sums (engine.loop), and `--resume DIR` from it ends with the same weights and metrics too.
+Resuming a finished run reports it complete; `--resume DIR --epochs N` with N above the run's epochs extends it, with
+the schedule `--resume-schedule` names (restart: a new cosine from --lr over the added epochs; continue: the old
+schedule, whose lr has reached min_lr).
 
 Pieces from timm: create_transform, Mixup/CutMix, SoftTargetCrossEntropy, LabelSmoothingCrossEntropy,
 create_optimizer_v2, create_scheduler_v2, ModelEmaV3, dispatch_clip_grad, accuracy.
@@ -34,34 +36,34 @@ create_optimizer_v2, create_scheduler_v2, ModelEmaV3, dispatch_clip_grad, accura
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import json
 import logging
 import math
 import os
-import random
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 from torch.utils.data import DataLoader
 
+from ..bench.memory import peak_memory_mb, rss_mb
 from ..data.registry import ImageSource, TransformDataset, build_transform, open_source, resolve_aug
 from ..data.video import multiview_logits
 from ..errors import UserError
-from .checkpoint import atomic_write, load_state, read_json, save_state, save_weights, write_json
+from .checkpoint import load_state, read_json, save_weights, write_json
 from .config import TrainConfig
 from .distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed, train_sampler
+from .loop import Loop, Position, Precision, TrainTask
+from .modelbuild import build_model, check_img_size, model_input
 from .optim import build_optimizer, build_scheduler
-from .sequence import _rss_mb, peak_memory_mb
+from .rng import epoch_seed, seed_everything
+from .runfiles import prepare_output, read_csv, write_args, write_csv
 
 __all__ = ["TrainConfig", "train", "evaluate", "build_model", "data_config", "eval_loader", "SUMMARY_FIELDS"]
 
@@ -91,61 +93,6 @@ def _inflate_into(model: nn.Module, path: str) -> None:
                    for k, v in image_state.items()}
     load_into(model, inflate_image_weights(image_state, model), what=f"inflated image checkpoint {src}")
     _logger.info("initialised %s from image checkpoint %s (2-D -> 3-D inflation)", type(model).__name__, src)
-
-
-def _first_line(e: BaseException) -> str:
-    s = str(e).strip()
-    return s.splitlines()[0] if s else type(e).__name__
-
-
-def build_model(name: str, num_classes: int, img_size: int | None = None, drop_path: float | None = None,
-                drop: float = 0.0, device: torch.device | str = "cpu",
-                model_kwargs: dict[str, Any] | None = None) -> nn.Module:
-    """create_model with the options every image model takes (plus `model_kwargs` for the model's constructor);
-    unknown names and refused sizes are a UserError."""
-    from ..models import create_model
-
-    kw: dict[str, Any] = {**(model_kwargs or {}), "num_classes": num_classes}
-    if drop_path is not None:
-        kw["drop_path_rate"] = drop_path
-    if drop:
-        kw["drop_rate"] = drop
-    if img_size is not None:
-        if img_size < 1:
-            raise UserError(f"--img-size must be >= 1, got {img_size}")
-        kw["img_size"] = img_size
-    try:
-        try:
-            model = create_model(name, **kw)
-        except TypeError as e:
-            if "img_size" not in str(e):
-                raise
-            kw.pop("img_size")
-            model = create_model(name, **kw)
-    except UserError:
-        raise
-    except (ValueError, AssertionError, RuntimeError, TypeError) as e:
-        raise UserError(f"cannot build model {name!r} with {kw}: {_first_line(e)}") from None
-    return model.to(device)
-
-
-def model_input(model: nn.Module, img_size: int | None) -> tuple[int, int]:
-    """(in_chans, side) the model takes: its pretrained_cfg's input_size unless `img_size` is given."""
-    c, h, _ = (getattr(model, "pretrained_cfg", None) or {}).get("input_size", (3, 224, 224))
-    return int(c), int(img_size or h)
-
-
-@torch.no_grad()
-def check_img_size(model: nn.Module, name: str, in_chans: int, img_size: int, device: torch.device) -> None:
-    """One eval forward at the requested size; a model that cannot take it gives a one-line UserError."""
-    was_training = model.training
-    model.eval()
-    try:
-        model(torch.zeros(1, in_chans, img_size, img_size, device=device))
-    except (RuntimeError, ValueError, AssertionError, IndexError) as e:
-        raise UserError(f"model {name!r} cannot take --img-size {img_size}: {_first_line(e)}") from None
-    finally:
-        model.train(was_training)
 
 
 def data_config(cfg: TrainConfig, source: ImageSource, in_chans: int, img_size: int) -> dict[str, Any]:
@@ -244,56 +191,6 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, info: D
     return {"eval_loss": loss_sum / n, "eval_top1": 100.0 * c1 / n, "eval_top5": 100.0 * c5 / n}
 
 
-def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    return (seed * 1_000_003 + (epoch + 1) * 7_919 + rank * 104_729) % (2**31 - 1)
-
-
-def _seed_everything(s: int) -> None:
-    random.seed(s)
-    np.random.seed(s % (2**32))
-    torch.manual_seed(s)
-
-
-def _rng_state() -> dict[str, Any]:
-    py = random.getstate()
-    npst = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": [py[0], list(py[1]), py[2]],
-             "numpy": [npst[0], torch.from_numpy(npst[1].astype(np.int64)), int(npst[2]), int(npst[3]),
-                       float(npst[4])]}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), n[2], n[3], n[4]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-
-    def _w(tmp: str) -> None:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows(rows)
-
-    atomic_write(path, _w)
-
-
-def _read_csv(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def _check_config(cfg: TrainConfig, info: DistInfo) -> None:
     if cfg.epochs < 1:
         raise UserError(f"--epochs must be >= 1, got {cfg.epochs}")
@@ -323,59 +220,50 @@ def _schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, updates_per_ep
                                                          cooldown_epochs=0), updates_per_epoch)
 
 
-def _prepare_output(cfg: TrainConfig, info: DistInfo) -> Path:
-    if cfg.resume:
-        return Path(cfg.resume)
-    out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.model}")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--output {out} exists and is not a directory")
-    if (out / "last.safetensors").exists() or (out / "last_state.pth").exists():
-        raise UserError(f"--output {out} already holds a run; continue it with --resume {out} or choose another "
-                        "--output (nothing was overwritten)")
-    return out
-
-
-def train(cfg: TrainConfig, on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, on_epoch_end: Callable[[int, dict[str, Any]], None] | None = None,
+          on_update: Callable[[Position], None] | None = None) -> dict[str, Any]:
     """Train `cfg.model` on `cfg.data` (DDP when launched by torchrun); returns final metrics and paths.
 
     Args:
         cfg: the resolved config.
         on_epoch_end: called as on_epoch_end(epoch, row) after each epoch's files are written (tests use it to
             interrupt a run).
+        on_update: called with the loop's Position after every optimizer update (before the state written by
+            --checkpoint-every or a signal).
+    Raises:
+        Preempted: SIGTERM / SIGINT; the resumable state was written (exit code 143 / 130).
     """
     info = init_distributed(cfg.device)
     if not info.is_main:
         logging.getLogger("subquad").setLevel(logging.WARNING)
     try:
-        return _train(cfg, info, on_epoch_end)
+        return _train(cfg, info, on_epoch_end, on_update)
     finally:
         cleanup(info)
 
 
-def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> dict[str, Any]:
-    from timm.data import Mixup
-    from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-    from timm.utils import ModelEmaV3, dispatch_clip_grad
+def _read_resume(cfg: TrainConfig, out: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(resumable state or None, the last.json sidecar or {} for a state written inside the first epoch)."""
+    if not cfg.resume:
+        return None, {}
+    if not (out / "last_state.pth").is_file():
+        raise UserError(f"--resume {out}: last_state.pth is missing (the run saved no state to resume from)")
+    state = load_state(out / "last_state.pth")
+    if "model" in state:  # written inside an epoch: the weights are in the state
+        return state, read_json(out / "last.json") if (out / "last.json").is_file() else {}
+    for f in ("last.safetensors", "last.json"):
+        if not (out / f).is_file():
+            raise UserError(f"--resume {out}: {f} is missing (the run saved no complete epoch)")
+    return state, read_json(out / "last.json")
 
+
+def _build(cfg: TrainConfig, info: DistInfo, source: ImageSource, num_classes: int, out: Path,
+           state: dict[str, Any] | None, side: dict[str, Any]) -> tuple[nn.Module, dict[str, Any], int, int]:
+    """(model on the device, data config, in_chans, img_size): built from the epoch -1 seed, inflated or loaded."""
     from ..models._builder import load_into, read_state_dict
-    from ..version import __version__
 
-    _check_config(cfg, info)
-    rss0 = _rss_mb()
     device = info.device
-    out = _prepare_output(cfg, info)
-    resume_state: dict[str, Any] | None = None
-    if cfg.resume:
-        for f in ("last.safetensors", "last_state.pth", "last.json"):
-            if not (out / f).is_file():
-                raise UserError(f"--resume {out}: {f} is missing (the run saved no complete epoch)")
-        resume_state = load_state(out / "last_state.pth")
-
-    source = open_source(cfg.data, cfg.dataset_download)
-    num_classes = cfg.num_classes or len(source.classes)
-    if num_classes < len(source.classes):
-        raise UserError(f"--num-classes {num_classes} is below the data's {len(source.classes)} classes")
-    _seed_everything(_epoch_seed(cfg.seed, -1, 0))
+    seed_everything(epoch_seed(cfg.seed, -1, 0))
     model_kwargs = _video_model_kwargs(cfg, source)
     model = build_model(cfg.model, num_classes, cfg.img_size, cfg.drop_path, cfg.drop, device, model_kwargs)
     if source.video and not getattr(model, "video", False):
@@ -383,13 +271,14 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
                         "hylisanet_micro_video, hylisanet_s_video)")
     in_chans, img_size = model_input(model, cfg.img_size)
     check_img_size(model, cfg.model, in_chans, img_size, device)
-    if cfg.inflate_from and resume_state is None:
+    if cfg.inflate_from and state is None:
         _inflate_into(model, cfg.inflate_from)
-    if resume_state is not None:
-        side = read_json(out / "last.json")
-        if side.get("arch") != cfg.model:
-            raise UserError(f"--resume {out}: the run trained {side.get('arch')!r}, not {cfg.model!r}")
-        load_into(model, read_state_dict(out / "last.safetensors"), what=f"checkpoint {out / 'last.safetensors'}")
+    if state is not None:
+        arch = side.get("arch", state.get("arch"))
+        if arch != cfg.model:
+            raise UserError(f"--resume {out}: the run trained {arch!r}, not {cfg.model!r}")
+        if "model" not in state:
+            load_into(model, read_state_dict(out / "last.safetensors"), what=f"checkpoint {out / 'last.safetensors'}")
     if cfg.grad_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
             raise UserError(f"model {cfg.model!r} has no set_grad_checkpointing(); drop --grad-checkpointing")
@@ -401,263 +290,355 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None) -> d
     if source.video:
         dcfg["video"] = {"num_frames": int(cfg.num_frames or getattr(model, "num_frames", 16)),
                          "frame_stride": cfg.frame_stride, "views": [1, 1]}
+    return model, dcfg, in_chans, img_size
+
+
+def _train_data(cfg: TrainConfig, info: DistInfo, source: ImageSource, dcfg: dict[str, Any], in_chans: int,
+                img_size: int) -> tuple[Any, GlobalBatchSampler, DataLoader, DataLoader]:
+    """(training set, its sampler, its loader, the validation loader); sets dcfg['aug']."""
     train_base = source.dataset(source.train_split, cfg.train_limit, cfg.seed)
     aug, aug_why = resolve_aug(source, img_size, len(train_base), "none" if cfg.no_aug else cfg.aug)
     dcfg["aug"] = aug
     _logger.info("augmentation: %s (%s) [%s]; change with --aug none|light|timm", aug,
                  _VIDEO_AUG_WHAT[aug] if source.video else _AUG_WHAT[aug], aug_why)
-    train_tf = build_transform(source, img_size, True, aug=aug, interpolation=cfg.interpolation,
-                               crop_pct=cfg.crop_pct, mean=tuple(dcfg["mean"]), std=tuple(dcfg["std"]),
-                               scale=tuple(cfg.scale) if cfg.scale else None,
-                               ratio=tuple(cfg.ratio) if cfg.ratio else None, hflip=cfg.hflip,
-                               color_jitter=cfg.color_jitter, aa=cfg.aa, reprob=cfg.reprob, remode=cfg.remode,
-                               recount=cfg.recount, train_interpolation=cfg.train_interpolation, in_chans=in_chans)
-    mode = "L" if in_chans == 1 else "RGB"
     if source.video:
         train_set = _video_dataset(source, source.train_split, dcfg, True, cfg.train_limit, cfg.seed, cfg.hflip, aug)
     else:
-        train_set = TransformDataset(train_base, train_tf, mode)
-    global_batch = cfg.batch_size * info.world_size
+        train_tf = build_transform(source, img_size, True, aug=aug, interpolation=cfg.interpolation,
+                                   crop_pct=cfg.crop_pct, mean=tuple(dcfg["mean"]), std=tuple(dcfg["std"]),
+                                   scale=tuple(cfg.scale) if cfg.scale else None,
+                                   ratio=tuple(cfg.ratio) if cfg.ratio else None, hflip=cfg.hflip,
+                                   color_jitter=cfg.color_jitter, aa=cfg.aa, reprob=cfg.reprob, remode=cfg.remode,
+                                   recount=cfg.recount, train_interpolation=cfg.train_interpolation,
+                                   in_chans=in_chans)
+        train_set = TransformDataset(train_base, train_tf, "L" if in_chans == 1 else "RGB")
     sampler = train_sampler(len(train_set), cfg.batch_size, info, cfg.seed)
     train_loader = DataLoader(train_set, cfg.batch_size, sampler=sampler, num_workers=cfg.workers,
                               pin_memory=cfg.pin_mem, drop_last=True, persistent_workers=False)
     val_loader = eval_loader(source, source.val_split, dcfg, cfg.validation_batch_size or 2 * cfg.batch_size,
                              cfg.workers, cfg.eval_limit, cfg.seed, info)
+    return train_set, sampler, train_loader, val_loader
 
+
+def _wrap(model: nn.Module, cfg: TrainConfig, info: DistInfo) -> tuple[nn.Module, nn.Module]:
+    """(model, the module the training forward calls): DDP under torchrun (SyncBatchNorm with --sync-bn),
+    torch.compile with --compile."""
     ddp_model: nn.Module = model
     if info.enabled:
         if cfg.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        device = info.device
         ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     if cfg.compile:
         # Training forwards only; evaluation and checkpoints use the eager module (same parameters, plain keys).
         ddp_model = torch.compile(ddp_model)
-    optimizer = build_optimizer(model, cfg)
-    updates_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum_steps)
-    # The schedule segment: epochs [start, end) and the update count at its start. A fresh run has one segment over
-    # all its epochs; extending a finished run (--resume with a larger --epochs) may add one (see --resume-schedule).
-    seg = {"start": 0, "end": cfg.epochs, "update0": 0}
-    extend_note = ""
-    if resume_state is not None:
-        done = int(resume_state["epoch"]) + 1
-        seg = dict(resume_state.get("schedule") or {"start": 0, "end": int(side["args"]["epochs"]), "update0": 0})
-        if cfg.epochs < done:
-            raise UserError(f"--resume {out}: the run has already trained {done} epochs; --epochs {cfg.epochs} is "
-                            "fewer")
-        if cfg.epochs != seg["end"] and cfg.epochs > done:
-            if cfg.resume_schedule == "restart":
-                seg = {"start": done, "end": cfg.epochs, "update0": int(resume_state["num_updates"])}
-                extend_note = (f"extending {out} from {done} to {cfg.epochs} epochs: a new cosine from lr {cfg.lr:g} "
-                               f"to {cfg.min_lr:g} over epochs {done + 1}-{cfg.epochs}, no warm-up "
-                               "(--resume-schedule restart)")
-            else:
-                extend_note = (f"extending {out} from {done} to {cfg.epochs} epochs with the old schedule: epochs "
-                               f"{seg['end'] + 1}-{cfg.epochs} train at its final lr {cfg.min_lr:g} "
-                               "(--resume-schedule continue)")
-    scheduler = _schedule(optimizer, cfg, updates_per_epoch, seg)
-    ema = ModelEmaV3(model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup) if cfg.model_ema else None
-    amp_dtype = torch.bfloat16 if cfg.amp_dtype == "bfloat16" else torch.float16
-    scaler = torch.amp.GradScaler(device.type) if cfg.amp and amp_dtype == torch.float16 and \
-        device.type == "cuda" else None
+    return model, ddp_model
 
-    def amp_ctx() -> contextlib.AbstractContextManager:
-        return torch.autocast(device.type, dtype=amp_dtype) if cfg.amp else contextlib.nullcontext()
 
-    mixup_fn = None
+def _segment(cfg: TrainConfig, state: dict[str, Any] | None, side: dict[str, Any], out: Path
+             ) -> tuple[dict[str, int], str]:
+    """The schedule segment: epochs [start, end) and the update count at its start, and the note of an extension.
+    A fresh run has one segment over all its epochs; extending a finished run (--resume with a larger --epochs) may
+    add one (see --resume-schedule)."""
+    if state is None:
+        return {"start": 0, "end": cfg.epochs, "update0": 0}, ""
+    done = int(state["epoch"]) + 1
+    seg = dict(state.get("schedule") or {"start": 0, "end": int(side["args"]["epochs"]), "update0": 0})
+    if cfg.epochs < done:
+        raise UserError(f"--resume {out}: the run has already trained {done} epochs; --epochs {cfg.epochs} is fewer")
+    if cfg.epochs == seg["end"] or cfg.epochs <= done:
+        return seg, ""
+    if "model" in state:
+        raise UserError(f"--resume {out}: the run stopped inside epoch {done + 1}; finish it with --epochs "
+                        f"{seg['end']} before extending it")
+    if cfg.resume_schedule == "restart":
+        seg = {"start": done, "end": cfg.epochs, "update0": int(state["num_updates"])}
+        return seg, (f"extending {out} from {done} to {cfg.epochs} epochs: a new cosine from lr {cfg.lr:g} to "
+                     f"{cfg.min_lr:g} over epochs {done + 1}-{cfg.epochs}, no warm-up (--resume-schedule restart)")
+    return seg, (f"extending {out} from {done} to {cfg.epochs} epochs with the old schedule: epochs {seg['end'] + 1}-"
+                 f"{cfg.epochs} train at its final lr {cfg.min_lr:g} (--resume-schedule continue)")
+
+
+def _criterion(cfg: TrainConfig, num_classes: int) -> tuple[Any, nn.Module]:
+    """(timm Mixup or None, the training loss): soft-target CE with mixup/cutmix, label smoothing, or plain CE."""
+    from timm.data import Mixup
+    from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+
     if cfg.mixup > 0 or cfg.cutmix > 0:
         mixup_fn = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
                          switch_prob=cfg.mixup_switch_prob, mode=cfg.mixup_mode, label_smoothing=cfg.smoothing,
                          num_classes=num_classes)
-        criterion: nn.Module = SoftTargetCrossEntropy()
-    elif cfg.smoothing > 0:
-        criterion = LabelSmoothingCrossEntropy(cfg.smoothing)
-    else:
-        criterion = nn.CrossEntropyLoss()
+        return mixup_fn, SoftTargetCrossEntropy()
+    if cfg.smoothing > 0:
+        return None, LabelSmoothingCrossEntropy(cfg.smoothing)
+    return None, nn.CrossEntropyLoss()
 
+
+class _ClassifyTask(TrainTask):
+    """Image classification in the shared loop: epochs over the seeded sampler, validation and files at each
+    epoch end, the per-update lr schedule."""
+
+    def __init__(self, cfg: TrainConfig, info: DistInfo, run: dict[str, Any]) -> None:
+        self.cfg, self.info = cfg, info
+        self.__dict__.update(run)  # model, ddp_model, sampler, train_loader, val_loader, scheduler, seg, ...
+        self.epochs = cfg.epochs
+        self.rows: list[dict[str, Any]] = []
+        self.best_top1, self.best_epoch, self.metrics = -1.0, -1, {}
+        self.best_state: dict[str, torch.Tensor] | None = None
+        # Counters of completed epochs (kept in the state, so a resumed run reports its whole training), and the
+        # sums of the running epoch.
+        self.clock = {"seen": 0, "train_time": 0.0, "train_cpu": 0.0, "wall": 0.0}
+        self.sums = {"seen": 0, "loss_sum": 0.0, "loss_n": 0, "time": 0.0, "cpu": 0.0}
+        self.use_bar = info.is_main and sys.stderr.isatty()
+
+    def load(self, state: dict[str, Any], out: Path) -> None:
+        if not self.extend_note or self.cfg.resume_schedule == "continue":
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None and "ema" not in state:
+            raise UserError(f"--resume {out}: the run has no EMA state; drop --model-ema")
+        self.best_top1, self.best_epoch = float(state["best_top1"]), int(state["best_epoch"])
+        self.clock.update({k: state.get("clock", {}).get(k, v) for k, v in self.clock.items()})
+        self.sums.update(state.get("sums", {}))
+
+    def state_dict(self) -> dict[str, Any]:
+        pos = self.loop.pos
+        return {"epoch": pos.epoch - 1, "num_updates": pos.step, "best_top1": self.best_top1,
+                "best_epoch": self.best_epoch, "scheduler": self.scheduler.state_dict(), "arch": self.cfg.model,
+                "schedule": dict(self.seg), "clock": dict(self.clock), "sums": dict(self.sums)}
+
+    def start_epoch(self, epoch: int, fresh: bool) -> None:
+        seed_everything(epoch_seed(self.cfg.seed, epoch, self.info.rank))
+        if fresh:
+            self.sums = {"seen": 0, "loss_sum": 0.0, "loss_n": 0, "time": 0.0, "cpu": 0.0}
+        self.ddp_model.train()
+        self.t0 = time.perf_counter() - self.sums["time"]
+        self.c0 = time.process_time() - self.sums["cpu"]
+
+    def batches(self, epoch: int, skip: int) -> Any:
+        self.sampler.set_epoch(epoch, skip)
+        self.t_data = time.perf_counter()
+        if not self.use_bar:
+            return self.train_loader
+        from tqdm import tqdm
+
+        self.bar = tqdm(self.train_loader, desc=f"epoch {epoch + 1}/{self.cfg.epochs}", leave=False,
+                        dynamic_ncols=True, initial=skip, total=len(self.train_loader))
+        return self.bar
+
+    def epoch_len(self, epoch: int) -> int:
+        return len(self.train_loader)
+
+    def prepare(self, batch: Any) -> Any:
+        self.data_time = time.perf_counter() - self.t_data
+        x, y = batch
+        x, y = x.to(self.info.device, non_blocking=True), y.to(self.info.device, non_blocking=True)
+        if self.cfg.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if self.mixup_fn is not None:
+            x, y = self.mixup_fn(x, y)
+        return x, y
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return self.criterion(self.ddp_model(x), y)
+
+    def check_loss(self, loss: torch.Tensor, pos: Position) -> None:
+        if not torch.isfinite(loss):
+            raise UserError(f"training diverged: loss is {loss.item()} at epoch {pos.epoch + 1} batch "
+                            f"{pos.batch + 1}; lower --lr or enable --clip-grad (nothing saved was changed)")
+
+    def after_update(self, pos: Position) -> bool:
+        self.scheduler.step_update(num_updates=pos.step - self.seg["update0"])
+        if self.on_update is not None:
+            self.on_update(pos)
+        return False
+
+    def after_batch(self, pos: Position, loss: torch.Tensor, batch: Any, seconds: float, cpu: float) -> None:
+        n = len(batch[0])
+        s = self.sums
+        s["loss_sum"] += loss.item() * n
+        s["loss_n"] += n
+        s["seen"] += n * self.info.world_size
+        s["time"], s["cpu"] = time.perf_counter() - self.t0, time.process_time() - self.c0
+        lr = self.loop.optimizer.param_groups[0]["lr"]
+        if self.use_bar:
+            self.bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{lr:.2e}")
+        elif self.info.is_main and self.cfg.log_interval > 0 and pos.batch % self.cfg.log_interval == 0:
+            dt, i = s["time"], pos.batch
+            _logger.info("epoch %d [%d/%d]  loss %.4f  %.3fs/batch  %.0f img/s  lr %.3e  data %.3fs", pos.epoch + 1,
+                         i, len(self.train_loader), loss.item(), dt / i, i * self.global_batch / dt, lr,
+                         self.data_time)
+        self.t_data = time.perf_counter()
+
+    def end_epoch(self, pos: Position) -> bool:
+        cfg, epoch, s = self.cfg, pos.epoch, self.sums
+        dt, cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+        loss_sum, loss_n = all_reduce_sum([s["loss_sum"], s["loss_n"]], self.info)
+        amp = self.precision.autocast if cfg.amp else None
+        device = self.info.device
+        self.metrics = evaluate(self.model, self.val_loader, device, self.info, amp, cfg.channels_last)
+        row: dict[str, Any] = {"epoch": epoch + 1, "train_loss": loss_sum / max(loss_n, 1), **self.metrics,
+                               "lr": self.loop.optimizer.param_groups[0]["lr"], "time": round(dt, 3)}
+        if self.ema is not None:
+            ema_metrics = evaluate(self.ema.module, self.val_loader, device, self.info, amp, cfg.channels_last)
+            row.update({f"ema_{k}": v for k, v in ema_metrics.items()})
+        self.scheduler.step(epoch + 1 - self.seg["start"], self.metrics["eval_top1"])
+        self.rows.append(row)
+        is_best = self.metrics["eval_top1"] > self.best_top1
+        if is_best:
+            self.best_top1, self.best_epoch = self.metrics["eval_top1"], epoch
+            self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        _logger.info("epoch %d/%d  train_loss %.4f  eval_loss %.4f  eval_top1 %.2f  eval_top5 %.2f  lr %.3e  "
+                     "(%.1fs, %.0f img/s)", epoch + 1, cfg.epochs, row["train_loss"], self.metrics["eval_loss"],
+                     self.metrics["eval_top1"], self.metrics["eval_top5"], row["lr"], dt,
+                     len(self.train_loader) * self.global_batch / dt)
+        c = self.clock
+        self.clock = {"seen": c["seen"] + s["seen"], "train_time": c["train_time"] + dt,
+                      "train_cpu": c["train_cpu"] + cpu, "wall": c["wall"] + time.perf_counter() - self.t0}
+        self.sums = {"seen": 0, "loss_sum": 0.0, "loss_n": 0, "time": 0.0, "cpu": 0.0}
+        if self.info.is_main:
+            _save_epoch(self.out, self.model, self.ema, self.meta, self.st_meta, epoch, row, self.rows, is_best,
+                        dataclasses.asdict(cfg))
+        self.row = row
+        return True
+
+    def after_save(self, pos: Position) -> None:
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(pos.epoch - 1, self.row)
+
+
+def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None, on_update: Callable | None
+           ) -> dict[str, Any]:
+    from timm.utils import ModelEmaV3, dispatch_clip_grad
+
+    _check_config(cfg, info)
+    rss0 = rss_mb()
+    out = prepare_output(cfg)
+    state, side = _read_resume(cfg, out)
+    source = open_source(cfg.data, cfg.dataset_download)
+    num_classes = cfg.num_classes or len(source.classes)
+    if num_classes < len(source.classes):
+        raise UserError(f"--num-classes {num_classes} is below the data's {len(source.classes)} classes")
+    model, dcfg, in_chans, img_size = _build(cfg, info, source, num_classes, out, state, side)
+    train_set, sampler, train_loader, val_loader = _train_data(cfg, info, source, dcfg, in_chans, img_size)
+    model, ddp_model = _wrap(model, cfg, info)
+    optimizer = build_optimizer(model, cfg)
+    updates_per_epoch = math.ceil(len(train_loader) / cfg.grad_accum_steps)
+    seg, extend_note = _segment(cfg, state, side, out)
+    scheduler = _schedule(optimizer, cfg, updates_per_epoch, seg)
+    ema = ModelEmaV3(model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup) if cfg.model_ema else None
+    precision = Precision(info.device, cfg.amp, cfg.amp_dtype)
+    mixup_fn, criterion = _criterion(cfg, num_classes)
     n_params = sum(p.numel() for p in model.parameters())
     if cfg.dry_run:
         return {"dry_run": True, "config": dataclasses.asdict(cfg), "num_classes": num_classes,
                 "img_size": img_size, "in_chans": in_chans, "params": n_params, "train_images": len(train_set),
                 "updates_per_epoch": updates_per_epoch, "optimizer": type(optimizer).__name__,
                 "scheduler": type(scheduler).__name__, "output": os.fspath(out)}
-
-    start_epoch, num_updates, best_top1, best_epoch = 0, 0, -1.0, -1
-    rows: list[dict[str, Any]] = []
-    if resume_state is not None:
-        optimizer.load_state_dict(resume_state["optimizer"])
-        if not extend_note or cfg.resume_schedule == "continue":
-            scheduler.load_state_dict(resume_state["scheduler"])
-        if scaler is not None and resume_state.get("scaler"):
-            scaler.load_state_dict(resume_state["scaler"])
-        if ema is not None:
-            if "ema" not in resume_state:
-                raise UserError(f"--resume {out}: the run has no EMA state; drop --model-ema")
-            ema.module.load_state_dict(resume_state["ema"])
-        _set_rng_state(resume_state["rng"])
-        start_epoch = int(resume_state["epoch"]) + 1
-        num_updates = int(resume_state["num_updates"])
-        best_top1, best_epoch = float(resume_state["best_top1"]), int(resume_state["best_epoch"])
-        rows = [r for r in _read_csv(out / "summary.csv") if int(r["epoch"]) <= start_epoch]
-        if start_epoch >= cfg.epochs and (out / "results.json").is_file():
-            res = read_json(out / "results.json")
-            return {"complete": True, "epochs": start_epoch, "output": os.fspath(out), "results": res}
-        if extend_note:
-            _logger.info("%s", extend_note)
-        elif start_epoch < cfg.epochs:
-            _logger.info("resuming %s after epoch %d of %d", out, start_epoch, cfg.epochs)
+    clip = (lambda: dispatch_clip_grad(model.parameters(), cfg.clip_grad, mode=cfg.clip_mode)) \
+        if cfg.clip_grad is not None else None
+    loop = Loop(model, optimizer, precision, out / "last_state.pth", info, cfg.grad_accum_steps, clip, ema,
+                cfg.checkpoint_every)
+    task = _ClassifyTask(cfg, info, {
+        "loop": loop, "model": model, "ddp_model": ddp_model, "sampler": sampler, "train_loader": train_loader,
+        "val_loader": val_loader, "scheduler": scheduler, "seg": seg, "extend_note": extend_note, "ema": ema,
+        "precision": precision, "mixup_fn": mixup_fn, "criterion": criterion, "out": out,
+        "global_batch": cfg.batch_size * info.world_size, "on_epoch_end": on_epoch_end, "on_update": on_update,
+        **_metas(cfg, model, dcfg, source, out)})
+    if state is not None:
+        done = _resume(loop, task, loop.for_rank(state), out)
+        if done is not None:
+            return done
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / "args.yaml", lambda tmp: Path(tmp).write_text(
-            yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)))
+        write_args(out, cfg)
     _logger.info("model %s: %.3fM params, %d classes, %dx%d input, %d train images, global batch %d, %d rank(s)",
-                 cfg.model, n_params / 1e6, num_classes, img_size, img_size, len(train_set), global_batch,
+                 cfg.model, n_params / 1e6, num_classes, img_size, img_size, len(train_set), task.global_batch,
                  info.world_size)
+    loop.fit(task)
+    return _final_report(cfg, info, task, source, dcfg, n_params, rss0)
 
-    meta = {"arch": cfg.model, "classes": source.classes, "num_classes": num_classes, "data_config": dcfg,
-            "subquad_version": __version__}
+
+def _metas(cfg: TrainConfig, model: nn.Module, dcfg: dict[str, Any], source: ImageSource, out: Path
+           ) -> dict[str, Any]:
+    """The sidecar (`meta`) and safetensors header (`st_meta`) fields every epoch's files share."""
+    from ..version import __version__
+
+    meta = {"arch": cfg.model, "classes": source.classes, "num_classes": len(source.classes)
+            if not cfg.num_classes else cfg.num_classes, "data_config": dcfg, "subquad_version": __version__}
     st_meta = {"subquad_version": __version__, "arch": cfg.model, "source": f"trained:{out.name}",
                "pretrained_cfg": json.dumps(dict(getattr(model, "pretrained_cfg", {}) or {}), default=str),
                "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "remap": "none"}
-    use_bar = info.is_main and sys.stderr.isatty()
-    metrics: dict[str, float] = {}
-    # Counters of completed epochs (kept in last_state.pth, so a resumed run reports its whole training).
-    clock = {"seen": 0, "train_time": 0.0, "train_cpu": 0.0, "wall": 0.0}
-    if resume_state is not None:
-        clock.update({k: resume_state.get("clock", {}).get(k, v) for k, v in clock.items()})
-    best_state: dict[str, torch.Tensor] | None = None
-    for epoch in range(start_epoch, cfg.epochs):
-        _seed_everything(_epoch_seed(cfg.seed, epoch, info.rank))
-        sampler.set_epoch(epoch)
-        ddp_model.train()
-        t0, c0 = time.perf_counter(), time.process_time()
-        seen = 0
-        loss_sum, loss_n = 0.0, 0
-        batches: Any = train_loader
-        if use_bar:
-            from tqdm import tqdm
+    return {"meta": meta, "st_meta": st_meta}
 
-            batches = tqdm(train_loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False, dynamic_ncols=True)
-        t_data = time.perf_counter()
-        for i, (x, y) in enumerate(batches):
-            data_time = time.perf_counter() - t_data
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            if cfg.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            if mixup_fn is not None:
-                x, y = mixup_fn(x, y)
-            with amp_ctx():
-                loss = criterion(ddp_model(x), y)
-            if not torch.isfinite(loss):
-                raise UserError(f"training diverged: loss is {loss.item()} at epoch {epoch + 1} batch {i + 1}; "
-                                "lower --lr or enable --clip-grad (nothing saved was changed)")
-            if scaler is not None:
-                scaler.scale(loss / cfg.grad_accum_steps).backward()
-            else:
-                (loss / cfg.grad_accum_steps).backward()
-            if (i + 1) % cfg.grad_accum_steps == 0 or i + 1 == len(train_loader):
-                if scaler is not None:
-                    scaler.unscale_(optimizer)
-                if cfg.clip_grad is not None:
-                    dispatch_clip_grad(model.parameters(), cfg.clip_grad, mode=cfg.clip_mode)
-                if scaler is not None:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                num_updates += 1
-                if ema is not None:
-                    ema.update(model, step=num_updates)
-                scheduler.step_update(num_updates=num_updates - seg["update0"])
-            loss_sum += loss.item() * len(x)
-            loss_n += len(x)
-            seen += len(x) * info.world_size
-            if use_bar:
-                batches.set_postfix(loss=f"{loss.item():.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}")
-            elif info.is_main and cfg.log_interval > 0 and (i + 1) % cfg.log_interval == 0:
-                dt = time.perf_counter() - t0
-                _logger.info("epoch %d [%d/%d]  loss %.4f  %.3fs/batch  %.0f img/s  lr %.3e  data %.3fs",
-                             epoch + 1, i + 1, len(train_loader), loss.item(), dt / (i + 1),
-                             (i + 1) * global_batch / dt, optimizer.param_groups[0]["lr"], data_time)
-            t_data = time.perf_counter()
-        dt = time.perf_counter() - t0
-        cpu = time.process_time() - c0
-        loss_sum, loss_n = all_reduce_sum([loss_sum, loss_n], info)
-        metrics = evaluate(model, val_loader, device, info, amp_ctx if cfg.amp else None, cfg.channels_last)
-        row: dict[str, Any] = {"epoch": epoch + 1, "train_loss": loss_sum / max(loss_n, 1), **metrics,
-                               "lr": optimizer.param_groups[0]["lr"], "time": round(dt, 3)}
-        if ema is not None:
-            ema_metrics = evaluate(ema.module, val_loader, device, info, amp_ctx if cfg.amp else None,
-                                   cfg.channels_last)
-            row.update({f"ema_{k}": v for k, v in ema_metrics.items()})
-        scheduler.step(epoch + 1 - seg["start"], metrics["eval_top1"])
-        rows.append(row)
-        is_best = metrics["eval_top1"] > best_top1
-        if is_best:
-            best_top1, best_epoch = metrics["eval_top1"], epoch
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        _logger.info("epoch %d/%d  train_loss %.4f  eval_loss %.4f  eval_top1 %.2f  eval_top5 %.2f  lr %.3e  "
-                     "(%.1fs, %.0f img/s)", epoch + 1, cfg.epochs, row["train_loss"], metrics["eval_loss"],
-                     metrics["eval_top1"], metrics["eval_top5"], row["lr"], dt, len(train_loader) * global_batch / dt)
-        clock = {"seen": clock["seen"] + seen, "train_time": clock["train_time"] + dt,
-                 "train_cpu": clock["train_cpu"] + cpu, "wall": clock["wall"] + time.perf_counter() - t0}
-        if info.is_main:
-            _save_epoch(out, model, ema, optimizer, scheduler, scaler, cfg, meta, st_meta, epoch, row, rows,
-                        is_best, num_updates, best_top1, best_epoch, seg, clock)
-        if on_epoch_end is not None:
-            on_epoch_end(epoch, row)
-    if not metrics and rows:
-        last = rows[-1]
+
+def _resume(loop: Loop, task: _ClassifyTask, state: dict[str, Any], out: Path) -> dict[str, Any] | None:
+    """Restore loop and task from `state`; the report of a run that is already complete, else None."""
+    cfg = task.cfg
+    pos = Position(**state["position"]) if "position" in state else \
+        Position(int(state["epoch"]) + 1, 0, int(state["num_updates"]))
+    task.load(state, out)
+    loop.load_state_dict(state, pos)
+    task.rows = [r for r in read_csv(out / "summary.csv") if int(r["epoch"]) <= pos.epoch]
+    if pos.epoch >= cfg.epochs and (out / "results.json").is_file():
+        res = read_json(out / "results.json")
+        return {"complete": True, "epochs": pos.epoch, "output": os.fspath(out), "results": res}
+    if task.extend_note:
+        _logger.info("%s", task.extend_note)
+    elif pos.batch:
+        _logger.info("resuming %s inside epoch %d of %d, after batch %d (update %d)", out, pos.epoch + 1,
+                     cfg.epochs, pos.batch, pos.step)
+    elif pos.epoch < cfg.epochs:
+        _logger.info("resuming %s after epoch %d of %d", out, pos.epoch, cfg.epochs)
+    return None
+
+
+def _final_report(cfg: TrainConfig, info: DistInfo, task: _ClassifyTask, source: ImageSource,
+                  dcfg: dict[str, Any], n_params: int, rss0: float) -> dict[str, Any]:
+    """The one read of the test split: the weights validation selected, after the last epoch (results.json)."""
+    from ..models._builder import read_state_dict
+    from ..version import __version__
+
+    out, model, metrics, clock = task.out, task.model, task.metrics, task.clock
+    if not metrics and task.rows:
+        last = task.rows[-1]
         metrics = {k: float(last[k]) for k in ("eval_loss", "eval_top1", "eval_top5")}
-    # The one read of the test split: the weights validation selected, after the last epoch.
-    if best_state is None:
-        best_state = read_state_dict(out / "best.safetensors")
-    model.load_state_dict(best_state)
+    model.load_state_dict(task.best_state if task.best_state is not None else
+                          read_state_dict(out / "best.safetensors"))
     report_split = source.test_split or source.val_split
     test_loader = eval_loader(source, report_split, dcfg, cfg.validation_batch_size or 2 * cfg.batch_size,
                               cfg.workers, cfg.test_limit if source.test_split else cfg.eval_limit, cfg.seed, info)
     t0 = time.perf_counter()
-    final = evaluate(model, test_loader, device, info, amp_ctx if cfg.amp else None, cfg.channels_last)
+    final = evaluate(model, test_loader, info.device, info, task.precision.autocast if cfg.amp else None,
+                     cfg.channels_last)
     eval_dt = time.perf_counter() - t0
     results = {"split": report_split, "top1": final["eval_top1"], "top5": final["eval_top5"],
                "loss": final["eval_loss"], "images": len(test_loader.dataset),
-               "checkpoint": "best.safetensors", "selected_on": source.val_split, "best_epoch": best_epoch + 1,
-               "best_val_top1": best_top1, "last_val_top1": metrics["eval_top1"], "epochs": cfg.epochs,
-               "params": n_params,
+               "checkpoint": "best.safetensors", "selected_on": source.val_split,
+               "best_epoch": task.best_epoch + 1, "best_val_top1": task.best_top1,
+               "last_val_top1": metrics["eval_top1"], "epochs": cfg.epochs, "params": n_params,
                "train_images_per_sec": clock["seen"] / clock["train_time"] if clock["train_time"] > 0 else None,
                "train_images_per_cpu_sec": clock["seen"] / clock["train_cpu"] if clock["train_cpu"] > 0 else None,
                "eval_images_per_sec": len(test_loader.dataset) / eval_dt if eval_dt > 0 else None,
                "wall_s": clock["wall"] + eval_dt,
-               "peak_mem_mb": peak_memory_mb(device, rss0), "threads": torch.get_num_threads(),
+               "peak_mem_mb": peak_memory_mb(info.device, rss0), "threads": torch.get_num_threads(),
                "subquad": __version__, "torch": torch.__version__}
     if info.is_main:
         write_json(results, out / "results.json")
-    return {**metrics, "best_top1": best_top1, "best_epoch": best_epoch + 1, "report_split": report_split,
+    return {**metrics, "best_top1": task.best_top1, "best_epoch": task.best_epoch + 1, "report_split": report_split,
             "report_top1": final["eval_top1"], "report_top5": final["eval_top5"], "results": results,
             "images_per_sec": results["train_images_per_sec"] or 0.0, "output": os.fspath(out),
             "checkpoint": os.fspath(out / "best.safetensors"), "last": os.fspath(out / "last.safetensors")}
 
 
-
-def _save_epoch(out: Path, model: nn.Module, ema: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
-                scaler: Any, cfg: TrainConfig, meta: dict, st_meta: dict, epoch: int, row: dict, rows: list[dict],
-                is_best: bool, num_updates: int, best_top1: float, best_epoch: int, seg: dict[str, int],
-                clock: dict[str, float]) -> None:
-    """Write last_* (and best_* on improvement), summary.csv and last_state.pth, each atomically."""
+def _save_epoch(out: Path, model: nn.Module, ema: Any, meta: dict, st_meta: dict, epoch: int, row: dict,
+                rows: list[dict], is_best: bool, args: dict[str, Any]) -> None:
+    """Write last_* (and best_* on improvement) and summary.csv, each atomically (the loop writes the state)."""
     metrics = {k: v for k, v in row.items() if k != "epoch"}
-    sidecar = {**meta, "epoch": epoch + 1, "metrics": metrics, "args": dataclasses.asdict(cfg)}
-    tags = ["last"] + (["best"] if is_best else [])
-    for tag in tags:
+    sidecar = {**meta, "epoch": epoch + 1, "metrics": metrics, "args": args}
+    for tag in ["last"] + (["best"] if is_best else []):
         save_weights(model, out / f"{tag}.safetensors", {**st_meta, "epoch": str(epoch), "ema": "false"})
         if ema is not None:
             save_weights(ema.module, out / f"{tag}_ema.safetensors", {**st_meta, "epoch": str(epoch), "ema": "true"})
         write_json({**sidecar, "weights": f"{tag}.safetensors"}, out / f"{tag}.json")
-    _write_csv(out / "summary.csv", rows)
-    state = {"epoch": epoch, "num_updates": num_updates, "best_top1": best_top1, "best_epoch": best_epoch,
-             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
-             "arch": cfg.model, "schedule": dict(seg), "clock": dict(clock)}
-    if scaler is not None:
-        state["scaler"] = scaler.state_dict()
-    if ema is not None:
-        state["ema"] = ema.module.state_dict()
-    save_state(state, out / "last_state.pth")
+    write_csv(out / "summary.csv", rows)

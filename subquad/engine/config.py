@@ -104,7 +104,10 @@ class TrainConfig:
                          "checks, never for reported numbers)")
     log_interval: int = _f(50, "batches between log lines when output is not a terminal")
     output: str = _f("", "run directory (default runs/<time>-<model>)")
-    resume: str = _f("", "continue the run in this directory from its last_* files")
+    resume: str = _f("", "continue the run in this directory from its last_* files (or from the state written "
+                     "inside an epoch by --checkpoint-every or a SIGTERM / SIGINT)")
+    checkpoint_every: int = _f(0, "also write the resumable state (last_state.pth) every N optimizer updates, inside "
+                               "epochs (0: at epoch ends only); SIGTERM / SIGINT always write it before stopping")
     device: str = _f("", "cpu, cuda, cuda:1, ... (default: cuda when available)")
     dry_run: bool = _f(False, "build the model, data, optimizer and schedule, print the config, and stop")
 

@@ -95,10 +95,11 @@ class GlobalBatchSampler(Sampler[int]):
     def __init__(self, n: int, batch_size: int, rank: int = 0, world_size: int = 1, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = True) -> None:
         self.n, self.batch_size, self.rank, self.world = n, batch_size, rank, world_size
-        self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
+        self.shuffle, self.seed, self.drop_last, self.epoch, self.skip = shuffle, seed, drop_last, 0, 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Draw the order of `epoch`; iteration starts after this rank's first `skip` batches (a resumed epoch)."""
+        self.epoch, self.skip = epoch, skip
 
     def _order(self) -> list[int]:
         if not self.shuffle:
@@ -109,7 +110,7 @@ class GlobalBatchSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         order, g, b = self._order(), self.batch_size * self.world, self.batch_size
         full = self.n // g
-        for j in range(full):
+        for j in range(self.skip, full):
             yield from order[j * g + self.rank * b: j * g + (self.rank + 1) * b]
         if not self.drop_last:
             yield from order[full * g:][self.rank::self.world]

@@ -9,20 +9,20 @@ LM (`train_lm`): random contiguous windows of the train memmap, AdamW with a lin
 official fairseq `fixed` schedule), optional wall-clock budget; BPC (= mean NLL / ln 2) on valid/test with the
 paper's sliding-window protocol (`evaluate_bpc`: every scored token has at least `ctx - score` tokens of context).
 
-Both write the run directory like the image trainer: `args.yaml`, `summary.csv`, `last.safetensors` /
-`best.safetensors` with JSON sidecars, and `results.json`; the LRA loop also writes `last_state.pth` at every
-evaluation, from which `LRAConfig(resume=True)` (`subquad lra train --resume DIR`) continues exactly.
+Both train in the shared loop (engine.loop) and write the run directory like the image trainer: `args.yaml`,
+`summary.csv`, `last.safetensors` / `best.safetensors` with JSON sidecars, and `results.json`; `last_state.pth` is
+written at every evaluation, every `checkpoint_every` steps and on SIGTERM / SIGINT, and `resume=True` (`--resume
+DIR`) continues from it exactly.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
+import itertools
 import json
 import logging
 import math
 import os
-import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -36,11 +36,16 @@ import yaml
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..bench.memory import peak_memory_mb, rss_mb
 from ..errors import UserError
-from .checkpoint import atomic_write, read_json, save_state, save_weights, write_json
+from .checkpoint import read_json, save_weights, write_json
+from .distributed import DistInfo
+from .loop import Loop, Position, Precision, TrainTask
+from .rng import seed_everything, step_seed
+from .runfiles import read_csv, write_args, write_csv
 
 __all__ = ["LRAConfig", "LMConfig", "train_lra", "train_lm", "evaluate_lra", "evaluate_bpc", "build_lra_data",
-           "build_lm", "load_lm", "one_cycle", "peak_memory_mb", "lm_phases", "LM_TIMING_FIELDS"]
+           "build_lm", "load_lm", "one_cycle", "lm_phases", "LM_TIMING_FIELDS"]
 
 _logger = logging.getLogger(__name__)
 
@@ -91,8 +96,10 @@ class LRAConfig:
     odd_attn_kw: dict[str, dict[str, Any]] = field(default_factory=dict)
     # > 0: the L2ViT LCM branch x + LCM(LN(x)) after each attention (needs grid; enhanced linear attention).
     lcm_kernel_size: int = 0
-    # Continue the run in `output` from its last evaluation (last_state.pth).
+    # Continue the run in `output` from its last state (last_state.pth).
     resume: bool = False
+    # > 0: also write the resumable state every N steps (not only at evaluations).
+    checkpoint_every: int = 0
 
 
 @dataclass
@@ -139,8 +146,10 @@ class LMConfig:
     # as the official phases 2 and 3 start with fairseq's `--finetune-from-model`). Empty: one phase of (seq_len,
     # batch_size, max_steps, lr, warmup). With phases, max_steps caps the total number of steps (0 = all of them).
     phases: list[dict[str, Any]] = field(default_factory=list)
-    # Continue the run in `output` from its last evaluation (last_state.pth).
+    # Continue the run in `output` from its last state (last_state.pth).
     resume: bool = False
+    # > 0: also write the resumable state every N steps (not only at evaluations).
+    checkpoint_every: int = 0
 
 
 _PHASE_KEYS = ("seq_len", "batch_size", "steps", "lr", "warmup", "reset_optimizer")
@@ -224,18 +233,6 @@ def _device(name: str) -> torch.device:
     return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def _rss_mb() -> float:
-    # ru_maxrss is in KiB on Linux.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def peak_memory_mb(device: torch.device, rss_before: float) -> float:
-    """Peak memory of the run: CUDA max allocated, or on CPU the growth of the process's peak RSS."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return max(_rss_mb() - rss_before, 0.0)
-
-
 def one_cycle(optimizer: torch.optim.Optimizer, lr: float, total_steps: int,
               pct_start: float) -> torch.optim.lr_scheduler.OneCycleLR:
     """The official LRA schedule: OneCycleLR(max_lr=lr, pct_start, anneal_strategy='linear'), torch defaults."""
@@ -246,19 +243,8 @@ def one_cycle(optimizer: torch.optim.Optimizer, lr: float, total_steps: int,
                                                anneal_strategy="linear")
 
 
-def _write_run_files(out: Path, cfg: Any, rows: list[dict[str, Any]]) -> None:
-    def _w(tmp: str) -> None:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-
-    if rows:
-        atomic_write(out / "summary.csv", _w)
-
-
 def _write_args(out: Path, cfg: Any) -> None:
-    atomic_write(out / "args.yaml", lambda tmp: Path(tmp).write_text(yaml.safe_dump(asdict(cfg), sort_keys=False)))
+    write_args(out, cfg)
 
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -337,11 +323,6 @@ def _autocast(device: torch.device, amp: bool):
     return contextlib.nullcontext()
 
 
-def _step_seed(seed: int, step: int) -> int:
-    """The RNG seed of the training interval that starts after step `step` (0 = the start of training)."""
-    return (seed * 1_000_003 + step * 7_919 + 12_345) % (2**31 - 1)
-
-
 def _train_batches(n: int, batch_size: int, seed: int, first_step: int) -> Iterator[list[int]]:
     """Index batches of training steps first_step + 1, first_step + 2, ...: the order of epoch e is a permutation
     drawn from (seed, e) (GlobalBatchSampler), `n // batch_size` full batches per epoch, so step s's batch is a
@@ -373,7 +354,8 @@ def _resume_state(out: Path, cfg: LRAConfig | LMConfig) -> dict[str, Any]:
             raise UserError(f"--resume {out}: {f} is missing (the run saved no evaluation to resume from)")
     saved = yaml.safe_load((out / "args.yaml").read_text()) or {}
     mine = asdict(cfg)
-    changed = sorted(k for k in mine if k not in ("resume", "device", "workers", "output", "max_minutes")
+    changed = sorted(k for k in mine if k not in ("resume", "device", "workers", "output", "max_minutes",
+                                                  "checkpoint_every")
                      and k in saved and saved[k] != mine[k])
     if changed:
         raise UserError(f"--resume {out}: the run was started with other settings ({', '.join(changed)}); resume "
@@ -382,25 +364,25 @@ def _resume_state(out: Path, cfg: LRAConfig | LMConfig) -> dict[str, Any]:
 
 
 def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
-              on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+              on_eval: Callable[[dict[str, Any]], None] | None = None,
+              on_update: Callable[[Position], None] | None = None) -> dict[str, Any]:
     """Train the LRA classifier of `cfg`; returns the final metrics and paths (also written to results.json).
 
     Every evaluation writes `last.safetensors` (+ `best.safetensors` on a better dev accuracy), `summary.csv` and
     `last_state.pth` (model, optimizer, OneCycle scheduler, grad scaler, step, best so far, RNG; tensors and plain
-    containers, read back with `torch.load(weights_only=True)`), each atomically, the state last. Step s trains on
-    a batch fixed by (seed, s) and every RNG is re-seeded from (seed, s) after the evaluation at step s, so
-    `cfg.resume=True` (same `output`) continues from the last evaluation and ends with the same weights,
-    summary.csv and results.json as an uninterrupted run (except the timing and memory fields,
-    `LRA_TIMING_FIELDS`). Resuming a finished run returns its results.json.
+    containers, read back with `torch.load(weights_only=True)`), each atomically, the state last; `checkpoint_every`
+    > 0 also writes the state every N steps, and SIGTERM / SIGINT write it and stop (`loop.Preempted`). Step s
+    trains on a batch fixed by (seed, s) and every RNG is re-seeded from (seed, s) after the evaluation at step s,
+    so `cfg.resume=True` (same `output`) continues from the last state and ends with the same weights, summary.csv
+    and results.json as an uninterrupted run (except the timing and memory fields, `LRA_TIMING_FIELDS`). Resuming a
+    finished run returns its results.json.
 
     `on_eval(row)` is called after each evaluation, once its files are written, with the summary.csv row (step,
     train_loss, train_acc, eval_loss, eval_acc, lr, ...) plus `steps`; an exception there stops the run with
-    those files intact (resumable).
+    those files intact (resumable). `on_update(position)` follows every step (tests).
     """
-    from .classify import _rng_state, _seed_everything, _set_rng_state
-
     log = log or _logger.info
-    rss_start = _rss_mb()  # before data and model: the baseline of peak_mem_mb, as the image trainer's
+    rss_start = rss_mb()  # before data and model: the baseline of peak_mem_mb, as the image trainer's
     torch.manual_seed(cfg.seed)
     device = _device(cfg.device)
     steps = cfg.max_steps or cfg.steps
@@ -411,120 +393,198 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
     state, done = _start_or_resume(out, cfg, steps, log)
     if done is not None:
         return done
-    train_set, val_set, test_set = (build_lra_data(cfg, s) for s in ("train", "val", "test"))
-    if len(train_set) < cfg.batch_size:
-        raise UserError(f"the {cfg.task} training split has {len(train_set)} examples, fewer than one batch of "
+    sets = {s: build_lra_data(cfg, s) for s in ("train", "val", "test")}
+    if len(sets["train"]) < cfg.batch_size:
+        raise UserError(f"the {cfg.task} training split has {len(sets['train'])} examples, fewer than one batch of "
                         f"{cfg.batch_size}")
     model = build_lra_model(cfg).to(device)
-    n_params = sum(p.numel() for p in model.parameters())
-    val_loader = DataLoader(val_set, cfg.batch_size, shuffle=False, num_workers=cfg.workers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)
     # The recipe's warm-up fraction is kept when --max-steps scales the budget down.
     scheduler = one_cycle(optimizer, cfg.lr, steps, cfg.warmup / max(cfg.steps, 1))
-    scaler = torch.amp.GradScaler("cuda") if cfg.amp and device.type == "cuda" else None
-
     out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
-    start = 0
-    best_acc, best_step = -1.0, -1
-    # Totals over the whole run (carried across resumes): training time (wall and CPU), evaluation time / samples.
-    tot = {"train_seconds": 0.0, "train_cpu_seconds": 0.0, "eval_seconds": 0.0, "eval_cpu_seconds": 0.0,
-           "eval_samples": 0, "wall_seconds": 0.0}
+    loop = Loop(model, optimizer, Precision(device, cfg.amp, "float16", cpu=False), out / "last_state.pth",
+                DistInfo(device=device), checkpoint_every=cfg.checkpoint_every, sync_cuda=True)
+    task = _LRATask(cfg, loop, scheduler, sets, steps, out, log, on_eval, on_update)
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if scaler is not None and state.get("scaler"):
-            scaler.load_state_dict(state["scaler"])
-        start = int(state["step"])
-        best_acc, best_step = float(state["best_acc"]), int(state["best_step"])
-        tot.update({k: type(tot[k])(v) for k, v in state["totals"].items() if k in tot})
-        with open(out / "summary.csv", newline="") as f:
-            rows = [r for r in csv.DictReader(f) if int(r["step"]) <= start]
-        _set_rng_state(state["rng"])
-        log(f"resuming {out} after step {start} of {steps}")
+        task.load(state)
+        loop.load_state_dict(state, Position(**state["position"]) if "position" in state else
+                             Position(0, int(state["step"]), int(state["step"])))
+        log(f"resuming {out} after step {loop.pos.step} of {steps}")
     else:
         _write_args(out, cfg)
-        _seed_everything(_step_seed(cfg.seed, 0))
-    meta = {"arch": "lra_encoder", "task": cfg.task, "attention": cfg.attention, "encoding": cfg.encoding,
-            "args": asdict(cfg)}
-    log(f"lra {cfg.task}: attention={cfg.attention} params={n_params} train={len(train_set)} val={len(val_set)} "
-        f"test={len(test_set)} steps={steps} batch={cfg.batch_size} device={device}")
+    log(f"lra {cfg.task}: attention={cfg.attention} params={task.n_params} train={len(sets['train'])} "
+        f"val={len(sets['val'])} test={len(sets['test'])} steps={steps} batch={cfg.batch_size} device={device}")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    wall0 = time.perf_counter() - tot["wall_seconds"]
-    # The loader's own generator keeps DataLoader from drawing on the global RNG (it would shift dropout draws).
-    train_loader = DataLoader(train_set, batch_sampler=_train_batches(len(train_set), cfg.batch_size, cfg.seed,
-                                                                      start),
-                              num_workers=cfg.workers, generator=torch.Generator().manual_seed(cfg.seed))
-    it = iter(train_loader)
-    interval_time, loss_sum, acc_sum, k = 0.0, 0.0, 0.0, 0
-    model.train()
-    for step in range(start + 1, steps + 1):
-        batch = _to(next(it), device)
-        t0, c0 = time.perf_counter(), time.process_time()
-        with _autocast(device, cfg.amp):
-            logits = _lra_forward(model, batch)
-            loss = F.cross_entropy(logits.float(), batch["label"])
-        optimizer.zero_grad(set_to_none=True)
-        lr_used = optimizer.param_groups[0]["lr"]
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
-        scheduler.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dt = time.perf_counter() - t0
-        tot["train_cpu_seconds"] += time.process_time() - c0
+    task.wall0 = time.perf_counter() - task.tot["wall_seconds"]
+    loop.fit(task)
+    return _lra_results(cfg, task, device, rss_start)
+
+
+class _StepTask(TrainTask):
+    """What the LRA and LM trainers share in the loop: one stream of steps, totals carried across resumes, a
+    summary.csv row and run files at each evaluation (every `eval_every` steps and the last), then the state and
+    `on_eval`; the torch RNG re-seeded from (seed, step) after each evaluation."""
+
+    ARCH = ""
+    COUNTER = ""  # the evaluated-items total: eval_samples / eval_tokens
+
+    def __init__(self, cfg: Any, loop: Loop, total: int, out: Path, log: Callable[[str], None],
+                 on_eval: Callable | None, on_update: Callable | None) -> None:
+        self.cfg, self.loop, self.total_steps, self.out, self.log = cfg, loop, total, out, log
+        self.on_eval, self.on_update = on_eval, on_update
+        self.model, self.device = loop.model, loop.info.device
+        self.n_params = sum(p.numel() for p in self.model.parameters())
+        # Totals over the whole run (carried across resumes): training time (wall and CPU), evaluation time / items.
+        self.tot = {"train_seconds": 0.0, "train_cpu_seconds": 0.0, "eval_seconds": 0.0, "eval_cpu_seconds": 0.0,
+                    self.COUNTER: 0, "wall_seconds": 0.0}
+        self.rows: list[dict[str, Any]] = []
+        self.sums = self.zero_sums()
+        self.wall0 = self.t_start = time.perf_counter()
+        self.out_of_time = False
+
+    def zero_sums(self) -> dict[str, Any]:
+        """The metric sums of one evaluation interval."""
+        raise NotImplementedError
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.tot.update({k: type(self.tot[k])(v) for k, v in state["totals"].items() if k in self.tot})
+        self.sums.update(state.get("sums", {}))
+        # (A state written before the first evaluation has no summary.csv yet.)
+        self.rows = [r for r in read_csv(self.out / "summary.csv") if int(r["step"]) <= int(state["step"])]
+
+    def state_dict(self) -> dict[str, Any]:
+        self.tot["wall_seconds"] = time.perf_counter() - self.wall0
+        return {"step": self.loop.pos.step, "totals": dict(self.tot), "arch": self.ARCH, "sums": dict(self.sums)}
+
+    def start_epoch(self, epoch: int, fresh: bool) -> None:
+        if fresh:
+            seed_everything(step_seed(self.cfg.seed, 0))
+        self.t_start = time.perf_counter()
+        self.model.train()
+
+    def check_loss(self, loss: torch.Tensor, pos: Position) -> None:
         if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"non-finite training loss at step {step}")
-        tot["train_seconds"] += dt
-        interval_time += dt
-        loss_sum += loss.item()
-        acc_sum += (logits.argmax(-1) == batch["label"]).float().mean().item() * 100
-        k += 1
-        if step % cfg.eval_every == 0 or step == steps:
-            t_ev, c_ev = time.perf_counter(), time.process_time()
-            ev = evaluate_lra(model, val_loader, device, cfg.eval_steps, cfg.amp)
-            tot["eval_seconds"] += time.perf_counter() - t_ev
-            tot["eval_cpu_seconds"] += time.process_time() - c_ev
-            tot["eval_samples"] += int(ev["samples"])
-            model.train()
-            row = {"step": step, "train_loss": loss_sum / k, "train_acc": acc_sum / k, "eval_loss": ev["loss"],
-                   "eval_acc": ev["acc"], "lr": lr_used, "time": interval_time,
-                   "sec_per_step": interval_time / k}
-            rows.append(row)
-            log(f"step {step}/{steps}  train_loss {row['train_loss']:.4f}  train_acc {row['train_acc']:.2f}  "
-                f"val_loss {ev['loss']:.4f}  val_acc {ev['acc']:.2f}  {row['sec_per_step']:.3f}s/step")
-            sidecar = {**meta, "step": step, "metrics": {"eval_acc": ev["acc"], "eval_loss": ev["loss"]}}
-            save_weights(model, out / "last.safetensors", {"arch": "lra_encoder", "step": str(step)})
-            write_json(sidecar, out / "last.json")
-            if ev["acc"] > best_acc:
-                best_acc, best_step = ev["acc"], step
-                save_weights(model, out / "best.safetensors", {"arch": "lra_encoder", "step": str(step)})
-                write_json(sidecar, out / "best.json")
-            _write_run_files(out, cfg, rows)
-            loss_sum, acc_sum, k, interval_time = 0.0, 0.0, 0, 0.0
-            # The next interval's draws depend on (seed, step) only; the state file is the resume point.
-            _seed_everything(_step_seed(cfg.seed, step))
-            tot["wall_seconds"] = time.perf_counter() - wall0
-            st = {"step": step, "best_acc": best_acc, "best_step": best_step, "model": model.state_dict(),
-                  "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": _rng_state(),
-                  "totals": dict(tot), "arch": "lra_encoder"}
-            if scaler is not None:
-                st["scaler"] = scaler.state_dict()
-            save_state(st, out / "last_state.pth")
-            if on_eval is not None:
-                on_eval({**row, "steps": steps})
+            raise FloatingPointError(f"non-finite training loss at step {pos.step + 1}")
+
+    def after_update(self, pos: Position) -> bool:
+        if self.on_update is not None:
+            self.on_update(pos)
+        if not (pos.step % self.cfg.eval_every == 0 or pos.step == self.total_steps or self.out_of_time):
+            return False
+        t_ev, c_ev = time.perf_counter(), time.process_time()
+        ev = self.evaluate()
+        self.tot["eval_seconds"] += time.perf_counter() - t_ev
+        self.tot["eval_cpu_seconds"] += time.process_time() - c_ev
+        self.tot[self.COUNTER] += int(ev["n"])
+        self.model.train()
+        self.row, sidecar, better = self.record(pos.step, ev)
+        self.rows.append(self.row)
+        for tag in ("last", "best") if better else ("last",):
+            save_weights(self.model, self.out / f"{tag}.safetensors", {"arch": self.ARCH, "step": str(pos.step)})
+            write_json(sidecar, self.out / f"{tag}.json")
+        write_csv(self.out / "summary.csv", self.rows)
+        self.sums = self.zero_sums()
+        # The next interval's draws depend on (seed, step) only; the state file is the resume point.
+        seed_everything(step_seed(self.cfg.seed, pos.step))
+        return True
+
+    def evaluate(self) -> dict[str, Any]:
+        """The periodic evaluation ({..., "n": items scored})."""
+        raise NotImplementedError
+
+    def record(self, step: int, ev: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        """(summary row, sidecar, better than the best so far) of the evaluation at `step`; logs it."""
+        raise NotImplementedError
+
+    def after_save(self, pos: Position) -> None:
+        if self.on_eval is not None:
+            self.on_eval({**self.row, "steps": self.total_steps})
+
+
+class _LRATask(_StepTask):
+    """LRA classification: seeded batches (`_train_batches`), OneCycle per step, the dev split scored."""
+
+    ARCH, COUNTER = "lra_encoder", "eval_samples"
+
+    def __init__(self, cfg: LRAConfig, loop: Loop, scheduler: Any, sets: dict[str, Dataset], steps: int, out: Path,
+                 log: Callable[[str], None], on_eval: Callable | None, on_update: Callable | None) -> None:
+        super().__init__(cfg, loop, steps, out, log, on_eval, on_update)
+        self.scheduler, self.sets = scheduler, sets
+        self.val_loader = DataLoader(sets["val"], cfg.batch_size, shuffle=False, num_workers=cfg.workers)
+        self.best_acc, self.best_step = -1.0, -1
+        self.meta = {"arch": "lra_encoder", "task": cfg.task, "attention": cfg.attention, "encoding": cfg.encoding,
+                     "args": asdict(cfg)}
+
+    def zero_sums(self) -> dict[str, Any]:
+        return {"time": 0.0, "loss_sum": 0.0, "acc_sum": 0.0, "k": 0}
+
+    def load(self, state: dict[str, Any]) -> None:
+        super().load(state)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.best_acc, self.best_step = float(state["best_acc"]), int(state["best_step"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_acc": self.best_acc, "best_step": self.best_step,
+                "scheduler": self.scheduler.state_dict()}
+
+    def batches(self, epoch: int, skip: int) -> DataLoader:
+        # The loader's own generator keeps DataLoader from drawing on the global RNG (it would shift dropout draws).
+        cfg = self.cfg
+        return DataLoader(self.sets["train"], batch_sampler=_train_batches(len(self.sets["train"]), cfg.batch_size,
+                                                                           cfg.seed, skip),
+                          num_workers=cfg.workers, generator=torch.Generator().manual_seed(cfg.seed))
+
+    def before_update(self, pos: Position) -> None:
+        self.lr_used = self.loop.optimizer.param_groups[0]["lr"]
+
+    def prepare(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return _to(batch, self.device)
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.logits, self.label = _lra_forward(self.model, batch), batch["label"]
+        return F.cross_entropy(self.logits.float(), batch["label"])
+
+    def after_batch(self, pos: Position, loss: torch.Tensor, batch: Any, seconds: float, cpu: float) -> None:
+        self.tot["train_cpu_seconds"] += cpu
+        self.tot["train_seconds"] += seconds
+        s = self.sums
+        s["time"] += seconds
+        s["loss_sum"] += loss.item()
+        s["acc_sum"] += (self.logits.argmax(-1) == self.label).float().mean().item() * 100
+        s["k"] += 1
+
+    def after_update(self, pos: Position) -> bool:
+        self.scheduler.step()
+        return super().after_update(pos)
+
+    def evaluate(self) -> dict[str, Any]:
+        ev = evaluate_lra(self.model, self.val_loader, self.device, self.cfg.eval_steps, self.cfg.amp)
+        return {**ev, "n": ev["samples"]}
+
+    def record(self, step: int, ev: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        s = self.sums
+        row = {"step": step, "train_loss": s["loss_sum"] / s["k"], "train_acc": s["acc_sum"] / s["k"],
+               "eval_loss": ev["loss"], "eval_acc": ev["acc"], "lr": self.lr_used, "time": s["time"],
+               "sec_per_step": s["time"] / s["k"]}
+        self.log(f"step {step}/{self.total_steps}  train_loss {row['train_loss']:.4f}  train_acc "
+                 f"{row['train_acc']:.2f}  val_loss {ev['loss']:.4f}  val_acc {ev['acc']:.2f}  "
+                 f"{row['sec_per_step']:.3f}s/step")
+        sidecar = {**self.meta, "step": step, "metrics": {"eval_acc": ev["acc"], "eval_loss": ev["loss"]}}
+        better = ev["acc"] > self.best_acc
+        if better:
+            self.best_acc, self.best_step = ev["acc"], step
+        return row, sidecar, better
+
+
+def _lra_results(cfg: LRAConfig, task: _LRATask, device: torch.device, rss_start: float) -> dict[str, Any]:
+    """Score the best checkpoint once on the test split; results.json."""
     from safetensors.torch import load_file
 
-    model.load_state_dict(load_file(out / "best.safetensors"))
-    test_loader = DataLoader(test_set, cfg.batch_size, shuffle=False, num_workers=cfg.workers)
+    model, tot, steps = task.model, task.tot, task.total_steps
+    model.load_state_dict(load_file(task.out / "best.safetensors"))
+    test_loader = DataLoader(task.sets["test"], cfg.batch_size, shuffle=False, num_workers=cfg.workers)
     t_test, c_test = time.perf_counter(), time.process_time()
     test = evaluate_lra(model, test_loader, device, 0, cfg.amp)
     if device.type == "cuda":
@@ -533,16 +593,16 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
     tot["test_cpu_seconds"] = time.process_time() - c_test
     # Peak memory from before the data and model were built to the end of the test pass (as the image trainer).
     peak = peak_memory_mb(device, rss_start)
-    tot["wall_seconds"] = time.perf_counter() - wall0
+    tot["wall_seconds"] = time.perf_counter() - task.wall0
     results = {"task": cfg.task, "attention": cfg.attention, "encoding": cfg.encoding if cfg.task == "listops"
-               else "", "steps": steps, "batch_size": cfg.batch_size, "params": n_params,
-               "best_val_acc": best_acc, "best_step": best_step, "test_acc": test["acc"], "test_loss": test["loss"],
-               "test_samples": test["samples"], "sec_per_step": tot["train_seconds"] / steps,
-               "train_examples": steps * cfg.batch_size, **tot,
+               else "", "steps": steps, "batch_size": cfg.batch_size, "params": task.n_params,
+               "best_val_acc": task.best_acc, "best_step": task.best_step, "test_acc": test["acc"],
+               "test_loss": test["loss"], "test_samples": test["samples"],
+               "sec_per_step": tot["train_seconds"] / steps, "train_examples": steps * cfg.batch_size, **tot,
                "peak_mem_mb": peak, "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda"
                else "cpu_peak_rss_growth", "device": str(device), "torch": torch.__version__,
-               "output": os.fspath(out), "checkpoint": os.fspath(out / "best.safetensors")}
-    write_json(results, out / "results.json")
+               "output": os.fspath(task.out), "checkpoint": os.fspath(task.out / "best.safetensors")}
+    write_json(results, task.out / "results.json")
     return results
 
 
@@ -641,22 +701,24 @@ LM_TIMING_FIELDS = ("elapsed", "train_seconds", "train_cpu_seconds", "eval_secon
 
 def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
              model_fn: Callable[[int, LMConfig], nn.Module] | None = None,
-             on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+             on_eval: Callable[[dict[str, Any]], None] | None = None,
+             on_update: Callable[[Position], None] | None = None) -> dict[str, Any]:
     """Train the character LM on `cfg.data`: a prepared corpus (`subquad lm prepare`) or `enwik8:PATH` /
     `text8:PATH` (`subquad.data.char.read_standard`); returns metrics and paths.
 
     The phases of `cfg` (`lm_phases`) run in order, each with its sequence length, batch and warmed-up fixed lr.
     Every `eval_every` steps (and at the last step) the valid split (its first `eval_tokens` targets) is scored,
     `best.safetensors` keeps the weights of the lowest valid bpc and `last_state.pth` (model, optimizer, step, best
-    so far, totals, RNG) is written, each atomically, the state last. Step s trains on windows fixed by (seed, s)
-    and the torch RNG is re-seeded from (seed, s) after the evaluation at step s, so `cfg.resume=True` (same
-    `output`) continues from the last evaluation and ends with the same weights, summary.csv and results.json as
-    an uninterrupted run (except `LM_TIMING_FIELDS`). At the end the best checkpoint is scored once on valid and
-    test (`final_eval_tokens`, 0 = whole splits). `on_eval(row)` follows each periodic evaluation, its files
-    written, with the summary.csv row plus `steps`; an exception there stops the run with those files intact.
+    so far, totals, RNG) is written, each atomically, the state last; `checkpoint_every` > 0 also writes the state
+    every N steps, and SIGTERM / SIGINT write it and stop (`loop.Preempted`). Step s trains on windows drawn from
+    the sampler RNG the state keeps and the torch RNG is re-seeded from (seed, s) after the evaluation at step s, so
+    `cfg.resume=True` (same `output`) continues from the last state and ends with the same weights, summary.csv and
+    results.json as an uninterrupted run (except `LM_TIMING_FIELDS`). At the end the best checkpoint is scored once
+    on valid and test (`final_eval_tokens`, 0 = whole splits). `on_eval(row)` follows each periodic evaluation, its
+    files written, with the summary.csv row plus `steps`; an exception there stops the run with those files intact.
+    `on_update(position)` follows every step (tests).
     """
     from ..data.char import open_corpus
-    from .classify import _rng_state, _seed_everything, _set_rng_state
 
     log = log or _logger.info
     torch.manual_seed(cfg.seed)
@@ -669,136 +731,152 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
     phases = lm_phases(cfg)
     total = phases[-1]["last"]
     meta, data = open_corpus(cfg.data)
-    vocab_size = int(meta["vocab_size"])
-    train, valid, test = data["train"], data["valid"], data["test"]
-    longest = max(ph["seq_len"] for ph in phases)
-    if len(train) <= longest + 1:
-        raise UserError(f"training split has {len(train)} tokens; need more than the sequence length + 1 = "
-                        f"{longest + 1}")
+    if len(data["train"]) <= max(ph["seq_len"] for ph in phases) + 1:
+        raise UserError(f"training split has {len(data['train'])} tokens; need more than the sequence length + 1 = "
+                        f"{max(ph['seq_len'] for ph in phases) + 1}")
     out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lm-{cfg.attention}")
     state, done = _start_or_resume(out, cfg, total, log)
     if done is not None:
         return done
-    model = (model_fn or build_lm)(vocab_size, cfg).to(device)
-    n_params = sum(p.numel() for p in model.parameters())
+    model = (model_fn or build_lm)(int(meta["vocab_size"]), cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=phases[0]["lr"], weight_decay=cfg.weight_decay)
     out.mkdir(parents=True, exist_ok=True)
-    model_args = lm_model_args(vocab_size, cfg)
-    side = {"arch": "char_lm", "model_args": model_args, "corpus": meta.get("name", ""),
-            "variant": meta.get("variant", ""), "vocab": meta.get("vocab"), "args": asdict(cfg)}
-    rss0 = _rss_mb()
-    tot = {"train_seconds": 0.0, "train_cpu_seconds": 0.0, "eval_seconds": 0.0, "eval_cpu_seconds": 0.0,
-           "eval_tokens": 0, "wall_seconds": 0.0}
-    rows: list[dict[str, Any]] = []
-    best_bpc, best_step, start = float("inf"), 0, 0
-    rng = np.random.default_rng(cfg.seed)
+    clip = (lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)) if cfg.clip_grad > 0 else None
+    loop = Loop(model, optimizer, Precision(device, False), out / "last_state.pth", DistInfo(device=device),
+                clip=clip, checkpoint_every=cfg.checkpoint_every, sync_cuda=True)
+    task = _LMTask(cfg, loop, phases, meta, data, out, log, on_eval, on_update)
     if state is not None:
-        rng.bit_generator.state = json.loads(state["sampler"])
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = int(state["step"])
-        best_bpc, best_step = float(state["best_bpc"]), int(state["best_step"])
-        tot.update({k: type(tot[k])(v) for k, v in state["totals"].items() if k in tot})
-        with open(out / "summary.csv", newline="") as f:
-            rows = [r for r in csv.DictReader(f) if int(r["step"]) <= start]
-        _set_rng_state(state["rng"])
-        log(f"resuming {out} after step {start} of {total}")
+        task.load(state)
+        loop.load_state_dict(state, Position(**state["position"]) if "position" in state else
+                             Position(0, int(state["step"]), int(state["step"])))
+        log(f"resuming {out} after step {loop.pos.step} of {total}")
     else:
         _write_args(out, cfg)
-        _seed_everything(_step_seed(cfg.seed, 0))
     note = " (not comparable to enwik8/text8)" if meta.get("name") not in ("enwik8", "text8") else ""
-    log(f"lm: attention={cfg.attention} params={n_params} vocab={vocab_size} train_tokens={len(train)} "
+    log(f"lm: attention={cfg.attention} params={task.n_params} vocab={meta['vocab_size']} "
+        f"train_tokens={len(data['train'])} "
         f"phases={[(p['seq_len'], p['batch_size'], p['last'] - p['first'] + 1) for p in phases]} device={device} "
         f"(corpus {meta.get('name', '?')}{note})")
-    t_start = time.perf_counter()
-    wall0 = t_start - tot["wall_seconds"]
-    loss_sum, k, step = 0.0, 0, start
-    budget = cfg.max_minutes * 60.0
-    model.train()
-    while step < total:
-        step += 1
-        pi, lr = _phase_lr(phases, step)
-        ph = phases[pi]
-        if step == ph["first"] and len(phases) > 1:
-            log(f"phase {pi + 1}/{len(phases)}: seq_len {ph['seq_len']}, batch {ph['batch_size']}, steps "
-                f"{ph['first']}-{ph['last']}, lr {ph['lr']:g} after {ph['warmup']} warm-up steps"
-                + (", fresh optimizer" if ph["reset_optimizer"] else ""))
+    task.wall0 = time.perf_counter() - task.tot["wall_seconds"]
+    loop.fit(task)
+    return _lm_results(cfg, task, loop.pos.step, device)
+
+
+class _LMTask(_StepTask):
+    """The character LM: one endless stream of random windows, the phase schedule before each step, the valid split
+    scored (bits per character)."""
+
+    ARCH, COUNTER = "char_lm", "eval_tokens"
+
+    def __init__(self, cfg: LMConfig, loop: Loop, phases: list[dict[str, Any]], meta: dict[str, Any],
+                 data: dict[str, np.ndarray], out: Path, log: Callable[[str], None],
+                 on_eval: Callable | None, on_update: Callable | None) -> None:
+        super().__init__(cfg, loop, phases[-1]["last"], out, log, on_eval, on_update)
+        self.phases, self.meta, self.data = phases, meta, data
+        model_args = lm_model_args(int(meta["vocab_size"]), cfg)
+        self.side = {"arch": "char_lm", "model_args": model_args, "corpus": meta.get("name", ""),
+                     "variant": meta.get("variant", ""), "vocab": meta.get("vocab"), "args": asdict(cfg)}
+        self.rss0 = rss_mb()
+        self.best_bpc, self.best_step = float("inf"), 0
+        self.rng = np.random.default_rng(cfg.seed)
+
+    def zero_sums(self) -> dict[str, Any]:
+        return {"loss_sum": 0.0, "k": 0}
+
+    def load(self, state: dict[str, Any]) -> None:
+        super().load(state)
+        self.rng.bit_generator.state = json.loads(state["sampler"])
+        self.best_bpc, self.best_step = float(state["best_bpc"]), int(state["best_step"])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_bpc": self.best_bpc, "best_step": self.best_step,
+                "sampler": json.dumps(self.rng.bit_generator.state)}
+
+    def batches(self, epoch: int, skip: int) -> Iterator[torch.Tensor]:
+        for step in itertools.count(skip + 1):
+            ph = self.phases[_phase_lr(self.phases, step)[0]]
+            yield torch.from_numpy(_lm_batch(self.data["train"], self.rng, ph["seq_len"], ph["batch_size"])
+                                   ).to(self.device)
+
+    def before_update(self, pos: Position) -> None:
+        step = pos.step + 1
+        self.pi, self.lr = _phase_lr(self.phases, step)
+        ph = self.phases[self.pi]
+        if step == ph["first"] and len(self.phases) > 1:
+            self.log(f"phase {self.pi + 1}/{len(self.phases)}: seq_len {ph['seq_len']}, batch {ph['batch_size']}, "
+                     f"steps {ph['first']}-{ph['last']}, lr {ph['lr']:g} after {ph['warmup']} warm-up steps"
+                     + (", fresh optimizer" if ph["reset_optimizer"] else ""))
         if step == ph["first"] and ph["reset_optimizer"]:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=ph["lr"], weight_decay=cfg.weight_decay)
-        for g in optimizer.param_groups:
-            g["lr"] = lr
-        xy = torch.from_numpy(_lm_batch(train, rng, ph["seq_len"], ph["batch_size"])).to(device)
-        t0, c0 = time.perf_counter(), time.process_time()
-        logits = _lm_logits(model, xy[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-        optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        tot["train_seconds"] += time.perf_counter() - t0
-        tot["train_cpu_seconds"] += time.process_time() - c0
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f"non-finite training loss at step {step}")
-        loss_sum += loss.item()
-        k += 1
-        out_of_time = budget > 0 and time.perf_counter() - t_start > budget
-        if step % cfg.eval_every == 0 or step == total or out_of_time:
-            t_ev, c_ev = time.perf_counter(), time.process_time()
-            ev = evaluate_bpc(model, valid, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, cfg.eval_tokens, device)
-            tot["eval_seconds"] += time.perf_counter() - t_ev
-            tot["eval_cpu_seconds"] += time.process_time() - c_ev
-            tot["eval_tokens"] += int(ev["tokens"])
-            model.train()
-            row = {"step": step, "phase": pi + 1, "seq_len": ph["seq_len"], "train_loss": loss_sum / k,
-                   "train_bpc": loss_sum / k / math.log(2), "valid_bpc": ev["bpc"], "valid_tokens": ev["tokens"],
-                   "lr": lr, "elapsed": time.perf_counter() - wall0}
-            rows.append(row)
-            log(f"step {step}  train_bpc {row['train_bpc']:.3f}  valid_bpc {ev['bpc']:.3f}  "
-                f"({row['elapsed']:.0f}s)")
-            save_weights(model, out / "last.safetensors", {"arch": "char_lm", "step": str(step)})
-            write_json({**side, "step": step, "metrics": {"valid_bpc": ev["bpc"]}}, out / "last.json")
-            if ev["bpc"] < best_bpc:
-                best_bpc, best_step = ev["bpc"], step
-                save_weights(model, out / "best.safetensors", {"arch": "char_lm", "step": str(step)})
-                write_json({**side, "step": step, "metrics": {"valid_bpc": ev["bpc"]}}, out / "best.json")
-            _write_run_files(out, cfg, rows)
-            loss_sum, k = 0.0, 0
-            # The next interval's dropout draws depend on (seed, step) only; the state file is the resume point.
-            _seed_everything(_step_seed(cfg.seed, step))
-            tot["wall_seconds"] = time.perf_counter() - wall0
-            save_state({"step": step, "best_bpc": best_bpc, "best_step": best_step, "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(), "rng": _rng_state(), "totals": dict(tot),
-                        "sampler": json.dumps(rng.bit_generator.state),
-                        "arch": "char_lm"}, out / "last_state.pth")
-            if on_eval is not None:
-                on_eval({**row, "steps": total})
-        if out_of_time:
-            log(f"time budget of {cfg.max_minutes} min reached at step {step}")
-            break
+            self.loop.optimizer = torch.optim.AdamW(self.model.parameters(), lr=ph["lr"],
+                                                    weight_decay=self.cfg.weight_decay)
+        for g in self.loop.optimizer.param_groups:
+            g["lr"] = self.lr
+
+    def loss(self, xy: torch.Tensor) -> torch.Tensor:
+        logits = _lm_logits(self.model, xy[:, :-1])
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
+
+    def after_batch(self, pos: Position, loss: torch.Tensor, batch: Any, seconds: float, cpu: float) -> None:
+        self.tot["train_seconds"] += seconds
+        self.tot["train_cpu_seconds"] += cpu
+        self.sums["loss_sum"] += loss.item()
+        self.sums["k"] += 1
+
+    def after_update(self, pos: Position) -> bool:
+        cfg = self.cfg
+        self.out_of_time = cfg.max_minutes > 0 and time.perf_counter() - self.t_start > cfg.max_minutes * 60.0
+        return super().after_update(pos)
+
+    def should_stop(self, pos: Position) -> bool:
+        if self.out_of_time:
+            self.log(f"time budget of {self.cfg.max_minutes} min reached at step {pos.step}")
+        return self.out_of_time
+
+    def evaluate(self) -> dict[str, Any]:
+        cfg = self.cfg
+        ev = evaluate_bpc(self.model, self.data["valid"], cfg.eval_ctx, cfg.eval_score, cfg.eval_batch,
+                          cfg.eval_tokens, self.device)
+        return {**ev, "n": ev["tokens"]}
+
+    def record(self, step: int, ev: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        loss_sum, k = self.sums["loss_sum"], self.sums["k"]
+        ph = self.phases[self.pi]
+        row = {"step": step, "phase": self.pi + 1, "seq_len": ph["seq_len"], "train_loss": loss_sum / k,
+               "train_bpc": loss_sum / k / math.log(2), "valid_bpc": ev["bpc"], "valid_tokens": ev["tokens"],
+               "lr": self.lr, "elapsed": time.perf_counter() - self.wall0}
+        self.log(f"step {step}  train_bpc {row['train_bpc']:.3f}  valid_bpc {ev['bpc']:.3f}  ({row['elapsed']:.0f}s)")
+        sidecar = {**self.side, "step": step, "metrics": {"valid_bpc": ev["bpc"]}}
+        better = ev["bpc"] < self.best_bpc
+        if better:
+            self.best_bpc, self.best_step = ev["bpc"], step
+        return row, sidecar, better
+
+
+def _lm_results(cfg: LMConfig, task: _LMTask, step: int, device: torch.device) -> dict[str, Any]:
+    """Score the best checkpoint once on valid (and test unless `final_test` is off); results.json."""
     from safetensors.torch import load_file
 
-    peak = peak_memory_mb(device, rss0)
-    model.load_state_dict(load_file(out / "best.safetensors"))
+    model, meta, phases, tot = task.model, task.meta, task.phases, task.tot
+    peak = peak_memory_mb(device, task.rss0)
+    model.load_state_dict(load_file(task.out / "best.safetensors"))
     ft = cfg.final_eval_tokens
-    v = evaluate_bpc(model, valid, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
-    t = (evaluate_bpc(model, test, cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device) if cfg.final_test
-         else {"bpc": None, "tokens": 0})
+    v = evaluate_bpc(model, task.data["valid"], cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
+    t = (evaluate_bpc(model, task.data["test"], cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
+         if cfg.final_test else {"bpc": None, "tokens": 0})
     metric = "bpc" if meta.get("variant") == "chars" else "bpb"
     train_tokens = sum((min(step, p["last"]) - p["first"] + 1) * p["batch_size"] * p["seq_len"]
                        for p in phases if step >= p["first"])
-    tot["wall_seconds"] = time.perf_counter() - wall0
+    tot["wall_seconds"] = time.perf_counter() - task.wall0
     results = {"corpus": meta.get("name", ""), "variant": meta.get("variant", ""), "metric": metric,
-               "attention": cfg.attention, "params": n_params, "steps": step, "valid_bpc": v["bpc"],
+               "attention": cfg.attention, "params": task.n_params, "steps": step, "valid_bpc": v["bpc"],
                "test_bpc": t["bpc"], "valid_tokens": v["tokens"], "test_tokens": t["tokens"],
-               "eval_ctx": cfg.eval_ctx, "eval_score": cfg.eval_score, "best_step": best_step,
-               "best_periodic_valid_bpc": best_bpc, "selected_on": "valid", "train_tokens": train_tokens, **tot,
+               "eval_ctx": cfg.eval_ctx, "eval_score": cfg.eval_score, "best_step": task.best_step,
+               "best_periodic_valid_bpc": task.best_bpc, "selected_on": "valid", "train_tokens": train_tokens, **tot,
                "peak_mem_mb": peak,
                "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss_growth",
-               "device": str(device), "output": os.fspath(out), "checkpoint": os.fspath(out / "best.safetensors")}
-    write_json(results, out / "results.json")
+               "device": str(device), "output": os.fspath(task.out),
+               "checkpoint": os.fspath(task.out / "best.safetensors")}
+    write_json(results, task.out / "results.json")
     return results
 
 
