@@ -120,10 +120,11 @@ def _video_model_kwargs(cfg: TrainConfig, source: ImageSource) -> dict[str, Any]
 
 
 def _video_dataset(source: ImageSource, split: str, dcfg: dict[str, Any], training: bool, limit: int = 0,
-                   seed: int = 0, hflip: float = 0.0, aug: str = "none", views: tuple[int, int] = (1, 1)):
+                   seed: int = 0, hflip: float = 0.0, aug: str = "none", views: tuple[int, int] = (1, 1),
+                   scale: Any = None, ratio: Any = None):
     """A `VideoClipDataset` of `split`: clips (C, T, S, S), or (V, C, T, S, S) for multi-view evaluation.
-    Training augmentation: 'none' (random temporal start only), 'light' (+ random resized crop), 'timm' (+ crop and
-    horizontal flip with probability `hflip`)."""
+    Training augmentation: 'none' (random temporal start only), 'light' (+ random resized crop, `scale` / `ratio`
+    when given), 'timm' (+ crop and horizontal flip with probability `hflip`)."""
     from ..data.video import VideoClipDataset
 
     base = source.dataset(split, limit, seed)
@@ -133,6 +134,8 @@ def _video_dataset(source: ImageSource, split: str, dcfg: dict[str, Any], traini
     if training and aug == "none":
         kw["scale"] = (1.0, 1.0)
         kw["ratio"] = (1.0, 1.0)
+    elif training:
+        kw.update({k: tuple(v) for k, v in (("scale", scale), ("ratio", ratio)) if v})
     return VideoClipDataset(samples, v["num_frames"], v["frame_stride"], dcfg["img_size"], training=training,
                             views=views, mean=dcfg["mean"], std=dcfg["std"],
                             hflip=hflip if training and aug == "timm" else 0.0, where=f"{source.name} [{split}]",
@@ -293,6 +296,25 @@ def _build(cfg: TrainConfig, info: DistInfo, source: ImageSource, num_classes: i
     return model, dcfg, in_chans, img_size
 
 
+def mix_batch(mixup_fn: Callable, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """timm's Mixup/CutMix on images (B, C, H, W) or clips (B, C, T, H, W). timm boxes dims 2 and 3 of the batch,
+    which for a clip would be time and height: the frames are folded into the channels so that every frame of a
+    clip gets the same spatial box and the same mixing weight."""
+    if x.dim() != 5:
+        return mixup_fn(x, y)
+    B, C, T, H, W = x.shape
+    x2, y = mixup_fn(x.reshape(B, C * T, H, W).contiguous(), y)
+    return x2.reshape(B, C, T, H, W), y
+
+
+def _refuse_image_only_aug(cfg: TrainConfig) -> None:
+    """RandAugment and random erasing act on single images; on clips they are refused rather than ignored."""
+    given = [f for f, on in (("--aa", bool(cfg.aa)), ("--reprob", cfg.reprob > 0)) if on]
+    if given:
+        raise UserError(f"{' and '.join(given)} apply to images only; video training samples time, crops "
+                        "(--scale/--ratio) and flips (--hflip): drop them for --data video:...")
+
+
 def _train_data(cfg: TrainConfig, info: DistInfo, source: ImageSource, dcfg: dict[str, Any], in_chans: int,
                 img_size: int) -> tuple[Any, GlobalBatchSampler, DataLoader, DataLoader]:
     """(training set, its sampler, its loader, the validation loader); sets dcfg['aug']."""
@@ -302,7 +324,9 @@ def _train_data(cfg: TrainConfig, info: DistInfo, source: ImageSource, dcfg: dic
     _logger.info("augmentation: %s (%s) [%s]; change with --aug none|light|timm", aug,
                  _VIDEO_AUG_WHAT[aug] if source.video else _AUG_WHAT[aug], aug_why)
     if source.video:
-        train_set = _video_dataset(source, source.train_split, dcfg, True, cfg.train_limit, cfg.seed, cfg.hflip, aug)
+        _refuse_image_only_aug(cfg)
+        train_set = _video_dataset(source, source.train_split, dcfg, True, cfg.train_limit, cfg.seed, cfg.hflip, aug,
+                                   scale=cfg.scale, ratio=cfg.ratio)
     else:
         train_tf = build_transform(source, img_size, True, aug=aug, interpolation=cfg.interpolation,
                                    crop_pct=cfg.crop_pct, mean=tuple(dcfg["mean"]), std=tuple(dcfg["std"]),
@@ -435,7 +459,7 @@ class _ClassifyTask(TrainTask):
         if self.cfg.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         if self.mixup_fn is not None:
-            x, y = self.mixup_fn(x, y)
+            x, y = mix_batch(self.mixup_fn, x, y)
         return x, y
 
     def loss(self, batch: Any) -> torch.Tensor:
