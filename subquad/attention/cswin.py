@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .._shapes import as_hw, check_heads, merge_heads, size_oblivious, split_heads
-from . import register_attention
+from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.cswin import (
     cswin_attention,

@@ -9,7 +9,7 @@ from torch import nn
 
 from .._shapes import check_heads, map_to_tokens, merge_heads, tokens_to_map
 from ..errors import UserError
-from . import register_attention
+from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.linear import (
     depthwise_conv_matrix,

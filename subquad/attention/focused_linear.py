@@ -10,7 +10,7 @@ from torch import nn
 
 from .._shapes import as_hw, check_heads, known_equal, map_to_tokens, tokens_to_map, tracing
 from ..errors import UserError
-from . import register_attention
+from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.focused import (
     SR_MODES,

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._shapes import as_hw, check_heads, known_equal, map_to_tokens, tokens_to_map
-from . import register_attention
+from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.structure_aware import no_autocast, relative_index
 

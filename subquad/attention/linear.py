@@ -12,7 +12,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, merge_heads
-from . import register_attention
+from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.linear import (
     FEATURE_MAPS,

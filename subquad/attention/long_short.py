@@ -20,7 +20,7 @@ from torch import nn
 
 from .._shapes import check_heads, check_hw, check_mask, check_tokens, merge_heads, size_oblivious, split_heads
 from ..errors import UserError
-from . import register_attention
+from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.long_short import (
     dynamic_projection,

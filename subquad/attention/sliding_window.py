@@ -13,7 +13,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, merge_heads
-from . import register_attention
+from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.softmax import (
     causal_band_mask,

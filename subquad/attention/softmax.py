@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .._shapes import check_heads, check_hw, map_to_tokens, merge_heads, split_heads, tokens_to_map
-from . import register_attention
+from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.softmax import (
     adaptive_pool_matrix,

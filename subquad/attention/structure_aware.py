@@ -11,7 +11,7 @@ from torch import nn
 
 from .._shapes import check_heads, check_tokens, known_equal, merge_heads, sizes, tracing
 from ..backend import cpu_schedules, real_dft_active
-from . import register_attention
+from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.structure_aware import (
     kernel_spectra,

@@ -12,7 +12,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import as_hw, check_heads, known_equal, merge_heads, size_oblivious, tracing
-from . import register_attention
+from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.window import (
     WindowGeometry,
