@@ -28,7 +28,6 @@ Every correlation below is G[i] = sum_n w[n - i] x[n]; with FFTs: ifft(fft(x) * 
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 
@@ -57,7 +56,6 @@ __all__ = [
     "resize_kernel",
     "inflate_kernel",
     "offsets_range",
-    "no_autocast",
 ]
 
 _BOUNDARIES = ("circular", "zero")
@@ -581,14 +579,3 @@ def inflate_kernel(kernel: torch.Tensor, frames: int, mode: str = "center") -> t
     if mode == "average":
         return kernel.unsqueeze(-3).expand(*kernel.shape[:-2], frames, *kernel.shape[-2:]) / frames
     raise ValueError(f"inflate mode must be 'center' or 'average', got {mode!r}")
-
-
-def no_autocast(x: torch.Tensor):
-    """Context with autocast disabled on x's device (a no-op on devices without autocast, e.g. meta); the LiSA and
-    global-filter FFT cores run in float32 inside it (the precision rule listed in docs/deviations.md, "Every
-    backbone")."""
-    # Only where autocast is on: a disabled-autocast region traced with nothing to disable would still become a
-    # wrap_with_autocast node, which torch.export cannot serialise with symbolic sizes among its inputs.
-    if x.device.type in ("cpu", "cuda", "xpu", "mps") and torch.is_autocast_enabled(x.device.type):
-        return torch.autocast(x.device.type, enabled=False)
-    return contextlib.nullcontext()
