@@ -3,7 +3,7 @@
 Issue target: "the same logits (fp32 relative error < 1e-5) at 1.2x the official speed or better".
 
 Protocol, per model (defaults: batch 1, 224 px, fp32, CPU, torch's thread count):
-1. The official model is built from its checkout (`subquad._official.build_official`: the official configs) after
+1. The official model is built from its checkout (`tests/_official.py`, `build_official`: the official configs) after
    `torch.manual_seed(--seed)`, in eval mode. Its own init is random (truncated-normal weights); every tensor that
    init leaves constant (biases, norm weights, FLatten `scale` / `positional_encoding`, L2ViT temperatures,
    BatchNorm statistics) is then perturbed from the same seed (zeros -> N(0, 0.2^2), a constant c -> c * U(0.5, 1.5)),
@@ -43,9 +43,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import subquad  # noqa: E402
-from subquad._official import OFFICIAL_NAMES, build_official, official_files, quiet  # noqa: E402
 from subquad.errors import UserError  # noqa: E402
 from subquad.models._builder import load_into  # noqa: E402
+from tests._official import OFFICIAL_NAMES, build_official, official_files, quiet  # noqa: E402
 
 DEFAULT_MODELS = ["l2vit_tiny", "flatten_swin_tiny", "flatten_pvt_tiny", "flatten_pvt_v2_b1", "flatten_cswin_tiny",
                   "vil_ls_medium"]

@@ -222,36 +222,49 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
                             "export this size without --dynamic (nothing was written)")
     tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}{dest.suffix}")
     try:
-        if fmt == "pt2":
-            torch.export.save(prog, str(tmp))
-        else:
-            onnx_prog = torch.onnx.export(prog, (ex,), dynamo=True, verbose=False)
-            onnx_prog.save(str(tmp))
+        _write_program(prog, ex, fmt, tmp)
         sizes = [tuple(c) for c in check_sizes] if check_sizes else \
             [size] + ([_second_size(size, stride, low, covered)] if dynamic else [])
         if not dynamic and any(s != size for s in sizes):
             raise UserError(f"a static export runs at {size[0]}x{size[1]} only; pass dynamic=True to check others")
         for s in sizes:
             _check_size(model, s, dynamic, name)
-        checks = []
-        for s in sizes:
-            xs = torch.randn(2 if s == size else 1, chans, *s, generator=gen)
-            with torch.no_grad():
-                ref = model(xs)
-            try:
-                got = _run_file(tmp, fmt, xs)
-            except Exception as e:  # noqa: BLE001 - re-raised with the size, the file is removed
-                raise ExportCheckError(f"{name}: the {fmt} program does not run at {s[0]}x{s[1]} ({type(e).__name__}: "
-                                       f"{str(e).splitlines()[0][:300]}); nothing was written") from e
-            err = relative_error(got, ref)
-            checks.append({"size": list(s), "rel_err": err})
-            log(f"check {fmt} at {s[0]}x{s[1]}: relative error {err:.2e} against eager")
-            if not err <= rtol:
-                raise ExportCheckError(f"{name}: the {fmt} program disagrees with eager at {s[0]}x{s[1]} (relative "
-                                       f"error {err:.2e} > {rtol:.0e}); nothing was written")
+        checks = _check_program(model, tmp, fmt, sizes, size, chans, gen, name, rtol, log)
         os.replace(tmp, dest)
     finally:
         if tmp.exists():
             tmp.unlink()
     return {"file": str(dest), "format": fmt, "dynamic": dynamic, "checks": checks,
             "covers": {"H": list(covered[0]), "W": list(covered[1])}}
+
+
+def _write_program(prog: Any, ex: torch.Tensor, fmt: str, path: Path) -> None:
+    """Save the exported program `prog` (traced on `ex`) to `path` as a .pt2 archive or an ONNX file."""
+    if fmt == "pt2":
+        torch.export.save(prog, str(path))
+    else:
+        onnx_prog = torch.onnx.export(prog, (ex,), dynamo=True, verbose=False)
+        onnx_prog.save(str(path))
+
+
+def _check_program(model: nn.Module, path: Path, fmt: str, sizes: list[tuple[int, int]], size: tuple[int, int],
+                   chans: int, gen: torch.Generator, name: str, rtol: float, log) -> list[dict[str, Any]]:
+    """Run the file at `path` at each of `sizes` (batch 2 at the export `size`, else 1; inputs drawn from `gen`) and
+    compare it with eager; an error above `rtol`, or a file that does not run, raises ExportCheckError."""
+    checks = []
+    for s in sizes:
+        xs = torch.randn(2 if s == size else 1, chans, *s, generator=gen)
+        with torch.no_grad():
+            ref = model(xs)
+        try:
+            got = _run_file(path, fmt, xs)
+        except Exception as e:  # noqa: BLE001 - re-raised with the size, the file is removed
+            raise ExportCheckError(f"{name}: the {fmt} program does not run at {s[0]}x{s[1]} ({type(e).__name__}: "
+                                   f"{str(e).splitlines()[0][:300]}); nothing was written") from e
+        err = relative_error(got, ref)
+        checks.append({"size": list(s), "rel_err": err})
+        log(f"check {fmt} at {s[0]}x{s[1]}: relative error {err:.2e} against eager")
+        if not err <= rtol:
+            raise ExportCheckError(f"{name}: the {fmt} program disagrees with eager at {s[0]}x{s[1]} (relative "
+                                   f"error {err:.2e} > {rtol:.0e}); nothing was written")
+    return checks

@@ -153,21 +153,7 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
     Returns:
         the summary dict written to summary.json.
     """
-    cfg = getattr(model, "pretrained_cfg", {}) or {}
-    if transform is not None:
-        size = int(data_config["img_size"])
-    else:
-        size = img_size or min(224, int(cfg.get("input_size", (3, 224, 224))[-1]))
-    queries = list(queries) if queries else [(0.5, 0.5), (0.3, 0.35), (0.7, 0.7)]
-    bad = [q for q in queries if not (0 <= q[0] <= 1 and 0 <= q[1] <= 1)]
-    if bad:
-        raise UserError(f"query point {bad[0]} is outside the image: give x,y as fractions in [0, 1]")
-    if transform is not None:
-        arr, x = load_image_with(image, transform, int(data_config["in_chans"]), data_config["mean"],
-                                 data_config["std"])
-    else:
-        arr, x = load_image(image, size, cfg.get("mean", (0.485, 0.456, 0.406)),
-                            cfg.get("std", (0.229, 0.224, 0.225)))
+    size, queries, arr, x = _prepare_input(model, image, img_size, queries, transform, data_config)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
@@ -176,19 +162,9 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
     calls, logits = collect_mixer_calls(model, x)
     shown = _resolve_layers(layers, len(calls))
     name = model_name or type(model).__name__
-    rows, maps, files, kernels = [], {}, {}, {}
-    for call in calls:
-        attn = mixer_attention(call).cpu()
-        rows.append(layer_stats(call, attn, locality_k, rank_max_tokens, rank_heads))
-        if call.index in shown and call.hw is not None and attn.shape[-1] == attn.shape[-2]:
-            label = f"layer {call.index} ({rows[-1]['mechanism']}, {call.hw[0]}x{call.hw[1]})"
-            maps[label] = [query_map(attn, call.hw, q, call.prefix) for q in queries]
-        if call.index in shown:
-            k = structure_kernels(call.module, kernel_heads)
-            if k is not None:
-                p = plot_kernels(k, out / f"kernels_layer{call.index}.png", list(kernel_heads),
-                                 f"{name} layer {call.index}: LiSA kernels W^b (offset 0 at centre)")
-                kernels[str(call.index)] = p.name
+    rows, maps, kernels = _layer_rows(calls, shown, queries, out, name, kernel_heads, locality_k, rank_max_tokens,
+                                      rank_heads)
+    files = {}
     if maps:
         files["attention_maps"] = plot_query_maps(arr, maps, queries, out / "attention_maps.png",
                                                   f"{name}: attention of query points (mean |A| over heads)").name
@@ -219,3 +195,45 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
     with open(out / "summary.json", "w") as f:
         json.dump(summary, f, indent=2)
     return summary
+
+
+def _prepare_input(model: nn.Module, image: str | Path, img_size: int | None,
+                   queries: Sequence[tuple[float, float]] | None, transform: Any,
+                   data_config: dict | None) -> tuple[int, list[tuple[float, float]], Any, torch.Tensor]:
+    """(input side, checked query points, the image as shown, the model's input (1, C, size, size))."""
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    if transform is not None:
+        size = int(data_config["img_size"])
+    else:
+        size = img_size or min(224, int(cfg.get("input_size", (3, 224, 224))[-1]))
+    queries = list(queries) if queries else [(0.5, 0.5), (0.3, 0.35), (0.7, 0.7)]
+    bad = [q for q in queries if not (0 <= q[0] <= 1 and 0 <= q[1] <= 1)]
+    if bad:
+        raise UserError(f"query point {bad[0]} is outside the image: give x,y as fractions in [0, 1]")
+    if transform is not None:
+        arr, x = load_image_with(image, transform, int(data_config["in_chans"]), data_config["mean"],
+                                 data_config["std"])
+    else:
+        arr, x = load_image(image, size, cfg.get("mean", (0.485, 0.456, 0.406)),
+                            cfg.get("std", (0.229, 0.224, 0.225)))
+    return size, queries, arr, x
+
+
+def _layer_rows(calls: list, shown: list[int], queries: list[tuple[float, float]], out: Path, name: str,
+                kernel_heads: Sequence[int], locality_k: int, rank_max_tokens: int,
+                rank_heads: int | None) -> tuple[list[dict], dict[str, list], dict[str, str]]:
+    """Per attention call: its statistics row; for the shown layers, the query maps and (LiSA) the kernel plots."""
+    rows, maps, kernels = [], {}, {}
+    for call in calls:
+        attn = mixer_attention(call).cpu()
+        rows.append(layer_stats(call, attn, locality_k, rank_max_tokens, rank_heads))
+        if call.index in shown and call.hw is not None and attn.shape[-1] == attn.shape[-2]:
+            label = f"layer {call.index} ({rows[-1]['mechanism']}, {call.hw[0]}x{call.hw[1]})"
+            maps[label] = [query_map(attn, call.hw, q, call.prefix) for q in queries]
+        if call.index in shown:
+            k = structure_kernels(call.module, kernel_heads)
+            if k is not None:
+                p = plot_kernels(k, out / f"kernels_layer{call.index}.png", list(kernel_heads),
+                                 f"{name} layer {call.index}: LiSA kernels W^b (offset 0 at centre)")
+                kernels[str(call.index)] = p.name
+    return rows, maps, kernels

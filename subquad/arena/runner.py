@@ -286,41 +286,17 @@ def _run_pool(task: Task, pending: list[Cell], out: Path, budget: str, n_workers
         while queue or running:
             while queue and len(running) < n_workers:
                 c = queue.pop(0)
-                c.dir.mkdir(parents=True, exist_ok=True)
-                logf = open(c.dir / "cell.log", "a")
-                c.proc = subprocess.Popen([sys.executable, "-m", "subquad.arena._cell", os.fspath(out), c.label,
-                                           str(c.seed)], stdout=logf, stderr=subprocess.STDOUT, env=env)
-                logf.close()
-                c.started = time.perf_counter()
-                c.progress = _read_json(c.dir / "progress.json") or {}
+                _start_cell(c, out, env)
                 running.append(c)
                 log(f"[{task.name}] start {c.label} seed {c.seed}" + (" (resuming)" if c.progress else ""))
             time.sleep(poll)
             for c in list(running):
-                p = _read_json(c.dir / "progress.json") or {}
-                if p and p != c.progress:
-                    c.progress = p
-                    f = c.fraction()
-                    where = (f"epoch {p['epoch']}/{p['epochs']}" if "epoch" in p else f"step {p['step']}/{p['steps']}")
-                    cell_eta = (time.perf_counter() - c.started) * (1 - f) / f if f > 0 else None
-                    log(f"[{task.name}] {c.label} seed {c.seed}: {where}, val {p['val_acc']:.2f} %, cell ETA "
-                        f"{_fmt_time(cell_eta)} | run ETA {_fmt_time(run_eta())}")
+                _log_progress(task, c, log, run_eta)
                 rc = c.proc.poll()
                 if rc is None:
                     continue
                 running.remove(c)
-                wall = time.perf_counter() - c.started
-                if rc == 0 and c.done:
-                    finished_walls.append(wall)
-                    res = _read_json(c.dir / "cell.json") or {}
-                    log(f"[{task.name}] done {c.label} seed {c.seed}: test {res.get('test_acc', float('nan')):.2f} % "
-                        f"({_fmt_time(wall)}) | {len(finished_walls)}/{len(pending)} trained, run ETA "
-                        f"{_fmt_time(run_eta())}")
-                else:
-                    tail = (c.dir / "cell.log").read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
-                    failed.append(f"{c.label} seed {c.seed}")
-                    log(f"[{task.name}] FAILED {c.label} seed {c.seed} (exit {rc}): {tail[0]} (log: "
-                        f"{c.dir / 'cell.log'})")
+                _log_finished(task, c, rc, finished_walls, failed, len(pending), log, run_eta)
     except KeyboardInterrupt:
         for c in running:
             if c.proc and c.proc.poll() is None:
@@ -332,6 +308,44 @@ def _run_pool(task: Task, pending: list[Cell], out: Path, budget: str, n_workers
     finally:
         signal.signal(signal.SIGTERM, old)
     return failed
+
+
+def _start_cell(c: Cell, out: Path, env: dict[str, str]) -> None:
+    """Start cell `c` as a `python -m subquad.arena._cell` process appending to its cell.log."""
+    c.dir.mkdir(parents=True, exist_ok=True)
+    logf = open(c.dir / "cell.log", "a")
+    c.proc = subprocess.Popen([sys.executable, "-m", "subquad.arena._cell", os.fspath(out), c.label,
+                               str(c.seed)], stdout=logf, stderr=subprocess.STDOUT, env=env)
+    logf.close()
+    c.started = time.perf_counter()
+    c.progress = _read_json(c.dir / "progress.json") or {}
+
+
+def _log_progress(task: Task, c: Cell, log: Callable[[str], None], run_eta: Callable[[], float | None]) -> None:
+    """Log a running cell's progress.json when it changed (epoch or step, validation accuracy, ETAs)."""
+    p = _read_json(c.dir / "progress.json") or {}
+    if p and p != c.progress:
+        c.progress = p
+        f = c.fraction()
+        where = (f"epoch {p['epoch']}/{p['epochs']}" if "epoch" in p else f"step {p['step']}/{p['steps']}")
+        cell_eta = (time.perf_counter() - c.started) * (1 - f) / f if f > 0 else None
+        log(f"[{task.name}] {c.label} seed {c.seed}: {where}, val {p['val_acc']:.2f} %, cell ETA "
+            f"{_fmt_time(cell_eta)} | run ETA {_fmt_time(run_eta())}")
+
+
+def _log_finished(task: Task, c: Cell, rc: int, finished_walls: list[float], failed: list[str], total: int,
+                  log: Callable[[str], None], run_eta: Callable[[], float | None]) -> None:
+    """Record and log a cell whose process exited with `rc`: its wall time when it finished, else a failure."""
+    wall = time.perf_counter() - c.started
+    if rc == 0 and c.done:
+        finished_walls.append(wall)
+        res = _read_json(c.dir / "cell.json") or {}
+        log(f"[{task.name}] done {c.label} seed {c.seed}: test {res.get('test_acc', float('nan')):.2f} % "
+            f"({_fmt_time(wall)}) | {len(finished_walls)}/{total} trained, run ETA {_fmt_time(run_eta())}")
+    else:
+        tail = (c.dir / "cell.log").read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
+        failed.append(f"{c.label} seed {c.seed}")
+        log(f"[{task.name}] FAILED {c.label} seed {c.seed} (exit {rc}): {tail[0]} (log: {c.dir / 'cell.log'})")
 
 
 def task_of_run(out: str | os.PathLike, meta: dict[str, Any] | None = None) -> Task:

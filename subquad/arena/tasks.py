@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config import load_yaml
 from ..errors import UserError
 
 __all__ = ["TASKS", "CONFIG_DIR", "Task", "load_task", "task_names"]
@@ -155,8 +156,6 @@ def load_task(name: str) -> Task:
         path, source = CONFIG_DIR / f"{name}.yaml", str(name)
         if not path.is_file():
             raise UserError(f"unknown arena task {name!r}; allowed: {', '.join(task_names())}")
-    from ..cli.config import load_yaml
-
     raw = load_yaml(path)
     missing = [k for k in ("task", "kind", "seeds", "train", "budgets", "mechanisms", "default_mechanisms")
                if k not in raw]

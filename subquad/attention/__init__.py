@@ -1,79 +1,18 @@
 """Attention mechanisms: registry, `build_attention` and `list_attention`.
 
-Each mechanism module registers itself with `@register_attention(name)`; importing this package imports them all.
+Each mechanism module registers itself with `@register_attention(name)` (from `subquad.attention.registry`);
+importing this package imports them all.
 """
 
 from __future__ import annotations
 
-import inspect
-from typing import Any
-
-from torch import nn
-
-from ..registry import Registry
 from .base import AttentionCaps, Request, TokenMixer, check
+from .registry import (ATTENTION_REGISTRY, build_attention, build_stage_attention, get_attention_cls,
+                       list_attention, register_attention)
 
 __all__ = ["register_attention", "build_attention", "build_stage_attention", "list_attention", "get_attention_cls",
            "ATTENTION_REGISTRY",
            "AttentionCaps", "Request", "TokenMixer", "check"]
-
-ATTENTION_REGISTRY = Registry("attention")
-
-
-def register_attention(name: str, **meta: Any):
-    """Class decorator: register a TokenMixer subclass under `name` (sets `cls.name`)."""
-
-    def _wrap(cls):
-        cls.name = name
-        ATTENTION_REGISTRY.register(name, cls, **meta)
-        return cls
-
-    return _wrap
-
-
-def get_attention_cls(name: str) -> type[TokenMixer]:
-    return ATTENTION_REGISTRY.get(name).builder
-
-
-def build_attention(name: str, dim: int, num_heads: int, **kwargs: Any) -> nn.Module:
-    """Build the mechanism `name` for `dim` channels and `num_heads` heads.
-
-    Args:
-        name: a registered mechanism (see `list_attention()`).
-        dim: channels C of x: (B, N, C).
-        num_heads: heads h; dim % h must be 0.
-        **kwargs: mechanism options; every mechanism accepts `input_size=(H, W)`, `device` and `dtype`.
-    """
-    entry = ATTENTION_REGISTRY.get(name)
-    cls = entry.builder
-    params = inspect.signature(cls.__init__).parameters
-    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        unknown = sorted(k for k in kwargs if k not in params)
-        if unknown:
-            allowed = sorted(k for k in params if k not in ("self", "dim", "num_heads"))
-            raise ValueError(f"attention {name!r} got unknown option(s) {unknown}; allowed: {allowed}")
-    return cls(dim, num_heads, **kwargs)
-
-
-def build_stage_attention(name: str, dim: int, num_heads: int, stage: dict, overrides: dict | None = None,
-                          **kwargs: Any) -> nn.Module:
-    """Build mechanism `name` for one stage of a host: the mechanism's adapter (`stage_kwargs`) turns the host's
-    stage facts (grid, window, shift, spatial reduction, projection layout, ...) into its options, so a host never
-    switches on mechanism names. `overrides` (a user's `attn_kwargs`) and `kwargs` (device, dtype) are passed as
-    they are."""
-    opts = {**get_attention_cls(name).stage_kwargs(stage), **(overrides or {})}
-    return build_attention(name, dim, num_heads, **opts, **kwargs)
-
-
-def list_attention(filter: str = "") -> list[str]:  # noqa: A002 - mirrors timm.list_models(filter=...)
-    """Registered mechanism names, optionally filtered by a substring or glob."""
-    import fnmatch
-
-    names = ATTENTION_REGISTRY.names()
-    if not filter:
-        return names
-    pat = filter if any(c in filter for c in "*?[") else f"*{filter}*"
-    return [n for n in names if fnmatch.fnmatch(n, pat)]
 
 
 # Mechanism modules (each registers itself). Keep one import per line.

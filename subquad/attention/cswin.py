@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from .._shapes import as_hw, check_heads, merge_heads, size_oblivious, split_heads
-from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.cswin import (
     cswin_attention,
@@ -17,6 +16,7 @@ from .functional.cswin import (
     cswin_attention_ref,
     stripe_shape,
 )
+from .registry import register_attention
 
 __all__ = ["LePEAttention", "CSWinAttention", "cswin_branches"]
 

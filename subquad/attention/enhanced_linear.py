@@ -9,15 +9,15 @@ from torch import nn
 
 from .._shapes import check_heads, map_to_tokens, merge_heads, tokens_to_map
 from ..errors import UserError
-from . import register_attention
+from ..layers.precision import fp32_island
 from .base import AttentionCaps, TokenMixer
 from .functional.linear import (
     depthwise_conv_matrix,
     enhanced_linear_attention_kv,
     enhanced_linear_attention_ref,
-    fp32_island,
     linear_attention_matrix,
 )
+from .registry import register_attention
 
 __all__ = ["EnhancedLinearAttention", "LocalConcentrationModule"]
 

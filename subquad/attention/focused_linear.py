@@ -10,7 +10,7 @@ from torch import nn
 
 from .._shapes import as_hw, check_heads, known_equal, map_to_tokens, tokens_to_map, tracing
 from ..errors import UserError
-from . import register_attention
+from ..layers.precision import fp32_island
 from .base import AttentionCaps, TokenMixer
 from .functional.focused import (
     SR_MODES,
@@ -19,7 +19,7 @@ from .functional.focused import (
     focused_linear_attention_ref,
     resize_pe,
 )
-from .functional.linear import fp32_island
+from .registry import register_attention
 
 __all__ = ["FocusedLinearAttention"]
 

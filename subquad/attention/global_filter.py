@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._shapes import as_hw, check_heads, known_equal, map_to_tokens, tokens_to_map
-from . import register_attention
+from ..layers.precision import compute_dtype, no_autocast
 from .base import AttentionCaps, TokenMixer
-from .functional.structure_aware import no_autocast, relative_index
+from .functional.structure_aware import relative_index
+from .registry import register_attention
 
 __all__ = ["GlobalFilter", "global_filter_kernel", "global_filter_ref", "global_filter_fft"]
 
@@ -108,7 +109,7 @@ class GlobalFilter(TokenMixer):
     def forward(self, x: torch.Tensor, hw: Sequence[int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         hw = self._check_input(x, hw, mask)
-        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cdt = compute_dtype(x.dtype)
         with no_autocast(x):
             y = global_filter_fft(x.to(cdt), self.filter_for(hw).to(cdt), hw)
         return self.proj_drop(y.to(x.dtype))

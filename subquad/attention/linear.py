@@ -12,7 +12,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, merge_heads
-from . import register_attention
+from ..layers.precision import fp32_island
 from .base import AttentionCaps, TokenMixer
 from .functional.linear import (
     FEATURE_MAPS,
@@ -20,11 +20,11 @@ from .functional.linear import (
     causal_linear_attention_chunked,
     causal_linear_attention_ref,
     feature_map,
-    fp32_island,
     linear_attention,
     linear_attention_matrix,
     linear_attention_ref,
 )
+from .registry import register_attention
 
 __all__ = ["LinearAttention", "CAUSAL_MAPS"]
 

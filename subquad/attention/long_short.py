@@ -20,7 +20,6 @@ from torch import nn
 
 from .._shapes import check_heads, check_hw, check_mask, check_tokens, merge_heads, size_oblivious, split_heads
 from ..errors import UserError
-from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.long_short import (
     dynamic_projection,
@@ -39,6 +38,7 @@ from .functional.long_short import (
     window_mask_2d,
     xl_sinusoid,
 )
+from .registry import register_attention
 
 __all__ = ["LongShortAttention", "ChunkedLongShortAttention", "LongShortCache"]
 

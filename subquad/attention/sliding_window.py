@@ -13,7 +13,6 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, merge_heads
-from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.softmax import (
     causal_band_mask,
@@ -21,6 +20,7 @@ from .functional.softmax import (
     sliding_window_attention_ref,
     softmax_attention_probs,
 )
+from .registry import register_attention
 
 __all__ = ["SlidingWindowAttention"]
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from .._shapes import check_heads, check_tokens, known_equal, merge_heads, sizes, tracing
 from ..backend import cpu_schedules, real_dft_active
-from . import register_attention
+from ..layers.precision import compute_dtype, no_autocast
 from .base import AttentionCaps, TokenMixer
 from .functional.structure_aware import (
     kernel_spectra,
@@ -23,11 +23,11 @@ from .functional.structure_aware import (
     lisa_fft,
     lisa_local,
     local_to_toeplitz,
-    no_autocast,
     resize_kernel,
     rpe_matrix,
     toeplitz_to_circular,
 )
+from .registry import register_attention
 
 __all__ = ["StructureAwareAttention"]
 
@@ -233,7 +233,7 @@ class StructureAwareAttention(TokenMixer):
             qkv = torch.bmm(w, x.transpose(1, 2))
         else:
             qkv = torch.baddbmm(b[:, None].expand(B, -1, N), w, x.transpose(1, 2))
-        cdt = torch.float64 if qkv.dtype == torch.float64 else torch.float32
+        cdt = compute_dtype(qkv.dtype)
         q, k, v = qkv.to(cdt).reshape(B, 3, self.num_heads, self.head_dim, N).unbind(1)  # each (B, h, d, N)
         q, k = _normalize_channels(q), _normalize_channels(k)
         if self.normalize_v:

@@ -12,7 +12,6 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import as_hw, check_heads, known_equal, merge_heads, size_oblivious, tracing
-from . import register_attention
 from .base import AttentionCaps, TokenMixer
 from .functional.window import (
     WindowGeometry,
@@ -24,6 +23,7 @@ from .functional.window import (
     window_geometry,
     window_mask,
 )
+from .registry import register_attention
 
 __all__ = ["WindowAttention"]
 

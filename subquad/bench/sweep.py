@@ -189,6 +189,54 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1e3, 4)
 
 
+class _Sweep:
+    """What every measured mode of a sweep shares: the device, the skip budget, the timing settings and `force`."""
+
+    def __init__(self, device: torch.device, max_mem_mb: float | None, max_time_s: float | None, warmup: int,
+                 repeats: int, force: bool, batch_size: int) -> None:
+        self.device, self.warmup, self.repeats, self.force, self.batch_size = device, warmup, repeats, force, batch_size
+        self.env = _env(device)
+        self.budget = _Budget(max_mem_mb, max_time_s, warmup + repeats + 1)
+        self.step_budget = None if max_time_s is None else max_time_s / 2
+
+    def measure(self, row: dict[str, Any], status: list[str], key: tuple, size: float, slope: float,
+                make_step: Callable[[], tuple[Callable[[], object], Callable[[object], str | None]]]) -> bool:
+        """Measure mode `key[1]` of `row` at `size` unless the budget skips it; True when it was measured.
+
+        `make_step()` (called once the budget allows the size) returns the step and a check of its result that
+        names what is not finite ('output' / 'gradients') or returns None. A refusal, skip or error goes into
+        `status` and stops this (name, mode) at larger sizes."""
+        mode = key[1]
+        why = self.budget.reason(key, size, slope)
+        if why:
+            status.append(f"{mode} {why}")
+            return False
+        step, non_finite = make_step()
+        try:
+            bad = non_finite(step())
+            if bad and not self.force:
+                status.append(f"{mode} refused: non-finite {bad} (--force records it)")
+                self.budget.stopped[key] = "refused"
+                return False
+            if bad:
+                row["forced"] = 1
+            sec, best, mem, spread = _measure(step, self.device, max(0, self.warmup - 1), self.repeats,
+                                              self.step_budget)
+        except Exception as e:  # noqa: BLE001 - report the failure in the row and go on
+            msg = str(e).splitlines()[0][:160] if str(e) else ""
+            status.append(f"{mode} error: {type(e).__name__}: {msg}")
+            self.budget.stopped[key] = "an error"
+            return False
+        self.budget.record(key, size, mem, best)
+        _record(row, mode, sec, mem, spread, self.batch_size)
+        return True
+
+
+def _build_failed(row: dict[str, Any], e: Exception) -> dict[str, Any]:
+    row["status"] = f"error: build failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return row
+
+
 def sweep_attention(names: Sequence[str] | None = None, dim: int = 192, heads: int = 6,
                     tokens: Sequence[int] = (14, 28, 56, 112, 224), backward: bool = False, batch_size: int = 1,
                     device: str | torch.device = "cpu", max_mem_mb: float | None = 8192.0,
@@ -213,7 +261,7 @@ def sweep_attention(names: Sequence[str] | None = None, dim: int = 192, heads: i
     Returns:
         rows with `ATTN_COLUMNS` (ratios to "softmax" at the same grid filled in at the end).
     """
-    from ..attention import ATTENTION_REGISTRY, build_attention
+    from ..attention import ATTENTION_REGISTRY
 
     device = torch.device(device)
     names = list(dict.fromkeys(["softmax", *(names if names else attention_candidates())]))
@@ -223,77 +271,65 @@ def sweep_attention(names: Sequence[str] | None = None, dim: int = 192, heads: i
     if bad or dim % heads:
         raise UserError(f"need positive grid sides and dim % heads == 0, got tokens={list(tokens)}, "
                         f"dim={dim}, heads={heads}")
-    env = _env(device)
-    budget = _Budget(max_mem_mb, max_time_s, warmup + repeats + 1)
-    step_budget = None if max_time_s is None else max_time_s / 2
+    sweep = _Sweep(device, max_mem_mb, max_time_s, warmup, repeats, force, batch_size)
     rows: list[dict] = []
     for name in names:
-        caps = ATTENTION_REGISTRY.get(name).builder.caps
-        slope = 2.0 if "N^2" in caps.complexity or "N²" in caps.complexity else 1.2
         for t in sorted({int(t) for t in tokens}):
-            N = t * t
-            row: dict[str, Any] = dict.fromkeys(ATTN_COLUMNS, "")
-            row.update(name=name, grid=f"{t}x{t}", seq_len=N, dim=dim, heads=heads, infer_batch_size=batch_size,
-                       infer_img_size=t, complexity=caps.complexity, forced=0, **env)
-            status: list[str] = []
-            kw = {"input_size": (t, t), **((attn_kwargs or {}).get(name, {}))}
-            try:
-                module = build_attention(name, dim, heads, device=device, **kw).eval()
-                meta = build_attention(name, dim, heads, device="meta", **kw).eval()
-                row["param_count"] = sum(p.numel() for p in module.parameters())
-            except Exception as e:  # noqa: BLE001 - a mechanism that cannot be built is reported, not fatal
-                row["status"] = f"error: build failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-                rows.append(row)
-                if on_row:
-                    on_row(row)
-                continue
-            x = torch.randn(batch_size, N, dim, device=device)
-            row["infer_gmacs"] = _attn_gmacs(meta, module, x, t)
-            modes = [("infer", False)] + ([("train", True)] if backward else [])
-            for mode, grad in modes:
-                key = (name, mode)
-                why = budget.reason(key, N, slope)
-                if why:
-                    status.append(f"{mode} {why}")
-                    continue
-                xin = x.detach().requires_grad_(grad)
-
-                def step(xin=xin, grad=grad, module=module, t=t):
-                    if grad:
-                        for p in module.parameters():
-                            p.grad = None
-                        xin.grad = None
-                        module(xin, (t, t)).sum().backward()
-                        return None
-                    with torch.no_grad():
-                        return module(xin, (t, t))
-
-                try:
-                    out = step()
-                    grads = [xin.grad] + [p.grad for p in module.parameters()] if grad else []
-                    finite = _finite(out, *grads)
-                    if not finite and not force:
-                        status.append(f"{mode} refused: non-finite {'gradients' if grad else 'output'} "
-                                      "(--force records it)")
-                        budget.stopped[key] = "refused"
-                        continue
-                    if not finite:
-                        row["forced"] = 1
-                    sec, best, mem, spread = _measure(step, device, max(0, warmup - 1), repeats, step_budget)
-                except Exception as e:  # noqa: BLE001 - report the failure in the row and go on
-                    msg = str(e).splitlines()[0][:160] if str(e) else ""
-                    status.append(f"{mode} error: {type(e).__name__}: {msg}")
-                    budget.stopped[key] = "an error"
-                    continue
-                budget.record(key, N, mem, best)
-                _record(row, mode, sec, mem, spread, batch_size)
-            row["status"] = "; ".join(status) or "ok"
+            row = _attention_row(sweep, name, t, dim, heads, backward, (attn_kwargs or {}).get(name, {}))
             rows.append(row)
-            # softmax is measured first, so each row's ratio is known when it is shown.
+            # softmax is measured first, so each row's ratio is known when it is shown (a row that failed to build
+            # has no times, so it gets no ratio).
             _ratio(row, next((r for r in rows if r["name"] == "softmax" and r["grid"] == row["grid"]), None))
             if on_row:
                 on_row(row)
     return rows
+
+
+def _attention_row(sweep: _Sweep, name: str, t: int, dim: int, heads: int, backward: bool,
+                   extra: dict[str, Any]) -> dict[str, Any]:
+    """The row of mechanism `name` on a t x t grid: built, counted, then each mode measured."""
+    from ..attention import ATTENTION_REGISTRY, build_attention
+
+    caps = ATTENTION_REGISTRY.get(name).builder.caps
+    slope = 2.0 if "N^2" in caps.complexity or "N²" in caps.complexity else 1.2
+    N, device, batch_size = t * t, sweep.device, sweep.batch_size
+    row: dict[str, Any] = dict.fromkeys(ATTN_COLUMNS, "")
+    row.update(name=name, grid=f"{t}x{t}", seq_len=N, dim=dim, heads=heads, infer_batch_size=batch_size,
+               infer_img_size=t, complexity=caps.complexity, forced=0, **sweep.env)
+    status: list[str] = []
+    kw = {"input_size": (t, t), **extra}
+    try:
+        module = build_attention(name, dim, heads, device=device, **kw).eval()
+        meta = build_attention(name, dim, heads, device="meta", **kw).eval()
+        row["param_count"] = sum(p.numel() for p in module.parameters())
+    except Exception as e:  # noqa: BLE001 - a mechanism that cannot be built is reported, not fatal
+        return _build_failed(row, e)
+    x = torch.randn(batch_size, N, dim, device=device)
+    row["infer_gmacs"] = _attn_gmacs(meta, module, x, t)
+    for mode, grad in [("infer", False)] + ([("train", True)] if backward else []):
+
+        def make_step(grad=grad):
+            xin = x.detach().requires_grad_(grad)
+
+            def step():
+                if grad:
+                    for p in module.parameters():
+                        p.grad = None
+                    xin.grad = None
+                    module(xin, (t, t)).sum().backward()
+                    return None
+                with torch.no_grad():
+                    return module(xin, (t, t))
+
+            def non_finite(out):
+                grads = [xin.grad] + [p.grad for p in module.parameters()] if grad else []
+                return None if _finite(out, *grads) else ("gradients" if grad else "output")
+
+            return step, non_finite
+
+        sweep.measure(row, status, (name, mode), N, slope, make_step)
+    row["status"] = "; ".join(status) or "ok"
+    return row
 
 
 def _attn_gmacs(meta: torch.nn.Module, module: torch.nn.Module, x: torch.Tensor, t: int) -> float | str:
@@ -362,92 +398,79 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
     Returns:
         rows with `MODEL_COLUMNS`.
     """
-    from ..models import create_model
-    from .flops import count_macs
-
     device = torch.device(device)
     check_model_names(models)
     if any(int(s) < 1 for s in img_sizes) or batch_size < 1:
         raise UserError(f"need positive --img-size and --batch-size, got {list(img_sizes)} and {batch_size}")
-    env = _env(device)
-    budget = _Budget(max_mem_mb, max_time_s, warmup + repeats + 1)
-    step_budget = None if max_time_s is None else max_time_s / 2
+    sweep = _Sweep(device, max_mem_mb, max_time_s, warmup, repeats, force, batch_size)
     rows: list[dict] = []
     for name in models:
         for size in sorted({int(s) for s in img_sizes}):
-            row: dict[str, Any] = dict.fromkeys(MODEL_COLUMNS, "")
-            row.update(model=name, infer_img_size=size, infer_batch_size=batch_size, forced=0, compiled=int(compile),
-                       **env)
-            status: list[str] = []
-            kw = _model_kwargs(name, size)
-            try:
-                try:
-                    model = create_model(name, **kw).to(device)
-                except TypeError as e:  # a timm model that runs at any size and takes no img_size (PVTv2)
-                    if "img_size" not in kw or "img_size" not in str(e):
-                        raise
-                    kw = {}
-                    model = create_model(name).to(device)
-                row["param_count"] = sum(p.numel() for p in model.parameters())
-            except Exception as e:  # noqa: BLE001 - reported in the row
-                row["status"] = f"error: build failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-                rows.append(row)
-                if on_row:
-                    on_row(row)
-                continue
-            try:
-                meta = create_model(name, device="meta", **kw)
-                row["infer_gmacs"] = float(f'{count_macs(meta, size, batch_size=batch_size)["gmacs"]:.6g}')
-            except Exception as e:  # noqa: BLE001 - counting is best effort
-                _log.debug("GMACs of %s at %s failed: %s", name, size, e)
-            in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
-            x = torch.randn(batch_size, in_chans, size, size, device=device)
-            modes = [("infer", False)] + ([("train", True)] if backward else [])
-            for mode, grad in modes:
-                key = (name, mode)
-                why = budget.reason(key, size * size, 2.0)
-                if why:
-                    status.append(f"{mode} {why}")
-                    continue
-                model.train(grad)
-                run = torch.compile(model) if compile else model
-
-                def step(grad=grad, model=model, run=run, x=x):
-                    if grad:
-                        model.zero_grad(set_to_none=True)
-                        out = run(x)
-                        target = torch.zeros(out.shape[0], dtype=torch.long, device=out.device)
-                        torch.nn.functional.cross_entropy(out.float().flatten(1), target).backward()
-                        return out.detach()
-                    with torch.no_grad():
-                        return run(x)
-
-                try:
-                    out = step()
-                    if not _finite(out) and not force:
-                        status.append(f"{mode} refused: non-finite output (--force records it)")
-                        budget.stopped[key] = "refused"
-                        continue
-                    if not _finite(out):
-                        row["forced"] = 1
-                    del out
-                    sec, best, mem, spread = _measure(step, device, max(0, warmup - 1), repeats, step_budget)
-                except Exception as e:  # noqa: BLE001 - reported in the row
-                    msg = str(e).splitlines()[0][:160] if str(e) else ""
-                    status.append(f"{mode} error: {type(e).__name__}: {msg}")
-                    budget.stopped[key] = "an error"
-                    continue
-                budget.record(key, size * size, mem, best)
-                _record(row, mode, sec, mem, spread, batch_size)
-                if mode == "train":
-                    row.update(train_img_size=size, train_batch_size=batch_size)
-            model.eval()
-            row["status"] = "; ".join(status) or "ok"
+            row = _model_row(sweep, name, size, backward, compile)
             rows.append(row)
             if on_row:
                 on_row(row)
-            del model
     return rows
+
+
+def _build_model(name: str, size: int, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """`name` built for `size` on `device`, and the construction options used."""
+    from ..models import create_model
+
+    kw = _model_kwargs(name, size)
+    try:
+        return create_model(name, **kw).to(device), kw
+    except TypeError as e:  # a timm model that runs at any size and takes no img_size (PVTv2)
+        if "img_size" not in kw or "img_size" not in str(e):
+            raise
+        return create_model(name).to(device), {}
+
+
+def _model_row(sweep: _Sweep, name: str, size: int, backward: bool, compile: bool) -> dict[str, Any]:
+    """The row of model `name` at size x size: built, counted, then each mode measured."""
+    from ..models import create_model
+    from .flops import count_macs
+
+    device, batch_size = sweep.device, sweep.batch_size
+    row: dict[str, Any] = dict.fromkeys(MODEL_COLUMNS, "")
+    row.update(model=name, infer_img_size=size, infer_batch_size=batch_size, forced=0, compiled=int(compile),
+               **sweep.env)
+    status: list[str] = []
+    try:
+        model, kw = _build_model(name, size, device)
+        row["param_count"] = sum(p.numel() for p in model.parameters())
+    except Exception as e:  # noqa: BLE001 - reported in the row
+        return _build_failed(row, e)
+    try:
+        meta = create_model(name, device="meta", **kw)
+        row["infer_gmacs"] = float(f'{count_macs(meta, size, batch_size=batch_size)["gmacs"]:.6g}')
+    except Exception as e:  # noqa: BLE001 - counting is best effort
+        _log.debug("GMACs of %s at %s failed: %s", name, size, e)
+    in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
+    x = torch.randn(batch_size, in_chans, size, size, device=device)
+    for mode, grad in [("infer", False)] + ([("train", True)] if backward else []):
+
+        def make_step(grad=grad):
+            model.train(grad)
+            run = torch.compile(model) if compile else model
+
+            def step():
+                if grad:
+                    model.zero_grad(set_to_none=True)
+                    out = run(x)
+                    target = torch.zeros(out.shape[0], dtype=torch.long, device=out.device)
+                    torch.nn.functional.cross_entropy(out.float().flatten(1), target).backward()
+                    return out.detach()
+                with torch.no_grad():
+                    return run(x)
+
+            return step, lambda out: None if _finite(out) else "output"
+
+        if sweep.measure(row, status, (name, mode), size * size, 2.0, make_step) and mode == "train":
+            row.update(train_img_size=size, train_batch_size=batch_size)
+    model.eval()
+    row["status"] = "; ".join(status) or "ok"
+    return row
 
 
 def write_csv(rows: Iterable[dict], path: str | Path, columns: Sequence[str]) -> Path:

@@ -16,10 +16,17 @@ _HELP = {
 }
 
 
+def add_dense_arguments(p: argparse.ArgumentParser) -> None:
+    """One flag per DenseConfig field (defaults suppressed, so only typed flags override the recipes)."""
+    from subquad.cli.config import add_config_arguments
+    from subquad.dense.config import DenseConfig
+
+    add_config_arguments(p, config_cls=DenseConfig, config_help="YAML recipe of these keys: a file, or a shipped "
+                         "recipe by name (subquad/configs/coco/ for detect, subquad/configs/ade20k/ for segment)")
+
+
 def add_task_parser(sub, task: str) -> argparse.ArgumentParser:
     """`subquad <task>` with train / eval / predict sub-commands."""
-    from subquad.dense.config import add_dense_arguments
-
     what, data, keys = _HELP[task]
     p = sub.add_parser(task, help=what, description=f"{what[0].upper()}{what[1:]} on {data}.")
     cmds = p.add_subparsers(dest="action", metavar="ACTION")

@@ -1,8 +1,8 @@
 """`DenseConfig`: the one typed source of truth for `subquad detect` and `subquad segment`.
 
 Recipe YAMLs (subquad/configs/coco/, subquad/configs/ade20k/) may set only these fields; the CLI builds its flags
-from them. Precedence: dataclass defaults < the task's synthetic demo recipe (when --data is `synthetic` and no
---config is given) < `--config FILE.yaml` < the run's args.yaml (with --resume) < explicit flags.
+from them (`subquad.cli.detect`). Precedence: dataclass defaults < the task's synthetic demo recipe (when --data is
+`synthetic` and no --config is given) < `--config FILE.yaml` < the run's args.yaml (with --resume) < explicit flags.
 
 This module imports no torch, so building the command-line parser stays cheap.
 """
@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import find_config, load_run_args, load_yaml
 from ..engine.config import _f, merge_config
 
-__all__ = ["DenseConfig", "dense_fields", "merge_dense", "add_dense_arguments", "resolve_dense_config",
+__all__ = ["DenseConfig", "dense_fields", "merge_dense", "resolve_dense_config",
            "DEMO_RECIPES", "CONFIG_DIRS", "shipped_dense_configs"]
 
 _CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -100,18 +101,8 @@ def merge_dense(base: DenseConfig, overrides: dict[str, Any], origin: str = "con
     return merge_config(base, overrides, origin)
 
 
-def add_dense_arguments(p: argparse.ArgumentParser) -> None:
-    """One flag per DenseConfig field (defaults suppressed, so only typed flags override the recipes)."""
-    from ..cli.config import add_config_arguments
-
-    add_config_arguments(p, config_cls=DenseConfig, config_help="YAML recipe of these keys: a file, or a shipped "
-                         "recipe by name (subquad/configs/coco/ for detect, subquad/configs/ade20k/ for segment)")
-
-
 def resolve_dense_config(args: argparse.Namespace, task: str) -> DenseConfig:
     """defaults < synthetic demo recipe < --config YAML < (--resume DIR)/args.yaml < explicit flags."""
-    from ..cli.config import find_config, load_run_args, load_yaml
-
     names = {f.name for f in dense_fields()}
     explicit = {k: v for k, v in vars(args).items() if k in names}
     cfg = DenseConfig()

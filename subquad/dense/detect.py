@@ -118,10 +118,6 @@ def build_detector(kind: str, backbone: str | nn.Module, num_classes: int, *, mi
         pixels, labels (K,), scores (K,), masks (K, 1, H, W) for Mask R-CNN) per image; in training
         `model(images, targets)` returns a dict of losses.
     """
-    from torchvision.models.detection import FasterRCNN, MaskRCNN, RetinaNet
-    from torchvision.models.detection.anchor_utils import AnchorGenerator
-    from torchvision.ops import MultiScaleRoIAlign
-
     if kind not in DETECTOR_KINDS:
         raise UserError(f"unknown detector kind {kind!r}; allowed: {', '.join(DETECTOR_KINDS)}")
     if num_classes < 1:
@@ -136,42 +132,59 @@ def build_detector(kind: str, backbone: str | nn.Module, num_classes: int, *, mi
     common = dict(min_size=sizes, max_size=max_size, image_mean=list(image_mean), image_std=list(image_std),
                   size_divisible=max(32, body.stride), detections_per_img=detections_per_img)
     if kind == "retinanet":
-        a = 4.0 if anchor_scale is None else float(anchor_scale)
-        anchor_sizes = tuple((int(a * s), int(a * s * 2 ** (1 / 3)), int(a * s * 2 ** (2 / 3))) for s in fpn.strides)
-        anchors = AnchorGenerator(anchor_sizes, ((0.5, 1.0, 2.0),) * len(anchor_sizes))
-        kw = dict(common, anchor_generator=anchors)
-        if score_thresh is not None:
-            kw["score_thresh"] = score_thresh
-        model = RetinaNet(fpn, num_classes + 1, **kw)
+        model = _retinanet(fpn, num_classes, common, anchor_scale, score_thresh)
     else:
-        a = 8.0 if anchor_scale is None else float(anchor_scale)
-        anchors = AnchorGenerator(tuple((int(a * s),) for s in fpn.strides), ((0.5, 1.0, 2.0),) * len(fpn.strides))
-        names = [str(i) for i in range(len(fpn.levels))]
-        box_pool = MultiScaleRoIAlign(names, output_size=7, sampling_ratio=2)
-        from torchvision.models.detection.faster_rcnn import TwoMLPHead
-
-        box_head = TwoMLPHead(fpn_channels * 7 * 7, representation_size)
-        from torchvision.models.detection.faster_rcnn import FastRCNNPredictor
-
-        kw = dict(common, rpn_anchor_generator=anchors, box_roi_pool=box_pool, box_head=box_head,
-                  box_predictor=FastRCNNPredictor(representation_size, num_classes + 1),
-                  rpn_batch_size_per_image=rpn_batch_size_per_image,
-                  box_batch_size_per_image=box_batch_size_per_image)
-        if rpn_proposals is not None:
-            kw.update({f"rpn_{a}_nms_top_n_{b}": int(rpn_proposals) for a in ("pre", "post")
-                       for b in ("train", "test")})
-        if score_thresh is not None:
-            kw["box_score_thresh"] = score_thresh
-        if kind == "fasterrcnn":
-            model = FasterRCNN(fpn, None, **kw)
-        else:
-            from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
-
-            mask_pool = MultiScaleRoIAlign(names, output_size=14, sampling_ratio=2)
-            model = MaskRCNN(fpn, None, mask_roi_pool=mask_pool,
-                             mask_head=MaskRCNNHeads(fpn_channels, (mask_head_channels,) * 4, 1),
-                             mask_predictor=MaskRCNNPredictor(mask_head_channels, mask_head_channels,
-                                                              num_classes + 1), **kw)
+        heads = dict(representation_size=representation_size, mask_head_channels=mask_head_channels,
+                     rpn_batch_size_per_image=rpn_batch_size_per_image,
+                     box_batch_size_per_image=box_batch_size_per_image)
+        model = _rcnn(kind, fpn, num_classes, common, anchor_scale, score_thresh, rpn_proposals, **heads)
     model.kind = kind
     model.num_object_classes = num_classes
     return model
+
+
+def _retinanet(fpn: FPNBackbone, num_classes: int, common: dict, anchor_scale: float | None,
+               score_thresh: float | None) -> nn.Module:
+    """torchvision's RetinaNet on `fpn`: three anchor sizes per level (octave scales 2^(k/3)), three ratios."""
+    from torchvision.models.detection import RetinaNet
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+
+    a = 4.0 if anchor_scale is None else float(anchor_scale)
+    anchor_sizes = tuple((int(a * s), int(a * s * 2 ** (1 / 3)), int(a * s * 2 ** (2 / 3))) for s in fpn.strides)
+    anchors = AnchorGenerator(anchor_sizes, ((0.5, 1.0, 2.0),) * len(anchor_sizes))
+    kw = dict(common, anchor_generator=anchors)
+    if score_thresh is not None:
+        kw["score_thresh"] = score_thresh
+    return RetinaNet(fpn, num_classes + 1, **kw)
+
+
+def _rcnn(kind: str, fpn: FPNBackbone, num_classes: int, common: dict, anchor_scale: float | None,
+          score_thresh: float | None, rpn_proposals: int | None, *, representation_size: int,
+          mask_head_channels: int, rpn_batch_size_per_image: int, box_batch_size_per_image: int) -> nn.Module:
+    """torchvision's Faster or Mask R-CNN on `fpn` (heads built in the order that fixes their initialisation)."""
+    from torchvision.models.detection import FasterRCNN, MaskRCNN
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+    from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+    from torchvision.ops import MultiScaleRoIAlign
+
+    a = 8.0 if anchor_scale is None else float(anchor_scale)
+    anchors = AnchorGenerator(tuple((int(a * s),) for s in fpn.strides), ((0.5, 1.0, 2.0),) * len(fpn.strides))
+    names = [str(i) for i in range(len(fpn.levels))]
+    box_pool = MultiScaleRoIAlign(names, output_size=7, sampling_ratio=2)
+    box_head = TwoMLPHead(fpn.out_channels * 7 * 7, representation_size)
+    kw = dict(common, rpn_anchor_generator=anchors, box_roi_pool=box_pool, box_head=box_head,
+              box_predictor=FastRCNNPredictor(representation_size, num_classes + 1),
+              rpn_batch_size_per_image=rpn_batch_size_per_image,
+              box_batch_size_per_image=box_batch_size_per_image)
+    if rpn_proposals is not None:
+        kw.update({f"rpn_{a}_nms_top_n_{b}": int(rpn_proposals) for a in ("pre", "post") for b in ("train", "test")})
+    if score_thresh is not None:
+        kw["box_score_thresh"] = score_thresh
+    if kind == "fasterrcnn":
+        return FasterRCNN(fpn, None, **kw)
+    from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
+
+    mask_pool = MultiScaleRoIAlign(names, output_size=14, sampling_ratio=2)
+    return MaskRCNN(fpn, None, mask_roi_pool=mask_pool,
+                    mask_head=MaskRCNNHeads(fpn.out_channels, (mask_head_channels,) * 4, 1),
+                    mask_predictor=MaskRCNNPredictor(mask_head_channels, mask_head_channels, num_classes + 1), **kw)

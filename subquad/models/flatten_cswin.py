@@ -32,7 +32,8 @@ from ..errors import UserError
 from ..layers.mlp import Mlp
 from ._base import Backbone, drop_path_rates
 from ._builder import Variant, register_family, unwrap_state_dict
-from .flatten_pvt import FLATTEN_CARD, FLATTEN_CFG, _resize_tables, flatten_release
+from ._flatten_common import FLATTEN_CARD, FLATTEN_CFG, flatten_release
+from ._flatten_common import resize_token_tables as _resize_tables
 
 __all__ = ["FlattenCSWin", "CSWinBlock", "MergeBlock", "remap_official"]
 

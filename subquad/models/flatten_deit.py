@@ -27,7 +27,8 @@ from torch import nn
 
 from ..errors import UserError
 from ._builder import Variant, register_family, unwrap_state_dict
-from .flatten_pvt import FLATTEN_CFG, FLATTEN_PAPER, _resize_tables
+from ._flatten_common import FLATTEN_CFG, FLATTEN_PAPER
+from ._flatten_common import resize_token_tables as _resize_tables
 from .vit import VisionTransformerAttn, vit_out_indices
 
 __all__ = ["remap_official"]

@@ -21,7 +21,9 @@ from torch import nn
 
 from ..layers.patch_embed import OverlapPatchEmbed
 from ._builder import Variant, register_family, unwrap_state_dict
-from .flatten_pvt import FLATTEN_CARD, FLATTEN_CFG, PVTHost, _resize_tables, flatten_release
+from ._flatten_common import FLATTEN_CARD, FLATTEN_CFG, flatten_release
+from ._flatten_common import resize_token_tables as _resize_tables
+from .flatten_pvt import PVTHost
 
 __all__ = ["FlattenPVTv2", "remap_official"]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from subquad._official import build_official
+from tests._official import build_official
 from tests.bench._scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import subquad
-from subquad._official import load_flatten
 from subquad.attention.cswin import LePEAttention
 from subquad.attention.focused_linear import FocusedLinearAttention
 from subquad.models._builder import load_into
 from subquad.models.flatten_cswin import remap_official
+from tests._official import load_flatten
 from tests.models.test_flatten_swin import fixture
 
 FIXTURE = Path(__file__).resolve().parents[1] / "_fixtures" / "flatten_cswin_keys.json"

@@ -110,7 +110,7 @@ def test_matches_official_model(official_root, family):
     """Official FLatten-PVT(v2) with randomised scale/PE (small dims, built at 128): same logits."""
     from functools import partial
 
-    from subquad._official import load_flatten
+    from tests._official import load_flatten
 
     mod = load_flatten(official_root, family)
     cls = mod.PyramidVisionTransformer if family == "flatten_pvt" else mod.PyramidVisionTransformerV2

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import subquad
-from subquad._official import load_flatten
 from subquad.attention.focused_linear import FocusedLinearAttention
 from subquad.attention.window import WindowAttention
 from subquad.models._builder import load_into
 from subquad.models.flatten_swin import remap_official
+from tests._official import load_flatten
 
 FIXTURE = Path(__file__).resolve().parents[1] / "_fixtures" / "flatten_swin_keys.json"
 DROPPED = (".relative_position_index", ".attn_mask")

@@ -76,7 +76,7 @@ def test_features_only_strides():
 @pytest.mark.parity
 def test_matches_official_model(official_root):
     """Official L2ViT (small dims) with randomised BN statistics and temperatures: same logits at odd sizes."""
-    from subquad._official import load_l2vit
+    from tests._official import load_l2vit
 
     off_mod = load_l2vit(official_root)
     with contextlib.redirect_stdout(io.StringIO()):

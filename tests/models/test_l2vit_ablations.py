@@ -208,7 +208,7 @@ def test_tab6_tab7_gmacs():
 def test_switches_match_official_model(official_root, kw, off_kw):
     """The official L2ViT class with the same switches (small dims, randomised BN statistics): identical keys,
     same logits at odd sizes."""
-    from subquad._official import load_l2vit
+    from tests._official import load_l2vit
 
     off_mod = load_l2vit(official_root)
     with contextlib.redirect_stdout(io.StringIO()):

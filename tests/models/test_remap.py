@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import subquad
-from subquad._official import build_official
+from tests._official import build_official
 
 FIXTURES = Path(__file__).resolve().parents[1] / "_fixtures"
 FAMILIES = {"l2vit": "l2vit_keys.json", "flatten_pvt": "flatten_pvt_keys.json",

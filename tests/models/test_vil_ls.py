@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import subquad
-from subquad._official import load_msvit
 from subquad.errors import UserError
 from subquad.models import CARDS
 from subquad.models.vil_ls import ViLFullAttention, remap_official, resize_rel_table
+from tests._official import load_msvit
 
 FIXTURES = Path(__file__).parents[1] / "_fixtures"
 OFFICIAL = ["vil_ls_medium", "vil_ls_base", "vil_ls_medium_384"]

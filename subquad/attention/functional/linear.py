@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from ..._shapes import tracing
-from .structure_aware import no_autocast
 
 __all__ = [
     "NORMALISERS",
@@ -46,7 +45,6 @@ __all__ = [
     "enhanced_linear_attention_ref",
     "enhanced_linear_attention_kv",
     "feature_map",
-    "fp32_island",
     "depthwise_conv_matrix",
 ]
 
@@ -221,24 +219,6 @@ def enhanced_linear_attention_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  temperature: torch.Tensor | float, clamp_min: float = 100.0) -> torch.Tensor:
     """Fast path of `enhanced_linear_attention_ref`: K^T V first, as the official code (shapes as the reference)."""
     return linear_attention(F.relu(q), F.relu(k), v, "sum", 0.0, clamp_min, temperature, order="kv")
-
-
-def fp32_island(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, **kwargs) -> torch.Tensor:
-    """Run fn(*tensors, **kwargs) in float32 with autocast off when inputs are half precision or autocast is on.
-
-    The result is cast back to the dtype of the first tensor; float32 and float64 inputs run unchanged. Linear-attention
-    cores run in float32 under autocast because the kv product and the normaliser overflow in fp16 (reported in
-    LeapLabTHU/FLatten-Transformer issues #15, #18, #32); see docs/deviations.md, "Every backbone".
-    """
-    t0 = tensors[0]
-    low = t0.dtype in (torch.float16, torch.bfloat16)
-    # Meta tensors (FLOP counting) have no autocast state.
-    if not low and (t0.device.type == "meta" or not torch.is_autocast_enabled(t0.device.type)):
-        return fn(*tensors, **kwargs)
-    with no_autocast(t0):  # (a no-op on devices without autocast, such as meta)
-        out = fn(*(t.float() if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
-                   for t in tensors), **kwargs)
-    return out.to(t0.dtype) if low else out
 
 
 def _mask_keys(k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._shapes import ceil_div, crop_index, known_equal
+from ...layers.precision import compute_dtype as _softmax_dtype  # every LS softmax in fp32 (official); fp64 stays
 
 __all__ = [
     "window_ext",
@@ -52,11 +53,6 @@ _NEG_INF = float("-inf")
 def window_ext(w: int) -> int:
     """One-sided window extension of the official code: ext = max(floor(w / 2), 1)."""
     return max(w // 2, 1)
-
-
-def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The official code takes every LS softmax in float32; float64 stays float64 (references)."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 def dynamic_projection(logits: torch.Tensor, num_heads: int, rank: int,

@@ -28,9 +28,8 @@ Every correlation below is G[i] = sum_n w[n - i] x[n]; with FFTs: ifft(fft(x) * 
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +56,6 @@ __all__ = [
     "resize_kernel",
     "inflate_kernel",
     "offsets_range",
-    "no_autocast",
 ]
 
 _BOUNDARIES = ("circular", "zero")
@@ -350,16 +348,51 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     """
     _check_boundary(boundary)
     B, h, N, dh = q.shape
-    nd = len(grid)
-    dims = tuple(range(-nd, 0))
     if math.prod(grid) != N:
         raise ValueError(f"grid {tuple(grid)} makes {math.prod(grid)} tokens but q has N={N}")
-    C, D = kernel_a.shape[:2]
+    D = kernel_a.shape[1]
     fft_grid = tuple(grid) if boundary == "circular" else tuple(2 * g for g in grid)
     if spectra is None:
         ka = kernel_a if boundary == "circular" else toeplitz_to_circular(kernel_a, grid)
         kb = kernel_b if boundary == "circular" else toeplitz_to_circular(kernel_b, grid)
         spectra = kernel_spectra(ka, kb, fft_grid)
+    kf, vf, waf, wbf, q2 = _lisa_spectra(q, k, v, spectra, D, grid, fft_grid)
+    bproj = _head_struct_proj(struct_proj, h)  # (h, dh, D)
+    # Without autograd (on the CPU schedule) the tiles reuse one workspace and work in place (see `_lisa_tile_fn`).
+    cpu = cpu_schedules(q.device)
+    inference = cpu and not (torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, kernel_a, kernel_b, struct_proj, *spectra)))
+    chunk = _lisa_tile_fn(B, N, dh, grid, boundary, inference, q.device)
+    h_tile, d_tile = plan_tiles(B, h, dh, D, N, d_chunk, tile_elems) if cpu or d_chunk is not None else (h, D)
+    p_tile = (d_tile + 1) // 2
+    # Tiles through split (its backward is one concatenation), not slicing (whose backward zero-fills a full-size
+    # gradient per tile).
+    kf_t, vf_t, q_t = kf.split(h_tile, 1), vf.split(h_tile, 1), q2.split(h_tile, 1)
+    waf_t = [w.split(p_tile, 2) for w in waf.split(h_tile, 0)]
+    wbf_t = [w.split(2 * p_tile, 2) for w in ((wbf,) * len(kf_t) if wbf.shape[0] == 1 else wbf.split(h_tile, 0))]
+    bproj_t = [b.split(2 * p_tile, 2) for b in bproj.split(h_tile, 0)]
+    outs = []
+    for g in range(len(kf_t)):
+        y = None
+        for e in range(len(waf_t[g])):
+            args = (kf_t[g], vf_t[g], waf_t[g][e], wbf_t[g][e], q_t[g], bproj_t[g][e])
+            if checkpoint_chunks and torch.is_grad_enabled():
+                part = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False)
+            else:
+                part = chunk(*args)
+            y = part if y is None else y + part
+        outs.append(y)
+    y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+    return y.transpose(-1, -2)  # (B, h, N, dh)
+
+
+def _lisa_spectra(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spectra: tuple[torch.Tensor, torch.Tensor],
+                  D: int, grid: Sequence[int], fft_grid: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """The operands of `lisa_fft`'s tiles: (kf (B, h, dh, 1, *F), vf (B, h, ceil(dh/2), 1, *F) with channel pairs
+    packed as re/im, waf (h, dh, P, *F) the kernel_a pattern-pair spectra, wbf (h or 1, 1, D, *F), q2 (B, h, dh, 1,
+    2N) with every token value doubled to meet the interleaved (re, im) layout of Ga)."""
+    B, h, N, dh = q.shape
+    dims = tuple(range(-len(grid), 0))
     pairs = (D + 1) // 2
     waf = spectra[0].reshape(h, dh, pairs, *fft_grid)  # conj-corr spectra of kernel_a pattern pairs
     wbf = spectra[1][:, None]  # (h or 1, 1, D, *F)
@@ -370,9 +403,23 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     if dh % 2:  # odd head dim: the last pair carries a zero channel
         v_hi = torch.cat([v_hi, v_hi.new_zeros(B, h, 1, *grid)], 2)
     vf = torch.fft.fftn(torch.complex(vmap[:, :, :half], v_hi), s=fft_grid, dim=dims)[:, :, :, None]
-    # q with every token value doubled, to meet the interleaved (re, im) layout of Ga: (B, h, dh, 1, 2N).
     q2 = q.transpose(-1, -2).repeat_interleave(2, -1)[:, :, :, None]
-    bproj = _head_struct_proj(struct_proj, h)  # (h, dh, D)
+    return kf, vf, waf, wbf, q2
+
+
+def _lisa_tile_fn(B: int, N: int, dh: int, grid: Sequence[int], boundary: str, inference: bool,
+                  device: torch.device) -> Callable[..., torch.Tensor]:
+    """`lisa_fft`'s work on one tile of heads and pattern pairs: (kf, vf, waf, wbf, q2, bproj) -> Y (B, hn, dh, N).
+
+    With `inference` (no autograd, CPU schedule) the spectral products of every tile and both correlations go
+    through one reused workspace and the contractions run in place on the inverse transforms: fresh multi-MiB
+    tensors per tile cost page faults that rival the FFTs on CPU. (torch.fft's out= computes into a temporary and
+    copies, so the inverse transforms keep their own outputs.) With autograd every intermediate is a new tensor
+    (autograd may save it)."""
+    nd = len(grid)
+    dims = tuple(range(-nd, 0))
+    half = (dh + 1) // 2
+    work: dict[str, torch.Tensor] = {}
 
     def crop(t: torch.Tensor) -> torch.Tensor:
         """(..., *F) complex -> (..., 2N) real, (re, im) interleaved per token."""
@@ -381,19 +428,10 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
                 t = t.narrow(t.dim() - nd + ax, 0, g)
         return torch.view_as_real(t.reshape(*t.shape[:-nd], N).contiguous()).flatten(-2)
 
-    # Without autograd, the spectral products of every tile and both correlations go through one reused workspace
-    # and the contractions run in place on the inverse transforms: fresh multi-MiB tensors per tile cost page faults
-    # that rival the FFTs on CPU. (torch.fft's out= computes into a temporary and copies, so the inverse transforms
-    # keep their own outputs.) With autograd every intermediate is a new tensor (autograd may save it).
-    cpu = cpu_schedules(q.device)
-    inference = cpu and not (torch.is_grad_enabled() and any(
-        t.requires_grad for t in (q, k, v, kernel_a, kernel_b, struct_proj, *spectra)))
-    work: dict[str, torch.Tensor] = {}
-
     def workspace(name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         n = math.prod(shape)
         if name not in work or work[name].numel() < n:
-            work[name] = torch.empty(n, dtype=dtype, device=q.device)
+            work[name] = torch.empty(n, dtype=dtype, device=device)
         return work[name][:n].view(shape)
 
     def correlate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -417,27 +455,7 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
         y = y.unflatten(-1, (N, 2)).movedim(-1, 2).reshape(B, hn, 2 * half, N)[:, :, :dh]
         return y + torch.einsum("bhen,hce->bhcn", s, bproj_c)  # feature path S B^T
 
-    h_tile, d_tile = plan_tiles(B, h, dh, D, N, d_chunk, tile_elems) if cpu or d_chunk is not None else (h, D)
-    p_tile = (d_tile + 1) // 2
-    # Tiles through split (its backward is one concatenation), not slicing (whose backward zero-fills a full-size
-    # gradient per tile).
-    kf_t, vf_t, q_t = kf.split(h_tile, 1), vf.split(h_tile, 1), q2.split(h_tile, 1)
-    waf_t = [w.split(p_tile, 2) for w in waf.split(h_tile, 0)]
-    wbf_t = [w.split(2 * p_tile, 2) for w in ((wbf,) * len(kf_t) if wbf.shape[0] == 1 else wbf.split(h_tile, 0))]
-    bproj_t = [b.split(2 * p_tile, 2) for b in bproj.split(h_tile, 0)]
-    outs = []
-    for g in range(len(kf_t)):
-        y = None
-        for e in range(len(waf_t[g])):
-            args = (kf_t[g], vf_t[g], waf_t[g][e], wbf_t[g][e], q_t[g], bproj_t[g][e])
-            if checkpoint_chunks and torch.is_grad_enabled():
-                part = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False)
-            else:
-                part = chunk(*args)
-            y = part if y is None else y + part
-        outs.append(y)
-    y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-    return y.transpose(-1, -2)  # (B, h, N, dh)
+    return chunk
 
 
 def lisa_dft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
@@ -581,14 +599,3 @@ def inflate_kernel(kernel: torch.Tensor, frames: int, mode: str = "center") -> t
     if mode == "average":
         return kernel.unsqueeze(-3).expand(*kernel.shape[:-2], frames, *kernel.shape[-2:]) / frames
     raise ValueError(f"inflate mode must be 'center' or 'average', got {mode!r}")
-
-
-def no_autocast(x: torch.Tensor):
-    """Context with autocast disabled on x's device (a no-op on devices without autocast, e.g. meta); the LiSA and
-    global-filter FFT cores run in float32 inside it (the precision rule listed in docs/deviations.md, "Every
-    backbone")."""
-    # Only where autocast is on: a disabled-autocast region traced with nothing to disable would still become a
-    # wrap_with_autocast node, which torch.export cannot serialise with symbolic sizes among its inputs.
-    if x.device.type in ("cpu", "cuda", "xpu", "mps") and torch.is_autocast_enabled(x.device.type):
-        return torch.autocast(x.device.type, enabled=False)
-    return contextlib.nullcontext()

@@ -1,8 +1,9 @@
 """The official model code (L2ViT, FLatten-Transformer, Transformer-LS), loaded by file path for parity checks.
 
-Nothing in `subquad` imports this module, and it imports no official code at import time: every function takes the
-root of the official checkouts (the folder holding `L2ViT/`, `FLatten-Transformer/` and `transformer-ls/`; tests and
-benchmarks read it from `SUBQUAD_OFFICIAL_ROOT`). The files are never installed.
+Test and benchmark support (parity tests, `benchmarks/official.py`); not part of the package. It imports no
+official code at import time: every function takes the root of the official checkouts (the folder holding `L2ViT/`,
+`FLatten-Transformer/` and `transformer-ls/`; tests and benchmarks read it from `SUBQUAD_OFFICIAL_ROOT`). The files
+are never installed.
 
 While an official file executes: timm's `register_model` is a no-op (their names, e.g. `flatten_pvt_tiny`, are also
 ours); when einops is not installed a stand-in is put in `sys.modules` (the FLatten files import `rearrange` but call
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from torch import nn
 
-from .errors import UserError
+from subquad.errors import UserError
 
 __all__ = ["OFFICIAL_NAMES", "official_file", "load_module", "load_l2vit", "load_flatten", "load_msvit",
            "build_official", "official_files", "quiet"]

@@ -1,0 +1,81 @@
+"""Recipe files: find a YAML recipe by path or shipped name, read it, and read a run's args.yaml.
+
+The library (`subquad.dense`, `subquad.arena`) and the command (`subquad.cli.config`) read recipes through these
+functions. Bad input (a missing or unparsable file, an ambiguous name) is a `UserError`. No torch is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import UserError
+
+__all__ = ["CONFIG_ROOT", "find_config", "load_yaml", "load_run_args"]
+
+#: The shipped recipes (package data): subquad/configs/<dir>/<name>.yaml.
+CONFIG_ROOT = Path(__file__).resolve().parent / "configs"
+
+
+def find_config(text: str | os.PathLike, subdirs: tuple[str, ...]) -> Path:
+    """The recipe file `-c/--config TEXT` names, from any working directory.
+
+    TEXT is, in this order: an existing file; a path ending in `subquad/configs/<dir>/<name>.yaml` (the package's
+    own copy is used when the working directory is not the repository root); `<dir>/<name>[.yaml]` under the shipped
+    configs; or the `<name>[.yaml]` of a shipped recipe in one of this command's `subdirs` (e.g. `l2vit_tiny` is
+    `subquad/configs/imagenet/l2vit_tiny.yaml` for `subquad train`).
+
+    Raises:
+        UserError: nothing matches (the message lists this command's shipped recipes) or a name matches several.
+    """
+    p = Path(text)
+    if p.is_file():
+        return p
+    parts = p.as_posix().split("/")
+    if "configs" in parts and parts.index("configs") > 0 and parts[parts.index("configs") - 1] == "subquad":
+        cand = CONFIG_ROOT.joinpath(*parts[parts.index("configs") + 1:])
+        if cand.is_file():
+            return cand
+    name = p.as_posix().removesuffix(".yaml").removesuffix(".yml")
+    if "/" in name and (CONFIG_ROOT / f"{name}.yaml").is_file():
+        return CONFIG_ROOT / f"{name}.yaml"
+    found = [CONFIG_ROOT / d / f"{name}.yaml" for d in subdirs if (CONFIG_ROOT / d / f"{name}.yaml").is_file()]
+    if len(found) == 1:
+        return found[0]
+    shipped = sorted(f"{d}/{q.stem}" for d in subdirs for q in (CONFIG_ROOT / d).glob("*.yaml"))
+    if found:
+        raise UserError(f"config {text!r} is ambiguous: {', '.join(f'{q.parent.name}/{q.stem}' for q in found)}")
+    raise UserError(f"config file not found: {text} (a YAML file, or a shipped recipe by name: "
+                    f"{', '.join(shipped) or 'none'})")
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a recipe YAML (a mapping of TrainConfig keys)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"cannot parse {path}: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path} must hold a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def load_run_args(resume: str | os.PathLike, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The args.yaml of run directory `resume` (without `resume`, `dry_run` and the `drop` keys)."""
+    run_args = Path(resume) / "args.yaml"
+    if not Path(resume).is_dir():
+        raise UserError(f"--resume: run directory not found: {resume}")
+    if not run_args.is_file():
+        raise UserError(f"--resume: {resume} holds no args.yaml (not a subquad run directory)")
+    saved = load_yaml(run_args)
+    for key in ("resume", "dry_run", *drop):
+        saved.pop(key, None)
+    return saved
