@@ -24,7 +24,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, merge_heads
-from . import register_attention
+from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
 
 __all__ = ["LinearAngularAttention", "linear_angular", "linear_angular_ref", "linear_angular_matrix"]
