@@ -42,8 +42,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..engine.checkpoint import atomic_write
 from ..errors import UserError
+from ..files import atomic_write
 
 __all__ = ["LEADERBOARD_COLUMNS", "write_leaderboard", "read_leaderboard", "leaderboard_markdown", "check_claims",
            "claims_text", "method_text", "check_run_claims", "cell_rows", "replot", "SERIES_STYLES", "HOLM_ALPHA"]
@@ -270,7 +270,7 @@ def _task_or_none(out: Path, task: Any) -> Any:
         return task
     if not (Path(out) / "arena.json").is_file():
         return None
-    from .runner import task_of_run
+    from .tasks import task_of_run
 
     return task_of_run(out)
 

@@ -30,11 +30,10 @@ from typing import Any
 
 from ..engine.checkpoint import write_json
 from ..errors import UserError
-from .tasks import Task, load_task, options_text
+from .tasks import ARENA_FILE, Task, load_task, options_text, task_of_run
 
 __all__ = ["run_arena", "kind_module", "Cell", "plan_cells", "available_cores"]
 
-ARENA_FILE = "arena.json"
 
 
 def kind_module(kind: str):
@@ -346,18 +345,6 @@ def _log_finished(task: Task, c: Cell, rc: int, finished_walls: list[float], fai
         tail = (c.dir / "cell.log").read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
         failed.append(f"{c.label} seed {c.seed}")
         log(f"[{task.name}] FAILED {c.label} seed {c.seed} (exit {rc}): {tail[0]} (log: {c.dir / 'cell.log'})")
-
-
-def task_of_run(out: str | os.PathLike, meta: dict[str, Any] | None = None) -> Task:
-    """The task of the arena run in `out`: from the YAML file the run was started with, when it was started with a
-    file instead of a shipped task's name."""
-    out = Path(out)
-    if meta is None:
-        meta_path = out / ARENA_FILE
-        if not meta_path.is_file():
-            raise UserError(f"{out} is not an arena run directory (no {ARENA_FILE})")
-        meta = json.loads(meta_path.read_text())
-    return load_task(meta.get("source") or meta["task"])
 
 
 def run_one_cell(out: Path, label: str, seed: int) -> dict[str, Any]:

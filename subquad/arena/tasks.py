@@ -32,6 +32,7 @@ A mechanism entry names a registered mechanism (`attn` for image tasks, `attenti
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,10 @@ from typing import Any
 from ..config import load_yaml
 from ..errors import UserError
 
-__all__ = ["TASKS", "CONFIG_DIR", "Task", "load_task", "task_names"]
+__all__ = ["TASKS", "CONFIG_DIR", "ARENA_FILE", "Task", "load_task", "task_names", "task_of_run"]
+
+# The run record of an arena run directory (written by the runner).
+ARENA_FILE = "arena.json"
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "arena"
 KINDS = ("image", "lra", "lm")
@@ -222,3 +226,15 @@ def _check_claim(claim: Any, path: Path) -> None:
                             f"units), got {margin!r}")
     elif margin is not None:
         raise UserError(f"{path}: claim {name!r} gives a margin, which only `test: noninferior` takes")
+
+
+def task_of_run(out: str | os.PathLike, meta: dict[str, Any] | None = None) -> Task:
+    """The task of the arena run in `out`: from the YAML file the run was started with, when it was started with a
+    file instead of a shipped task's name."""
+    out = Path(out)
+    if meta is None:
+        meta_path = out / ARENA_FILE
+        if not meta_path.is_file():
+            raise UserError(f"{out} is not an arena run directory (no {ARENA_FILE})")
+        meta = json.loads(meta_path.read_text())
+    return load_task(meta.get("source") or meta["task"])

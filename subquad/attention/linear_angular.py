@@ -24,8 +24,8 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, merge_heads
-from .registry import register_attention
 from .base import AttentionCaps, TokenMixer
+from .registry import register_attention
 
 __all__ = ["LinearAngularAttention", "linear_angular", "linear_angular_ref", "linear_angular_matrix"]
 

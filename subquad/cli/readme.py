@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     want = expected(root)
     bad = stale(root, want)
     if args.write:
-        from subquad.engine.checkpoint import atomic_write
+        from subquad.files import atomic_write
 
         for rel in bad:
             atomic_write(root / rel, lambda tmp, s=want[rel]: Path(tmp).write_text(s))

@@ -111,7 +111,7 @@ def _outputs(args: argparse.Namespace, weights: Path) -> Path:
 def _save_png(arr: np.ndarray, path: Path, protect: tuple) -> None:
     from PIL import Image
 
-    from ..engine.checkpoint import atomic_write
+    from ..files import atomic_write
 
     check_output_file(path, (".png",), protect, "prediction", lambda p: True)
     atomic_write(path, lambda tmp: Image.fromarray(arr).save(tmp, format="PNG"))

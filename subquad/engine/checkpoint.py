@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..files import atomic_write
 
 if TYPE_CHECKING:  # torch is imported where it is used: `subquad models` writes its cache without it
     import torch
@@ -21,27 +21,6 @@ __all__ = ["atomic_write", "refuse_existing_output", "check_output_file", "save_
            "sidecar_path", "save_state", "load_state", "resolve_checkpoint", "read_sidecar", "checkpoint_arch",
            "read_weights", "read_checkpoint", "is_timm_checkpoint", "refuse_exported_program",
            "load_checkpointed_model"]
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
-    """Call `write(tmp_path)` then rename tmp_path over `path` (same folder, fsync'd)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        # mkstemp creates 0600 files: give the result the usual permissions (0666 minus the umask).
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
 
 
 def refuse_existing_output(path: str | os.PathLike, flag: str, overwrite: bool = False, folder: bool = False

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from .checkpoint import atomic_write
+from ..files import atomic_write
 
 __all__ = ["write_args", "write_csv", "read_csv", "prepare_output"]
 

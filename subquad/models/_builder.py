@@ -149,7 +149,7 @@ def download_pretrained(url: str | None, variant: str, cfg: dict) -> tuple[Path,
     import urllib.error
     import urllib.request
 
-    from ..engine.checkpoint import atomic_write
+    from ..files import atomic_write
 
     def fail(reason: str) -> UserError:
         return UserError(f"cannot download the {what} weights from {url}: {reason}; nothing was cached; "

@@ -30,7 +30,7 @@ from torch import nn
 
 from ..attention import Request, build_stage_attention, check, get_attention_cls, list_attention
 from ..attention.functional.long_short import xl_sinusoid
-from . import register_sequence_model
+from .registry import register_sequence_model
 
 __all__ = ["CharLM", "CharLMCache", "char_lm"]
 

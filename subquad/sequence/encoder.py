@@ -26,7 +26,7 @@ from torch import nn
 
 from ..attention import Request, build_attention, check, get_attention_cls
 from ..errors import UserError
-from . import register_sequence_model
+from .registry import register_sequence_model
 
 __all__ = ["LRAEncoder", "LRAClassifier", "POOLING", "lra_encoder", "grid_refusal"]
 

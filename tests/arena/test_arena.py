@@ -112,7 +112,7 @@ def test_a_mechanism_the_host_cannot_take_is_skipped_with_its_reason(tmp_path, m
     raw = yaml.safe_load((CONFIG_DIR / "fmnist.yaml").read_text())
     host = {**raw["host"], "class_token": True, "global_pool": "token"}
     reason = image.refusal(raw["train"], {**host, "attn": "structure_aware"})
-    assert reason and "num_prefix_tokens" in reason
+    assert reason and "structure_aware" in reason and "class token" in reason and "softmax" in reason
     assert image.refusal(raw["train"], {**raw["host"], "attn": "softmax"}) is None
 
 
@@ -125,7 +125,7 @@ def test_skipped_row_in_the_leaderboard(tmp_path, capsys, monkeypatch):
                  "--budget", "quick", "--out", str(out)]) == 0
     assert "skip structure_aware_d4" in capsys.readouterr().out
     row = _board(out)[0]
-    assert row["status"] == "skipped" and "num_prefix_tokens" in row["reason"] and row["n_seeds"] == "0"
+    assert row["status"] == "skipped" and "class token" in row["reason"] and row["n_seeds"] == "0"
     assert "skipped" in leaderboard_markdown(out)
 
 
