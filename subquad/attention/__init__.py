@@ -46,6 +46,11 @@ def build_attention(name: str, dim: int, num_heads: int, **kwargs: Any) -> nn.Mo
     """
     entry = ATTENTION_REGISTRY.get(name)
     cls = entry.builder
+    # A mechanism with several forms (e.g. long_short's causal form, or a form without q/k/v projections for hosts
+    # that project themselves) picks the class of the requested form: `resolve(options) -> (class, options)`.
+    resolve = getattr(cls, "resolve", None)
+    if resolve is not None:
+        cls, kwargs = resolve(dict(kwargs))
     params = inspect.signature(cls.__init__).parameters
     if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
         unknown = sorted(k for k in kwargs if k not in params)

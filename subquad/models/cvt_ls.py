@@ -6,7 +6,8 @@ Three stages (strides 4, 8, 16): a convolutional token embedding (7x7 s4 p2, the
 pre-norm blocks. Each attention projects q, k, v with a depthwise 3x3 conv + BatchNorm followed by a Linear (CvT's
 "convolutional projection"). Long-short blocks use stride 1 for q, k and v and a dynamic-projection score layer W^P
 that is a depthwise 3x3 conv with weight standardisation followed by Linear(C -> h*r) (paper App. E); the long-short
-core is the shared `long_short` mechanism (`layout="external"`, vision CLS rule, no position encoding, w = 7, r = 64
+core is the shared `long_short` mechanism (host-projected q/k/v with the conv W^P, `ls.dp_conv` and
+`ls.to_dynamic_projection`; vision CLS rule, no position encoding, w = 7, r = 64
 in every stage [ours]). Softmax baseline blocks use CvT's key/value stride 2. A class token joins stage 3 only; the
 head reads it after the final LayerNorm.
 
@@ -27,17 +28,17 @@ from collections.abc import Sequence
 
 import torch
 import torch.utils.checkpoint
-from timm.layers import DropPath, StdConv2d, register_notrace_module, trunc_normal_
+from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from torch import nn
 
 from .._shapes import as_hw, merge_heads, split_heads
-from ..attention import build_attention
+from ..attention import build_stage_attention
 from ..attention.functional.softmax import softmax_attention
 from ..layers.mlp import Mlp
 from ._base import Backbone, drop_path_rates, tokens_to_nchw
 from ._builder import Variant, register_family
 
-__all__ = ["CvTLS", "ConvProjAttention"]
+__all__ = ["CvTLS", "ConvProjAttention", "remap_legacy"]
 
 
 class ConvProj(nn.Module):
@@ -85,12 +86,11 @@ class ConvProjAttention(nn.Module):
         self.proj_k = nn.Linear(dim, dim, bias=qkv_bias, **dd)
         self.proj_v = nn.Linear(dim, dim, bias=qkv_bias, **dd)
         if attn == "long_short":
-            # W^P: depthwise 3x3 with weight standardisation (BN replaced, paper App. E), then Linear(C -> h r)
-            self.dp_conv = StdConv2d(dim, dim, 3, padding=1, groups=dim, bias=False, **dd)
-            self.dp_fc = nn.Linear(dim, num_heads * rank, **dd)
-            self.ls = build_attention("long_short", dim, num_heads, window_size=window_size, rank=rank, dims=2,
-                                      layout="external", num_prefix_tokens=num_prefix_tokens, rpe=False,
-                                      attn_drop=attn_drop, proj_drop=proj_drop, **dd)
+            # the host projects q, k, v (convolutional projections); the mechanism's W^P convolves the map too: a
+            # weight-standardised depthwise 3x3 (BN replaced, paper App. E), then Linear(C -> h r)
+            stage = dict(host_qkv=True, conv_proj=True, window_size=window_size, num_prefix_tokens=num_prefix_tokens,
+                         proj_drop=proj_drop, hints=dict(rank=rank, dims=2, rpe=False, attn_drop=attn_drop))
+            self.ls = build_stage_attention(attn, dim, num_heads, stage, **dd)
         else:
             self.attn_drop = attn_drop
             self.proj = nn.Linear(dim, dim, **dd)
@@ -109,8 +109,7 @@ class ConvProjAttention(nn.Module):
         k = self.proj_k(tokens(self.conv_proj_k(grid)))
         v = self.proj_v(tokens(self.conv_proj_v(grid)))
         if self.kind == "long_short":
-            dp = self.dp_fc(self.dp_conv(grid).flatten(2).transpose(1, 2))  # (B, H*W, h r)
-            return self.ls.forward_qkv(q, k, v, dp, hw)
+            return self.ls.forward_qkv(q, k, v, x, hw)
         h = self.num_heads
         p = self.attn_drop if self.training else 0.0
         if p:
@@ -260,6 +259,20 @@ class CvTLS(Backbone):
         for i in range(num_levels, self.num_stages):
             delattr(self, f"stage{i}")
         self.num_stages = num_levels
+
+
+def remap_legacy(state_dict: dict[str, torch.Tensor], model: nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """A CvT*-LS state dict saved by subquad <= 0.1 -> the current names: the dynamic projection moved from the
+    block attention (`attn.dp_conv`, `attn.dp_fc`) into its long-short module (`attn.ls.dp_conv`,
+    `attn.ls.to_dynamic_projection`). Detected by key names; current state dicts pass unchanged."""
+    out = {}
+    for k, v in state_dict.items():
+        for old, new in ((".attn.dp_conv.", ".attn.ls.dp_conv."), (".attn.dp_fc.", ".attn.ls.to_dynamic_projection.")):
+            if old in k:
+                k = k.replace(old, new)
+                break
+        out[k] = v
+    return out
 
 
 _13 = dict(embed_dims=(64, 192, 384), depths=(1, 2, 10), num_heads=(1, 3, 6))

@@ -47,7 +47,8 @@ class CSWinBlock(nn.Module):
 
     'cswin' blocks run two stripe branches (`attns.0` vertical, `attns.1` horizontal, h / 2 heads each) or, in the
     last stage / when the construction grid equals (sw, sw), one global branch (the official rule). 'focused_linear'
-    blocks run one FocusedLinearAttention(qkv_layout='external', lepe=True) over the whole map at `attns.0`.
+    blocks run one FocusedLinearCore (no projections, LePE on; the block's `qkv` feeds its `forward_qkv`)
+    over the whole map at `attns.0`.
 
     Args:
         dim: channels C.
@@ -72,7 +73,7 @@ class CSWinBlock(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
         self.norm1 = nn.LayerNorm(dim, **dd)
         if attn == "focused_linear":
-            stage = dict(grid=input_size, qkv_layout="external", hints=hints or {})
+            stage = dict(grid=input_size, host_qkv=True, hints=hints or {})
             branches = [build_stage_attention(attn, dim, num_heads, stage, attn_kwargs, **dd)]
         elif last_stage or tuple(input_size) == (split_size, split_size):
             branches = [LePEAttention(dim, num_heads, -1, split_size, **dd)]

@@ -23,6 +23,7 @@ from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from torch import nn
 
 from ..attention import build_stage_attention
+from ..attention.focused_linear import remap_legacy as remap_focused_q_kv
 from ..attention.functional.focused import resize_pe
 from ..errors import UserError
 from ..layers.mlp import ConvMlp, Mlp
@@ -179,7 +180,7 @@ class FlattenPVT(PVTHost):
                     PatchEmbedLN(in_chans if i == 0 else embed_dims[i - 1], embed_dims[i], p, **dd))
             setattr(self, f"pos_embed{i + 1}", nn.Parameter(torch.zeros(1, grid[0] * grid[1], embed_dims[i], **dd)))
             setattr(self, f"pos_drop{i + 1}", nn.Dropout(drop_rate))
-            stage = dict(grid=grid, qkv_bias=qkv_bias, qkv_layout="q_kv", sr_ratio=sr_ratios[i],
+            stage = dict(grid=grid, qkv_bias=qkv_bias, sr_ratio=sr_ratios[i],
                          la_sr_ratio=la_sr_ratios[i], hints=dict(focusing_factor=focusing_factor,
                                                                  kernel_size=kernel_size))
             self._add_blocks(i, depths[i], embed_dims[i], num_heads[i], mlp_ratios[i], stage_attn[i], stage,
@@ -250,6 +251,7 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize
         resize: resize size-bound tables to the model's construction grids.
     """
     sd = {k: v for k, v in unwrap_state_dict(state_dict).items() if k not in ("norm.weight", "norm.bias")}
+    sd = remap_focused_q_kv(sd, model)  # focused stages: official `q` + `kv` -> our fused `qkv`
     return _resize_tables(sd, model) if resize else sd
 
 
