@@ -13,7 +13,7 @@ from torch import nn
 
 from .._shapes import as_hw, check_heads, known_equal, map_to_tokens, tokens_to_map, tracing
 from ..errors import UserError
-from . import register_attention
+from . import register_attention, register_attention_form
 from .base import AttentionCaps, TokenMixer
 from .functional.focused import (
     SR_MODES,
@@ -29,12 +29,13 @@ __all__ = ["FocusedLinearAttention", "FocusedLinearCore", "remap_q_kv", "remap_l
 DWC_INITS = ("default", "pvt_v2")
 
 
+@register_attention_form("focused_linear", "host_qkv")
 class FocusedLinearCore(TokenMixer):
     """FLatten focused linear attention on queries, keys and values that the host projects (`forward_qkv`): the form
     of CSwin's 'L' blocks, whose block owns the q/k/v and output projections. It owns the focusing `scale`, the
     `positional_encoding` on K, the rank-restoring `dwc` and, with `lepe=True`, CSwin's LePE `get_v`; no projection
-    layers. `build_attention("focused_linear", ..., host_qkv=True)` builds it; `FocusedLinearAttention` adds the
-    projections.
+    layers. `build_attention("focused_linear", ..., host_qkv=True)` builds it (the mechanism's "host_qkv" form);
+    `FocusedLinearAttention` adds the projections.
 
     Shapes: `forward_qkv(q, k, v, hw)`: q, k, v (B, N, C), N = num_prefix_tokens + H * W -> (B, N, C), no output
     projection.
@@ -74,23 +75,10 @@ class FocusedLinearCore(TokenMixer):
     sr_mode: str = "bilinear"
 
     @classmethod
-    def resolve(cls, options: dict) -> tuple[type, dict]:
-        """`build_attention`'s factory: `host_qkv=True` (a host that projects q, k, v itself, e.g. CSwin) builds a
-        `FocusedLinearCore`, otherwise a `FocusedLinearAttention`."""
-        opts = dict(options)
-        return (FocusedLinearCore if opts.pop("host_qkv", False) else FocusedLinearAttention), opts
-
-    @classmethod
     def stage_kwargs(cls, stage: dict) -> dict:
-        """The host's facts: `host_qkv` (the host projects q, k, v itself, CSwin: LePE on, no projections here),
-        and the spatial reduction of linear-attention stages (`la_sr_ratio`, 1 in every released FLatten model)."""
+        """The spatial reduction of linear-attention stages (`la_sr_ratio`, 1 in every released FLatten model)."""
         kw = super().stage_kwargs(stage)
-        if stage.get("host_qkv"):
-            kw["host_qkv"] = True
-            kw["lepe"] = True
-            kw.pop("qkv_bias", None)
-            kw.pop("proj_drop", None)
-        elif stage.get("la_sr_ratio", 1) != 1:
+        if stage.get("la_sr_ratio", 1) != 1:
             kw["sr_ratio"] = stage["la_sr_ratio"]
         return kw
 
@@ -210,9 +198,9 @@ class FocusedLinearCore(TokenMixer):
                          "forward_qkv(q, k, v, hw)")
 
     def forward_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int],
-                    fused: bool | None = None) -> torch.Tensor:
+                    x: torch.Tensor | None = None, fused: bool | None = None) -> torch.Tensor:
         """Attention on projected q, k, v (B, N, C) (CSwin 'L' blocks); returns (B, N, C), no projection (in
-        `FocusedLinearAttention` too: its own projections are bypassed)."""
+        `FocusedLinearAttention` too: its own projections are bypassed). x (the host's input) is not read."""
         hw = self._check_input(q, hw)
         if k.shape != q.shape or v.shape != q.shape:
             raise ValueError(f"focused_linear forward_qkv: q {tuple(q.shape)}, k {tuple(k.shape)} and "

@@ -17,6 +17,7 @@ maps the LRA code's keys onto them and `remap_legacy` the keys of subquad <= 0.1
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -26,7 +27,7 @@ from torch import nn
 
 from .._shapes import check_heads, check_hw, check_mask, check_tokens, merge_heads, size_oblivious, split_heads
 from ..errors import UserError
-from . import register_attention
+from . import register_attention, register_attention_form
 from .base import AttentionCaps, TokenMixer
 from .functional.long_short import (
     dynamic_projection,
@@ -69,11 +70,30 @@ def _check_terms(who: str, window_size: int, rank: int) -> None:
         raise UserError(f"{who}: window_size=0 and rank=0 leave no keys; keep at least one of them >= 1")
 
 
+def _fused_qkv(dim: int, bias: bool, dd: dict) -> nn.Linear:
+    """Linear(C -> 3C) initialised as three Linear(C -> C) layers built one after the other (PyTorch's default
+    init: weight, then bias, per layer): the RNG draws of the LRA code's `W_q`, `W_k`, `W_v`, so a seeded LRA model
+    (the hosts that keep PyTorch's init) starts from the same weights under the fused name. Vision hosts
+    re-initialise every Linear themselves."""
+    device = torch.get_default_device() if dd["device"] is None else torch.device(dd["device"])
+    lin = nn.Linear(dim, dim * 3, bias=bias, device="meta", dtype=dd["dtype"]).to_empty(device=device)
+    if device.type == "meta":
+        return lin
+    with torch.no_grad():
+        for i in range(3):
+            rows = slice(i * dim, (i + 1) * dim)
+            nn.init.kaiming_uniform_(lin.weight[rows], a=math.sqrt(5))
+            if bias:
+                nn.init.uniform_(lin.bias[rows], -1 / math.sqrt(dim), 1 / math.sqrt(dim))
+    return lin
+
+
 def _dual_ln(dim: int, on: bool, dd: dict) -> nn.Module:
     """One DualLN LayerNorm, or the identity for the no-DualLN ablation."""
     return nn.LayerNorm(dim, **dd) if on else nn.Identity()
 
 
+@register_attention_form("long_short", "host_qkv")
 class LongShortCore(TokenMixer):
     """Bidirectional long-short attention on queries, keys and values that the host projects (`forward_qkv`).
 
@@ -82,7 +102,8 @@ class LongShortCore(TokenMixer):
     weight-standardised depthwise conv `dp_conv` in front of it when `dp_conv=True`, Transformer-LS App. E), the
     DualLN pair `dual_ln_full` (LN_L) / `dual_ln_dp` (LN_G), the optional ViL window bias
     `local_relative_position_bias_table` and the output projection `proj` -- and no q/k/v layers.
-    `build_attention("long_short", ..., host_qkv=True)` builds it; `LongShortAttention` adds the fused `qkv`.
+    `build_attention("long_short", ..., host_qkv=True)` builds it (the mechanism's "host_qkv" form);
+    `LongShortAttention` adds the fused `qkv`.
 
     Every query takes ONE softmax over [r dynamically projected keys (LN_G) ; its window keys (LN_L) ; the global
     token], then the global token takes the official post-CLS rule. 1-D: segments of w queries, each seeing
@@ -131,33 +152,30 @@ class LongShortCore(TokenMixer):
     name = "long_short"
     _qkv_bias: bool | None = None  # LongShortAttention sets it: the fused q/k/v projection is built
 
+    # A host with convolutional q/k/v projections keeps keys and values at full resolution (stride 1 for q, k
+    # and v, Transformer-LS App. E), unlike CvT's softmax baseline.
+    conv_kv_stride = 1
+
     @classmethod
     def resolve(cls, options: dict) -> tuple[type, dict]:
-        """`build_attention`'s factory: the causal form (`causal=True`) is a `ChunkedLongShortAttention`, the form
-        for hosts with their own q/k/v projections (`host_qkv=True`) a `LongShortCore`, else a
-        `LongShortAttention`. The removed `layout` option of subquad <= 0.1 is translated with a warning
+        """`build_attention`'s factory: `causal=True` builds a `ChunkedLongShortAttention`, otherwise the
+        registered class. The removed `layout` option of subquad <= 0.1 is translated with a DeprecationWarning
         ("lra" -> `global_token_rule="lra"` and no RPE, "external" -> `host_qkv=True`, "vision" -> nothing)."""
         opts = dict(options)
         if "layout" in opts:
             _translate_layout(opts)
-        causal = opts.pop("causal", False)
-        host_qkv = opts.pop("host_qkv", False)
-        if causal:
-            if host_qkv:
-                raise ValueError("long_short attention: the causal form projects its own q/k/v; host_qkv=True "
-                                 "applies to causal=False only")
+        if opts.pop("causal", False):
+            if opts.get("host_qkv"):
+                raise UserError("long_short attention: the causal form projects its own q/k/v; host_qkv=True "
+                                "applies to causal=False only")
             return ChunkedLongShortAttention, opts
-        return (LongShortCore if host_qkv else LongShortAttention), opts
+        return cls, opts
 
     @classmethod
     def stage_kwargs(cls, stage: dict) -> dict:
-        """A host's stage facts: `host_qkv` (the host projects q, k, v itself: the `LongShortCore` form), `conv_proj`
-        (the host's projections are convolutional, CvT: W^P gets the depthwise conv too, Transformer-LS App. E),
-        `window_size`, and `grid` (a 2-D stage)."""
+        """A host's stage facts: `conv_proj` (the host's q/k/v projections are convolutional, CvT: W^P gets the
+        depthwise conv too, Transformer-LS App. E), `window_size`, and `grid` (a 2-D stage)."""
         kw = super().stage_kwargs(stage)
-        if stage.get("host_qkv"):
-            kw["host_qkv"] = True
-            kw.pop("qkv_bias", None)
         if stage.get("conv_proj"):
             kw["dp_conv"] = True
         if stage.get("window_size") is not None:
@@ -212,7 +230,7 @@ class LongShortCore(TokenMixer):
         # Construction order = the RNG draw order of the official forms (ImageNet: qkv, proj, W^P; CvT*-LS: W^P
         # before the output projection), so a seeded build initialises as before.
         if self._qkv_bias is not None:
-            self.qkv = nn.Linear(dim, dim * 3, bias=self._qkv_bias, **dd)
+            self.qkv = _fused_qkv(dim, self._qkv_bias, dd)
         if dp_conv:
             self.dp_conv = StdConv2d(dim, dim, 3, padding=1, groups=dim, bias=False, **dd)
             if rank:
@@ -268,7 +286,7 @@ class LongShortCore(TokenMixer):
 
     def _project(self, x: torch.Tensor):
         raise ValueError("long_short attention built with host_qkv=True has no q/k/v projections; call "
-                         "forward_qkv(q, k, v, x, hw)")
+                         "forward_qkv(q, k, v, hw, x=x)")
 
     def _prepare(self, x: torch.Tensor, mask: torch.Tensor | None, grid, qkv=None):
         """q, k, v (B, h, n, d) of the n non-prefix tokens, global keys/values (B, h, G, d), validity, and the
@@ -322,11 +340,16 @@ class LongShortCore(TokenMixer):
         """x (B, N, C), hw (H, W) or None, mask (B, N) bool -> (B, N, C)."""
         return self._fast(x, hw, mask)
 
-    def forward_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor,
-                    hw: tuple[int, int] | None = None, mask: torch.Tensor | None = None,
+    def forward_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int] | None = None,
+                    x: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                     ref: bool = False) -> torch.Tensor:
         """Attention on the host's projections q, k, v (B, N, C) (prefix tokens first); x (B, N, C) is the input
-        they were projected from, which W^P reads. Returns (B, N, C) after `proj`."""
+        they were projected from, which W^P reads (needed when rank > 0). Returns (B, N, C) after `proj`."""
+        if x is None:
+            if self.rank:
+                raise ValueError("long_short forward_qkv: x (the input q, k, v were projected from) is needed for "
+                                 f"the dynamic projection (rank={self.rank})")
+            x = q
         for name, t in (("k", k), ("v", v), ("x", x)):
             if t.shape != q.shape:
                 raise ValueError(f"long_short forward_qkv: {name} has shape {tuple(t.shape)}, q has "

@@ -6,8 +6,8 @@ Three stages (strides 4, 8, 16): a convolutional token embedding (7x7 s4 p2, the
 pre-norm blocks. Each attention projects q, k, v with a depthwise 3x3 conv + BatchNorm followed by a Linear (CvT's
 "convolutional projection"). Long-short blocks use stride 1 for q, k and v and a dynamic-projection score layer W^P
 that is a depthwise 3x3 conv with weight standardisation followed by Linear(C -> h*r) (paper App. E); the long-short
-core is the shared `long_short` mechanism (host-projected q/k/v with the conv W^P, `ls.dp_conv` and
-`ls.to_dynamic_projection`; vision CLS rule, no position encoding, w = 7, r = 64
+core is the shared `long_short` mechanism's "host_qkv" form (`attn.mixer`, with the conv W^P `mixer.dp_conv` and
+`mixer.to_dynamic_projection`; vision CLS rule, no position encoding, w = 7, r = 64
 in every stage [ours]). Softmax baseline blocks use CvT's key/value stride 2. A class token joins stage 3 only; the
 head reads it after the final LayerNorm.
 
@@ -17,7 +17,7 @@ weight-standardised W^P and the top-1 numbers, but not r and w. Every number we 
 
 Paper: Transformer-LS (arXiv 2107.02192), Sec. 4.3, Table 5 and App. E (CvT*-LS); CvT (Wu et al. 2021) for the host.
 Official: none for CvT*-LS (host layout after microsoft/CvT `cls_cvt.py`: `stage{i}.patch_embed.{proj, norm}`,
-`stage{i}.blocks.{j}.{norm1, attn.{conv_proj_q, conv_proj_k, conv_proj_v, proj_q, proj_k, proj_v, proj}, norm2,
+`stage{i}.blocks.{j}.{norm1, attn.{conv_proj_q, conv_proj_k, conv_proj_v, proj_q, proj_k, proj_v, mixer}, norm2,
 mlp.{fc1, fc2}}`, `stage2.cls_token`, `norm`, `head`).
 Symbols: w window size (paper w), r projection rank (paper r), h heads, C channels.
 """
@@ -31,9 +31,9 @@ import torch.utils.checkpoint
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from torch import nn
 
-from .._shapes import as_hw, merge_heads, split_heads
-from ..attention import build_stage_attention
-from ..attention.functional.softmax import softmax_attention
+from .._shapes import as_hw
+from ..attention import build_stage_attention, get_attention_form
+from ..errors import UserError
 from ..layers.mlp import Mlp
 from ._base import Backbone, drop_path_rates, tokens_to_nchw
 from ._builder import Variant, register_family
@@ -55,16 +55,20 @@ class ConvProj(nn.Module):
 
 
 class ConvProjAttention(nn.Module):
-    """CvT attention with convolutional q/k/v projections; long-short or softmax core.
+    """CvT attention: convolutional q/k/v projections (host), then the stage mechanism's "host_qkv" form.
 
     Shapes: x (B, P + H*W, C) (P = 0 or 1 class token first), hw = (H, W) -> (B, P + H*W, C).
 
+    The key/value stride is the mechanism's (`conv_kv_stride` of its "host_qkv" form): 1 for long-short (q, k, v at
+    full resolution; its W^P is a weight-standardised depthwise conv + Linear, `mixer.dp_conv` /
+    `mixer.to_dynamic_projection`, paper App. E), 2 for softmax (CvT's squeezed keys/values). A mechanism without
+    a "host_qkv" form is refused when the model is built.
+
     Args:
         dim, num_heads: C and h.
-        attn: "long_short" (stride 1 for q, k, v; weight-standardised depthwise W^P) or "softmax" (CvT: k, v with
-            stride 2).
+        attn: a registered mechanism with a "host_qkv" form ("long_short" for CvT*-LS, "softmax" for CvT).
         num_prefix_tokens: class tokens P (they skip the convolutions, as in CvT).
-        window_size, rank: w and r of the long-short core.
+        window_size, rank: w and r (hints for mechanisms that take them: the long-short core).
         qkv_bias, attn_drop, proj_drop: the usual.
     """
 
@@ -73,28 +77,22 @@ class ConvProjAttention(nn.Module):
                  proj_drop: float = 0.0, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        if attn not in ("long_short", "softmax"):
-            raise ValueError(f"ConvProjAttention: attn must be 'long_short' or 'softmax', got {attn!r}")
-        self.kind, self.num_heads, self.dim = attn, num_heads, dim
+        try:
+            kv_stride = getattr(get_attention_form(attn, "host_qkv"), "conv_kv_stride", 1)
+        except UserError as e:  # the host projects q, k, v: the mechanism needs a "host_qkv" form
+            raise UserError(f"cvt: {e}") from None
+        self.num_heads, self.dim = num_heads, dim
         self.num_prefix_tokens = num_prefix_tokens
-        self.scale = (dim // num_heads) ** -0.5
-        kv_stride = 1 if attn == "long_short" else 2
         self.conv_proj_q = ConvProj(dim, 1, **dd)
         self.conv_proj_k = ConvProj(dim, kv_stride, **dd)
         self.conv_proj_v = ConvProj(dim, kv_stride, **dd)
         self.proj_q = nn.Linear(dim, dim, bias=qkv_bias, **dd)
         self.proj_k = nn.Linear(dim, dim, bias=qkv_bias, **dd)
         self.proj_v = nn.Linear(dim, dim, bias=qkv_bias, **dd)
-        if attn == "long_short":
-            # the host projects q, k, v (convolutional projections); the mechanism's W^P convolves the map too: a
-            # weight-standardised depthwise 3x3 (BN replaced, paper App. E), then Linear(C -> h r)
-            stage = dict(host_qkv=True, conv_proj=True, window_size=window_size, num_prefix_tokens=num_prefix_tokens,
-                         proj_drop=proj_drop, hints=dict(rank=rank, dims=2, rpe=False, attn_drop=attn_drop))
-            self.ls = build_stage_attention(attn, dim, num_heads, stage, **dd)
-        else:
-            self.attn_drop = attn_drop
-            self.proj = nn.Linear(dim, dim, **dd)
-            self.proj_drop = nn.Dropout(proj_drop)
+        # stage facts: convolutional projections, window, class tokens; host hints for mechanisms that take them
+        stage = dict(conv_proj=True, window_size=window_size, num_prefix_tokens=num_prefix_tokens,
+                     proj_drop=proj_drop, hints=dict(rank=rank, dims=2, rpe=False, attn_drop=attn_drop))
+        self.mixer = build_stage_attention(attn, dim, num_heads, stage, host_qkv=True, **dd)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         P = self.num_prefix_tokens
@@ -108,16 +106,7 @@ class ConvProjAttention(nn.Module):
         q = self.proj_q(tokens(self.conv_proj_q(grid)))
         k = self.proj_k(tokens(self.conv_proj_k(grid)))
         v = self.proj_v(tokens(self.conv_proj_v(grid)))
-        if self.kind == "long_short":
-            return self.ls.forward_qkv(q, k, v, x, hw)
-        h = self.num_heads
-        p = self.attn_drop if self.training else 0.0
-        if p:
-            probs = ((split_heads(q, h) * self.scale) @ split_heads(k, h).transpose(-2, -1)).softmax(-1)
-            o = nn.functional.dropout(probs, p) @ split_heads(v, h)
-        else:
-            o = softmax_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h), self.scale)
-        return self.proj_drop(self.proj(merge_heads(o)))
+        return self.mixer.forward_qkv(q, k, v, hw, x=x)
 
 
 class Block(nn.Module):
@@ -197,7 +186,7 @@ class CvTLS(Backbone):
         img_size: nominal resolution (cards and cfgs only; any size runs).
         in_chans, num_classes: input channels, classifier outputs (0: no head).
         embed_dims, depths, num_heads: per stage C, blocks, h.
-        attn: "long_short" or "softmax" in every stage.
+        attn: the mechanism of every stage, one with a "host_qkv" form ("long_short": CvT*-LS, "softmax": CvT).
         window_size, rank: w and r of the long-short core (every stage).
         mlp_ratio, drop_rate, attn_drop_rate, drop_path_rate: the usual (drop path linear over all blocks).
         global_pool: 'token' (the stage-3 class token, CvT's head), 'avg' (mean of the patch tokens) or ''.
@@ -261,13 +250,18 @@ class CvTLS(Backbone):
         self.num_stages = num_levels
 
 
+_LEGACY = ((".attn.ls.", ".attn.mixer."), (".attn.dp_conv.", ".attn.mixer.dp_conv."),
+           (".attn.dp_fc.", ".attn.mixer.to_dynamic_projection."), (".attn.proj.", ".attn.mixer.proj."))
+
+
 def remap_legacy(state_dict: dict[str, torch.Tensor], model: nn.Module | None = None) -> dict[str, torch.Tensor]:
-    """A CvT*-LS state dict saved by subquad <= 0.1 -> the current names: the dynamic projection moved from the
-    block attention (`attn.dp_conv`, `attn.dp_fc`) into its long-short module (`attn.ls.dp_conv`,
-    `attn.ls.to_dynamic_projection`). Detected by key names; current state dicts pass unchanged."""
+    """A CvT / CvT*-LS state dict saved by subquad <= 0.1 -> the current names: the block attention's token mixer
+    is `attn.mixer` for every mechanism (was `attn.ls` for long-short, the block's own `attn.proj` for softmax),
+    and long-short's dynamic projection moved into it (`attn.dp_conv`, `attn.dp_fc` -> `attn.mixer.dp_conv`,
+    `attn.mixer.to_dynamic_projection`). Detected by key names; current state dicts pass unchanged."""
     out = {}
     for k, v in state_dict.items():
-        for old, new in ((".attn.dp_conv.", ".attn.ls.dp_conv."), (".attn.dp_fc.", ".attn.ls.to_dynamic_projection.")):
+        for old, new in _LEGACY:
             if old in k:
                 k = k.replace(old, new)
                 break
