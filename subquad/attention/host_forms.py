@@ -1,8 +1,8 @@
 """The "host_qkv" forms of mechanisms whose main module projects q, k, v itself: softmax and CSwin.
 
 A host that projects q, k, v (CSwin's block-level `qkv`, CvT's convolutional projections) builds a mechanism with
-`build_attention(name, dim, heads, ..., host_qkv=True)` and calls `forward_qkv(q, k, v, hw, x=None)`; the form owns
-what the mechanism adds to the projections and nothing else. long_short and focused_linear register theirs next to
+`build_attention(name, dim, heads, ..., host_qkv=True)`, calls `forward_qkv(q, k, v, hw, x=None)` and projects the
+(B, N, C) result itself; the form owns what the mechanism adds to the projections and nothing else. long_short and focused_linear register theirs next to
 their main classes.
 """
 
@@ -22,32 +22,29 @@ __all__ = ["SoftmaxCore", "CSWinStripes"]
 
 @register_attention_form("softmax", "host_qkv")
 class SoftmaxCore(TokenMixer):
-    """Multi-head softmax attention on the host's q (B, N, C) and k, v (B, n, C), then the output projection `proj`.
+    """Multi-head softmax attention on the host's q (B, N, C) and k, v (B, n, C); no parameters.
 
     Keys and values may be fewer than the queries (n <= N): a host with convolutional projections reduces them with
     stride `conv_kv_stride` = 2, CvT's rule for its softmax attention (CvT, arXiv 2103.15808, Sec. 3.2, "squeezed"
     key/value projection), and prepends its class tokens to both.
 
-    Shapes: forward_qkv(q, k, v, hw=None, x=None) -> (B, N, C). Keys: `proj`.
+    Shapes: forward_qkv(q, k, v, hw=None, x=None) -> (B, N, C), heads merged.
     Args:
         dim, num_heads: C and h.
         attn_drop: dropout on the probabilities (training only; then the explicit product replaces SDPA).
-        proj_drop: dropout after `proj`.
         input_size: accepted for interface uniformity.
     """
 
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=False, supports_mask=False, complexity="O(N n)")
     conv_kv_stride = 2
 
-    def __init__(self, dim: int, num_heads: int = 8, attn_drop: float = 0.0, proj_drop: float = 0.0,
+    def __init__(self, dim: int, num_heads: int = 8, attn_drop: float = 0.0,
                  input_size: tuple[int, int] | None = None, device=None, dtype=None) -> None:
         super().__init__()
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = check_heads(dim, num_heads, "softmax attention (host_qkv)")
         self.scale = self.head_dim ** -0.5
         self.attn_drop = attn_drop
-        self.proj = nn.Linear(dim, dim, device=device, dtype=dtype)
-        self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, hw=None, mask=None) -> torch.Tensor:
         raise ValueError("softmax attention built with host_qkv=True has no projections; call forward_qkv(q, k, v)")
@@ -61,7 +58,7 @@ class SoftmaxCore(TokenMixer):
             o = nn.functional.dropout(probs, p) @ split_heads(v, h)
         else:
             o = softmax_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h), self.scale)
-        return self.proj_drop(self.proj(merge_heads(o)))
+        return merge_heads(o)
 
 
 def _packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -98,10 +98,10 @@ class LongShortCore(TokenMixer):
     """Bidirectional long-short attention on queries, keys and values that the host projects (`forward_qkv`).
 
     The form for hosts with their own q/k/v projections (CvT*-LS's convolutional projections): the module owns what
-    the mechanism adds to a projection -- the dynamic projection W^P (`to_dynamic_projection`, with the
+    the mechanism adds to the host's projections -- the dynamic projection W^P (`to_dynamic_projection`, with the
     weight-standardised depthwise conv `dp_conv` in front of it when `dp_conv=True`, Transformer-LS App. E), the
-    DualLN pair `dual_ln_full` (LN_L) / `dual_ln_dp` (LN_G), the optional ViL window bias
-    `local_relative_position_bias_table` and the output projection `proj` -- and no q/k/v layers.
+    DualLN pair `dual_ln_full` (LN_L) / `dual_ln_dp` (LN_G) and the optional ViL window bias
+    `local_relative_position_bias_table` -- and neither the q/k/v nor the output projection (the host's).
     `build_attention("long_short", ..., host_qkv=True)` builds it (the mechanism's "host_qkv" form);
     `LongShortAttention` adds the fused `qkv`.
 
@@ -113,7 +113,8 @@ class LongShortCore(TokenMixer):
 
     Shapes: x (B, N, C) -> (B, N, C); N = P + n with P = num_prefix_tokens leading global tokens; 2-D: n = H * W.
     mask (B, N) bool, True = real token (the prefix entry is ignored). Padded (mask False) query rows get zero
-    attention, so their output equals the output-projection bias (official; docs/deviations.md).
+    attention, so their output is zero here and the output-projection bias after `proj` (official;
+    docs/deviations.md).
 
     Paper: Transformer-LS (arXiv 2107.02192), Eq. 3 (dynamic projection), Eq. 6-7 (DualLN aggregation).
     Official: NVIDIA/transformer-ls, `imagenet/models/layers/transformer_ls.py` AttentionLS (these key names) and
@@ -137,7 +138,7 @@ class LongShortCore(TokenMixer):
         qk_scale: logit scale (default d^-1/2).
         rpe: ViL relative-position bias on 2-D window logits (default: on for a 2-D build with w >= 2 and the
             "vision" rule).
-        attn_drop, proj_drop: dropout on the attention probabilities / after the output projection.
+        attn_drop: dropout on the attention probabilities.
         input_size: (H, W) of the construction grid (makes the defaults 2-D).
         fused: SDPA tile paths (True) or the dense references (False); both compute the same function.
         group: segments per 1-D SDPA tile (default max(1, ceil(64 / w))).
@@ -151,6 +152,7 @@ class LongShortCore(TokenMixer):
     caps = _CAPS
     name = "long_short"
     _qkv_bias: bool | None = None  # LongShortAttention sets it: the fused q/k/v projection is built
+    _proj_drop: float | None = None  # LongShortAttention sets it: the output projection is built
 
     # A host with convolutional q/k/v projections keeps keys and values at full resolution (stride 1 for q, k
     # and v, Transformer-LS App. E), unlike CvT's softmax baseline.
@@ -187,9 +189,8 @@ class LongShortCore(TokenMixer):
     def __init__(self, dim: int, num_heads: int = 8, window_size: int | None = None, rank: int | None = None,
                  dims: int | None = None, global_token_rule: str = "vision", num_prefix_tokens: int = 0,
                  qk_scale: float | None = None, rpe: bool | None = None, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, input_size: tuple[int, int] | None = None, fused: bool = True,
-                 group: int | None = None, dual_ln: bool = True, dp_conv: bool = False, device=None,
-                 dtype=None) -> None:
+                 input_size: tuple[int, int] | None = None, fused: bool = True, group: int | None = None,
+                 dual_ln: bool = True, dp_conv: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         who = "long_short attention"
@@ -235,12 +236,13 @@ class LongShortCore(TokenMixer):
             self.dp_conv = StdConv2d(dim, dim, 3, padding=1, groups=dim, bias=False, **dd)
             if rank:
                 self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
-        self.proj = nn.Linear(dim, dim, **dd)
+        if self._proj_drop is not None:
+            self.proj = nn.Linear(dim, dim, **dd)
+            self.proj_drop = nn.Dropout(self._proj_drop)
         if rank and not dp_conv:
             self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
         self.dual_ln_dp = _dual_ln(dim, dual_ln and global_ln, dd)
         self.dual_ln_full = _dual_ln(dim, dual_ln and local_ln, dd)
-        self.proj_drop = nn.Dropout(proj_drop)
         if self.rpe:
             self.local_relative_position_bias_table = nn.Parameter(
                 torch.zeros(rpe_table_size(window_size), num_heads, **dd))
@@ -271,7 +273,7 @@ class LongShortCore(TokenMixer):
         return self.to_dynamic_projection(grid.flatten(2).transpose(1, 2))
 
     def _out(self, t: torch.Tensor) -> torch.Tensor:
-        return self.proj_drop(self.proj(t))
+        return t  # the host projects the output
 
     def _grid(self, x: torch.Tensor, hw, mask: torch.Tensor | None) -> tuple[int, int] | None:
         who = f"{type(self).__name__} ({self.name!r})"
@@ -326,14 +328,16 @@ class LongShortCore(TokenMixer):
         idx = self.relative_position_index
         return self.local_relative_position_bias_table[idx.reshape(-1)].reshape(*idx.shape, -1).permute(2, 0, 1)
 
-    def _finish(self, out: torch.Tensor, valid, cls, ref: bool) -> torch.Tensor:
+    def _finish(self, out: torch.Tensor, valid, cls, ref: bool, project: bool = True) -> torch.Tensor:
+        """Masked rows, the post-CLS rule, merged heads and (`project`) the module's output projection."""
         if valid is not None:
             # padded query rows get zero attention (official), so their output is the projection bias
             out = out.masked_fill(~valid[:, None, :, None], 0.0)
         if cls is not None:
             fn = post_cls_ref if ref else post_cls_sdpa
             out = torch.cat([fn(*cls, out, valid, self.scale), out], dim=2)
-        return self._out(merge_heads(out))
+        out = merge_heads(out)
+        return self._out(out) if project else out
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -344,7 +348,8 @@ class LongShortCore(TokenMixer):
                     x: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                     ref: bool = False) -> torch.Tensor:
         """Attention on the host's projections q, k, v (B, N, C) (prefix tokens first); x (B, N, C) is the input
-        they were projected from, which W^P reads (needed when rank > 0). Returns (B, N, C) after `proj`."""
+        they were projected from, which W^P reads (needed when rank > 0). Returns (B, N, C), heads merged, before
+        any output projection (in `LongShortAttention` too: `proj` is its `forward`'s)."""
         if x is None:
             if self.rank:
                 raise ValueError("long_short forward_qkv: x (the input q, k, v were projected from) is needed for "
@@ -371,7 +376,7 @@ class LongShortCore(TokenMixer):
             else:
                 bias = self._tile_bias() if self.rpe else None
                 out = long_short_2d_sdpa(qh, kh, vh, kg, vg, grid, self.window_size, valid, bias, self.scale, p)
-            return self._finish(out, valid, cls, ref=False)
+            return self._finish(out, valid, cls, ref=False, project=qkv is None)
 
     def _dense(self, x: torch.Tensor, hw, mask: torch.Tensor | None, return_probs: bool = False, qkv=None):
         grid = self._grid(x, hw, mask)
@@ -397,7 +402,7 @@ class LongShortCore(TokenMixer):
 
     def _dense_out(self, x: torch.Tensor, hw, mask: torch.Tensor | None, qkv=None) -> torch.Tensor:
         out, valid, cls, _ = self._dense(x, hw, mask, qkv=qkv)
-        return self._finish(out, valid, cls, ref=True)
+        return self._finish(out, valid, cls, ref=True, project=qkv is None)
 
     @torch.no_grad()
     def attention_matrix(self, x: torch.Tensor, hw: tuple[int, int] | None = None) -> torch.Tensor:
@@ -454,12 +459,15 @@ class LongShortAttention(LongShortCore):
         if causal:
             raise ValueError("LongShortAttention is the bidirectional form; build the causal one with "
                              "build_attention('long_short', dim, num_heads, causal=True)")
-        self._qkv_bias = bool(qkv_bias)
+        self._qkv_bias, self._proj_drop = bool(qkv_bias), float(proj_drop)
         super().__init__(dim, num_heads, window_size, rank, dims, global_token_rule, num_prefix_tokens, qk_scale,
-                         rpe, attn_drop, proj_drop, input_size, fused, group, dual_ln, dp_conv, device, dtype)
+                         rpe, attn_drop, input_size, fused, group, dual_ln, dp_conv, device, dtype)
 
     def _project(self, x: torch.Tensor):
         return self.qkv(x).chunk(3, dim=-1)
+
+    def _out(self, t: torch.Tensor) -> torch.Tensor:
+        return self.proj_drop(self.proj(t))
 
 
 def _translate_layout(opts: dict) -> None:

@@ -17,7 +17,7 @@ weight-standardised W^P and the top-1 numbers, but not r and w. Every number we 
 
 Paper: Transformer-LS (arXiv 2107.02192), Sec. 4.3, Table 5 and App. E (CvT*-LS); CvT (Wu et al. 2021) for the host.
 Official: none for CvT*-LS (host layout after microsoft/CvT `cls_cvt.py`: `stage{i}.patch_embed.{proj, norm}`,
-`stage{i}.blocks.{j}.{norm1, attn.{conv_proj_q, conv_proj_k, conv_proj_v, proj_q, proj_k, proj_v, mixer}, norm2,
+`stage{i}.blocks.{j}.{norm1, attn.{conv_proj_q, conv_proj_k, conv_proj_v, proj_q, proj_k, proj_v, proj}, norm2,
 mlp.{fc1, fc2}}`, `stage2.cls_token`, `norm`, `head`).
 Symbols: w window size (paper w), r projection rank (paper r), h heads, C channels.
 """
@@ -55,7 +55,7 @@ class ConvProj(nn.Module):
 
 
 class ConvProjAttention(nn.Module):
-    """CvT attention: convolutional q/k/v projections (host), then the stage mechanism's "host_qkv" form.
+    """CvT attention: convolutional q/k/v projections, the stage mechanism's "host_qkv" form, output `proj`.
 
     Shapes: x (B, P + H*W, C) (P = 0 or 1 class token first), hw = (H, W) -> (B, P + H*W, C).
 
@@ -91,8 +91,10 @@ class ConvProjAttention(nn.Module):
         self.proj_v = nn.Linear(dim, dim, bias=qkv_bias, **dd)
         # stage facts: convolutional projections, window, class tokens; host hints for mechanisms that take them
         stage = dict(conv_proj=True, window_size=window_size, num_prefix_tokens=num_prefix_tokens,
-                     proj_drop=proj_drop, hints=dict(rank=rank, dims=2, rpe=False, attn_drop=attn_drop))
+                     hints=dict(rank=rank, dims=2, rpe=False, attn_drop=attn_drop))
         self.mixer = build_stage_attention(attn, dim, num_heads, stage, host_qkv=True, **dd)
+        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         P = self.num_prefix_tokens
@@ -106,7 +108,7 @@ class ConvProjAttention(nn.Module):
         q = self.proj_q(tokens(self.conv_proj_q(grid)))
         k = self.proj_k(tokens(self.conv_proj_k(grid)))
         v = self.proj_v(tokens(self.conv_proj_v(grid)))
-        return self.mixer.forward_qkv(q, k, v, hw, x=x)
+        return self.proj_drop(self.proj(self.mixer.forward_qkv(q, k, v, hw, x=x)))
 
 
 class Block(nn.Module):
@@ -250,14 +252,14 @@ class CvTLS(Backbone):
         self.num_stages = num_levels
 
 
-_LEGACY = ((".attn.ls.", ".attn.mixer."), (".attn.dp_conv.", ".attn.mixer.dp_conv."),
-           (".attn.dp_fc.", ".attn.mixer.to_dynamic_projection."), (".attn.proj.", ".attn.mixer.proj."))
+_LEGACY = ((".attn.ls.proj.", ".attn.proj."), (".attn.ls.", ".attn.mixer."),
+           (".attn.dp_conv.", ".attn.mixer.dp_conv."), (".attn.dp_fc.", ".attn.mixer.to_dynamic_projection."))
 
 
 def remap_legacy(state_dict: dict[str, torch.Tensor], model: nn.Module | None = None) -> dict[str, torch.Tensor]:
-    """A CvT / CvT*-LS state dict saved by subquad <= 0.1 -> the current names: the block attention's token mixer
-    is `attn.mixer` for every mechanism (was `attn.ls` for long-short, the block's own `attn.proj` for softmax),
-    and long-short's dynamic projection moved into it (`attn.dp_conv`, `attn.dp_fc` -> `attn.mixer.dp_conv`,
+    """A CvT*-LS state dict saved by subquad <= 0.1 -> the current names: the long-short module is `attn.mixer`
+    (was `attn.ls`), its output projection the block attention's `attn.proj` (as the softmax baseline's always was),
+    and the dynamic projection moved into it (`attn.dp_conv`, `attn.dp_fc` -> `attn.mixer.dp_conv`,
     `attn.mixer.to_dynamic_projection`). Detected by key names; current state dicts pass unchanged."""
     out = {}
     for k, v in state_dict.items():

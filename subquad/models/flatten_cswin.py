@@ -85,8 +85,9 @@ class CSWinBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         B, N, C = x.shape
-        qkv = self.qkv(self.norm1(x)).view(B, N, 3, C)
-        y = self.mixer.forward_qkv(*qkv.unbind(2), hw)
+        h = self.norm1(x)
+        qkv = self.qkv(h).view(B, N, 3, C)
+        y = self.mixer.forward_qkv(*qkv.unbind(2), hw, x=h)
         x = x + self.drop_path(self.proj_drop(self.proj(y)))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 

@@ -79,7 +79,7 @@ def test_cswin_baseline_and_bad_inputs():
     assert all(isinstance(b, LePEAttention) for b in m.stage1[0].attns)
     with torch.no_grad():
         assert torch.isfinite(m(torch.randn(1, 3, 64, 48))).all()
-    with pytest.raises(ValueError, match="stage mechanism"):
+    with pytest.raises(ValueError, match="host_qkv"):
         subquad.create_model("flatten_cswin_micro", stage_attn=("window",) * 4)
     with pytest.raises(ValueError, match="stage_attn"):
         subquad.create_model("flatten_cswin_micro", stage_attn="LLSS")
