@@ -70,11 +70,12 @@ class ConvProjAttention(nn.Module):
         num_prefix_tokens: class tokens P (they skip the convolutions, as in CvT).
         window_size, rank: w and r (hints for mechanisms that take them: the long-short core).
         qkv_bias, attn_drop, proj_drop: the usual.
+        grid: the stage's token grid at the construction resolution (for mechanisms sized by it).
     """
 
     def __init__(self, dim: int, num_heads: int, attn: str = "long_short", num_prefix_tokens: int = 0,
                  window_size: int = 7, rank: int = 64, qkv_bias: bool = True, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, device=None, dtype=None) -> None:
+                 proj_drop: float = 0.0, grid: tuple[int, int] | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         try:
@@ -90,7 +91,7 @@ class ConvProjAttention(nn.Module):
         self.proj_k = nn.Linear(dim, dim, bias=qkv_bias, **dd)
         self.proj_v = nn.Linear(dim, dim, bias=qkv_bias, **dd)
         # stage facts: convolutional projections, window, class tokens; host hints for mechanisms that take them
-        stage = dict(conv_proj=True, window_size=window_size, num_prefix_tokens=num_prefix_tokens,
+        stage = dict(conv_proj=True, grid=grid, window_size=window_size, num_prefix_tokens=num_prefix_tokens,
                      hints=dict(rank=rank, dims=2, rpe=False, attn_drop=attn_drop))
         self.mixer = build_stage_attention(attn, dim, num_heads, stage, host_qkv=True, **dd)
         self.proj = nn.Linear(dim, dim, **dd)
@@ -151,15 +152,16 @@ class Stage(nn.Module):
 
     def __init__(self, in_chans: int, dim: int, depth: int, num_heads: int, embed: tuple[int, int, int],
                  attn: str, cls_token: bool, window_size: int, rank: int, mlp_ratio: float, dpr: Sequence[float],
-                 drop: float, attn_drop: float, device=None, dtype=None) -> None:
+                 drop: float, attn_drop: float, grid: tuple[int, int] | None = None, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.patch_embed = ConvEmbed(in_chans, dim, *embed, **dd)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **dd)) if cls_token else None
         P = int(cls_token)
         self.blocks = nn.ModuleList([
-            Block(dim, ConvProjAttention(dim, num_heads, attn, P, window_size, rank, True, attn_drop, drop, **dd),
-                  mlp_ratio, dpr[j], drop, **dd) for j in range(depth)])
+            Block(dim, ConvProjAttention(dim, num_heads, attn, P, window_size, rank, True, attn_drop, drop, grid,
+                                         **dd), mlp_ratio, dpr[j], drop, **dd) for j in range(depth)])
         self.grad_checkpointing = False
 
     def reset_parameters(self) -> None:
@@ -221,11 +223,14 @@ class CvTLS(Backbone):
         dpr = drop_path_rates(drop_path_rate, depths)
         in_dim, stride = in_chans, 1
         self.feature_info = []
+        grid = self.img_size
         for i in range(3):
             stride *= embeds[i][1]
+            k, s, p = embeds[i]
+            grid = tuple((n + 2 * p - k) // s + 1 for n in grid)  # the embedding conv's output map
             self.add_module(f"stage{i}", Stage(in_dim, embed_dims[i], depths[i], num_heads[i], embeds[i], attn,
                                                i == 2, window_size, rank, mlp_ratio, dpr[i], drop_rate,
-                                               attn_drop_rate, **dd))
+                                               attn_drop_rate, grid, **dd))
             self.feature_info.append(dict(num_chs=embed_dims[i], reduction=stride, module=f"stage{i}"))
             in_dim = embed_dims[i]
         self.num_stages = 3
