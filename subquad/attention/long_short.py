@@ -171,6 +171,9 @@ class LongShortCore(TokenMixer):
                 raise UserError("long_short attention: the causal form projects its own q/k/v; host_qkv=True "
                                 "applies to causal=False only")
             return ChunkedLongShortAttention, opts
+        causal_only = sorted(k for k in ("chunk_size", "causal_form", "clamp_len") if opts.get(k) is not None)
+        if causal_only:
+            raise ValueError(f"long_short attention: {' / '.join(causal_only)} apply to causal=True only")
         return cls, opts
 
     @classmethod
