@@ -2,8 +2,8 @@
 
 A host that projects q, k, v (CSwin's block-level `qkv`, CvT's convolutional projections) builds a mechanism with
 `build_attention(name, dim, heads, ..., host_qkv=True)`, calls `forward_qkv(q, k, v, hw, x=None)` and projects the
-(B, N, C) result itself; the form owns what the mechanism adds to the projections and nothing else. long_short and focused_linear register theirs next to
-their main classes.
+(B, N, C) result itself; the form owns what the mechanism adds to the projections and nothing else. long_short
+and focused_linear register theirs next to their main classes.
 """
 
 from __future__ import annotations

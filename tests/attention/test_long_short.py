@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import subquad
-from subquad.attention.long_short import remap_lra_official
 from subquad.attention.functional.long_short import (
     dynamic_projection,
     long_short_1d_sdpa,
@@ -21,6 +20,7 @@ from subquad.attention.functional.long_short import (
     window_mask_1d,
     xl_sinusoid,
 )
+from subquad.attention.long_short import remap_lra_official
 from tests._tol import assert_close, compare_fn, compare_module
 
 C, H = 16, 2

@@ -13,7 +13,8 @@ def test_conv_proj_long_short_fast_equals_reference():
     """The long-short core behind CvT's convolutional projections (host-projected q/k/v, conv W^P): SDPA path == dense
     reference, output and every gradient, with a class token and a non-square, non-divisible grid."""
     m = ConvProjAttention(16, 2, "long_short", num_prefix_tokens=1, window_size=3, rank=4).eval()
-    m.mixer.to_dynamic_projection.bias.requires_grad_(False)  # shift-invariant softmax: its gradient is zero in exact arithmetic
+    # shift-invariant softmax: its gradient is zero in exact arithmetic
+    m.mixer.to_dynamic_projection.bias.requires_grad_(False)
     hw = (5, 4)
     x = torch.randn(2, 1 + 20, 16)
 

@@ -12,7 +12,7 @@ import torch
 import subquad
 from subquad._official import load_flatten
 from subquad.attention.cswin import LePEAttention
-from subquad.attention.focused_linear import FocusedLinearAttention, FocusedLinearCore
+from subquad.attention.focused_linear import FocusedLinearCore
 from subquad.models._builder import load_into
 from subquad.models.flatten_cswin import remap_official
 from tests.models.test_flatten_swin import fixture
