@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._shapes import as_hw, check_heads, merge_heads, split_heads
+from .._shapes import as_hw, check_heads, merge_heads, split_heads, tracing
 from . import register_attention_form
 from .base import AttentionCaps, TokenMixer
 from .cswin import CSWinAttention, LePEAttention, cswin_branches
@@ -66,6 +66,8 @@ def _packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     block's `qkv(x).view(B, N, 3, C).unbind(2)`), else a stacked copy (same values)."""
     B, N, C = q.shape
     step = C * q.element_size()
+    if tracing() or q.device.type == "meta":  # no storage to compare (fake / meta tensors): copy in the graph
+        return torch.stack([q, k, v], dim=2)
     if (q.stride() == k.stride() == v.stride() == (N * 3 * C, 3 * C, 1)
             and k.data_ptr() == q.data_ptr() + step and v.data_ptr() == q.data_ptr() + 2 * step):
         return q.as_strided((B, N, 3, C), (N * 3 * C, 3 * C, C, 1))
