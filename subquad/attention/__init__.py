@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from .base import AttentionCaps, Request, TokenMixer, check
 from .registry import (ATTENTION_REGISTRY, build_attention, build_stage_attention, get_attention_cls,
-                       list_attention, register_attention)
+                       get_attention_form, list_attention, register_attention, register_attention_form)
 
 __all__ = ["register_attention", "build_attention", "build_stage_attention", "list_attention", "get_attention_cls",
-           "ATTENTION_REGISTRY",
+           "register_attention_form", "get_attention_form", "ATTENTION_REGISTRY",
            "AttentionCaps", "Request", "TokenMixer", "check"]
 
 
@@ -27,3 +27,4 @@ from . import cswin  # noqa: E402,F401
 from .linear import LinearAttention  # noqa: E402,F401
 from . import sliding_window  # noqa: E402,F401
 from . import linear_angular  # noqa: E402,F401
+from . import host_forms  # noqa: E402,F401

@@ -128,7 +128,8 @@ class TokenMixer(nn.Module):
 
         `stage` may hold `grid` (construction map (H, W), or (T, H, W) for video), `qkv_bias`, `proj_drop`,
         `num_prefix_tokens`, `window_size`, `shifted` (odd block of a shifted-window pair), `sr_ratio` (the host's
-        spatial reduction), `qkv_layout` (the host's projection layout: 'qkv', 'q_kv' or 'external'), `form` (a
+        spatial reduction), `conv_proj` (CvT: the host projects q, k, v by convolutions; hosts that project q, k, v
+        themselves pass `host_qkv=True` to `build_stage_attention`), `form` (a
         named official block form, e.g. 'lwa' for L2ViT's local window attention blocks), `causal` (the host needs
         the causal mode, e.g. a language model), `sequence` (1-D tokens without a grid), `host` (the host's name,
         for messages) and `hints` (host options meant for whichever mechanism accepts them, e.g. FLatten's

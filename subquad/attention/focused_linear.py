@@ -1,10 +1,13 @@
-"""FLatten focused linear attention (`"focused_linear"`): one class for the qkv | q_kv | external layouts."""
+"""FLatten focused linear attention (`"focused_linear"`): `FocusedLinearAttention` (fused `qkv` projection, optional PVT
+key/value reduction, `proj`) and `FocusedLinearCore` (no projections: hosts that project q, k, v call `forward_qkv`).
+One set of parameter names: the PVT checkpoints' `q` + `kv` are concatenated into `qkv` by `remap_q_kv`."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
@@ -19,20 +22,23 @@ from .functional.focused import (
     focused_linear_attention_ref,
     resize_pe,
 )
-from .registry import register_attention
+from .registry import register_attention, register_attention_form
 
-__all__ = ["FocusedLinearAttention"]
+__all__ = ["FocusedLinearAttention", "FocusedLinearCore", "remap_q_kv", "remap_legacy"]
 
-QKV_LAYOUTS = ("qkv", "q_kv", "external")
 DWC_INITS = ("default", "pvt_v2")
 
 
-@register_attention("focused_linear")
-class FocusedLinearAttention(TokenMixer):
-    """FLatten focused linear attention with the rank-restoring DWC, as the current official code computes it.
+@register_attention_form("focused_linear", "host_qkv")
+class FocusedLinearCore(TokenMixer):
+    """FLatten focused linear attention on queries, keys and values that the host projects (`forward_qkv`): the form
+    of CSwin's 'L' blocks, whose block owns the q/k/v and output projections. It owns the focusing `scale`, the
+    `positional_encoding` on K, the rank-restoring `dwc` and, with `lepe=True`, CSwin's LePE `get_v`; no projection
+    layers. `build_attention("focused_linear", ..., host_qkv=True)` builds it (the mechanism's "host_qkv" form);
+    `FocusedLinearAttention` adds the projections.
 
-    Shapes: x (B, N, C) with hw=(H, W), N = num_prefix_tokens + H * W -> (B, N, C); `forward_qkv(q, k, v, hw)` takes
-    already projected q, k, v (B, N, C) (layout 'external', CSwin) and returns (B, N, C) without a projection.
+    Shapes: `forward_qkv(q, k, v, hw)`: q, k, v (B, N, C), N = num_prefix_tokens + H * W -> (B, N, C), no output
+    projection.
     Paper: FLatten (arXiv 2308.00442), Eq. 5-6 (focused function, p = 3) and Eq. 12 (O = phi(Q) phi(K)^T V + DWC(V)).
     Official: LeapLabTHU/FLatten-Transformer `models/flatten_{swin,pvt,pvt_v2,cswin}.py` `FocusedLinearAttention`.
         Paper: no scale, no eps, no PE, no normaliser / Official code: softplus(scale) per channel, +1e-6, norms over
@@ -48,45 +54,37 @@ class FocusedLinearAttention(TokenMixer):
         dim: channels C.
         num_heads: heads h.
         input_size: (H, W) query grid at construction; sizes `positional_encoding` (key grid + prefix tokens).
-        qkv_layout: 'qkv' (Swin/DeiT: `qkv`, `proj`), 'q_kv' (PVT/PVTv2: `q`, `kv`, `proj`, plus `sr`/`norm`),
-            'external' (CSwin: no projections; use `forward_qkv`).
-        qkv_bias: bias on the input projections.
         focusing_factor: p.
         kernel_size: DWC kernel k (odd); 0 builds no DWC: FLatten Tab. 4's "+ f_p" rung (focused function without
             the rank-restoring DWC, arXiv 2308.00442 Sec. 5.3).
-        sr_ratio: PVT spatial reduction of K/V ('q_kv' only).
-        linear_sr: PVTv2 pooled reduction (AdaptiveAvgPool2d(7) -> 1x1 `sr` -> `norm` -> GELU; 'q_kv' only).
-        sr_mode: 'bilinear' (2-D resize of the V map for the DWC) or 'flat1d' (official 1-D interpolation).
         normaliser: 'mean' (current official) or 'sum' (original release).
         num_prefix_tokens: P leading class tokens; they take part in the linear attention as queries and keys, own
             PE slots that are never resized, and get no DWC term.
         lepe: add CSwin's LePE `get_v` (depthwise 3x3 on the v map) to the output.
         dwc_init: 'default' (PyTorch init; Swin, PVT, CSwin) or 'pvt_v2' (normal(0, sqrt(2 / fan_out))).
-        proj_drop: dropout after `proj`.
         fused: K^T V fast path (True) or the dense reference (False); both compute the same function.
     """
 
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False, complexity="O(N)",
                          sequence=False, notes="FLatten; DWC needs the grid; PE resized bicubically at other grids")
+    name = "focused_linear"
+    # Set by FocusedLinearAttention before this __init__ runs (the input projections and key-grid reduction).
+    _qkv_bias: bool | None = None
+    sr_ratio: int = 1
+    linear_sr: bool = False
+    sr_mode: str = "bilinear"
 
     @classmethod
     def stage_kwargs(cls, stage: dict) -> dict:
-        """The host's projection layout (`qkv_layout`: 'qkv', PVT's 'q_kv', or CSwin's 'external' with LePE) and
-        the spatial reduction of linear-attention stages (`la_sr_ratio`, 1 in every released FLatten model)."""
+        """The spatial reduction of linear-attention stages (`la_sr_ratio`, 1 in every released FLatten model)."""
         kw = super().stage_kwargs(stage)
-        layout = stage.get("qkv_layout", "qkv")
-        kw["qkv_layout"] = layout
-        if layout == "external":
-            kw["lepe"] = True
-        if stage.get("la_sr_ratio", 1) != 1 or layout == "q_kv":
-            kw["sr_ratio"] = stage.get("la_sr_ratio", 1)
+        if stage.get("la_sr_ratio", 1) != 1:
+            kw["sr_ratio"] = stage["la_sr_ratio"]
         return kw
 
     def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
-                 qkv_layout: str = "qkv", qkv_bias: bool = True, focusing_factor: float = 3,
-                 kernel_size: int = 5, sr_ratio: int = 1, linear_sr: bool = False, sr_mode: str = "bilinear",
-                 normaliser: str = "mean", num_prefix_tokens: int = 0, lepe: bool = False,
-                 dwc_init: str = "default", proj_drop: float = 0.0, fused: bool = True,
+                 focusing_factor: float = 3, kernel_size: int = 5, normaliser: str = "mean",
+                 num_prefix_tokens: int = 0, lepe: bool = False, dwc_init: str = "default", fused: bool = True,
                  device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
@@ -97,17 +95,9 @@ class FocusedLinearAttention(TokenMixer):
         if input_size is None:
             raise ValueError(f"{who} needs input_size=(H, W) to size positional_encoding")
         self.input_size = as_hw(input_size, "input_size")
-        for name, val, allowed in (("qkv_layout", qkv_layout, QKV_LAYOUTS), ("sr_mode", sr_mode, SR_MODES),
-                                   ("normaliser", normaliser, ("mean", "sum")), ("dwc_init", dwc_init, DWC_INITS)):
+        for name, val, allowed in (("normaliser", normaliser, ("mean", "sum")), ("dwc_init", dwc_init, DWC_INITS)):
             if val not in allowed:
                 raise ValueError(f"{who}: {name}={val!r} is not one of {allowed}")
-        if int(sr_ratio) != sr_ratio or sr_ratio < 1:
-            raise ValueError(f"{who}: sr_ratio={sr_ratio} must be a positive int")
-        if (sr_ratio > 1 or linear_sr) and qkv_layout != "q_kv":
-            raise ValueError(f"{who}: sr_ratio={sr_ratio} / linear_sr={linear_sr} need qkv_layout='q_kv', "
-                             f"got {qkv_layout!r}")
-        if sr_ratio > 1 and linear_sr:
-            raise ValueError(f"{who}: use either sr_ratio > 1 or linear_sr=True (PVTv2 uses sr_ratio=1 with linear)")
         if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 0 or \
                 (kernel_size and kernel_size % 2 == 0):
             raise UserError(f"{who}: kernel_size={kernel_size!r} must be a positive odd int, or 0 for no DWC")
@@ -115,29 +105,14 @@ class FocusedLinearAttention(TokenMixer):
             raise ValueError(f"{who}: focusing_factor={focusing_factor} must be > 0")
         if num_prefix_tokens < 0:
             raise ValueError(f"{who}: num_prefix_tokens={num_prefix_tokens} must be >= 0")
-        self.qkv_layout = qkv_layout
         self.focusing_factor = focusing_factor
-        self.sr_ratio = int(sr_ratio)
-        self.linear_sr = linear_sr
-        self.sr_mode = sr_mode
         self.normaliser = normaliser
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.dwc_init = dwc_init
         self.fused = fused
-
-        if qkv_layout == "qkv":
-            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
-        elif qkv_layout == "q_kv":
-            self.q = nn.Linear(dim, dim, bias=qkv_bias, **dd)
-            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias, **dd)
-            if linear_sr:
-                self.pool = nn.AdaptiveAvgPool2d(7)
-                self.sr = nn.Conv2d(dim, dim, 1, **dd)
-                self.norm = nn.LayerNorm(dim, **dd)
-                self.act = nn.GELU()
-            elif self.sr_ratio > 1:
-                self.sr = nn.Conv2d(dim, dim, self.sr_ratio, stride=self.sr_ratio, **dd)
-                self.norm = nn.LayerNorm(dim, **dd)
+        # Construction order = the official modules' (input projections, scale, PE, dwc, LePE, output projection):
+        # a seeded build draws its initial values as before.
+        self._build_input_projections(dd)
         self.pe_hw = self._kv_hw(self.input_size)
         n_pe = self.num_prefix_tokens + self.pe_hw[0] * self.pe_hw[1]
         self.scale = nn.Parameter(torch.empty(1, 1, dim, **dd))
@@ -147,11 +122,15 @@ class FocusedLinearAttention(TokenMixer):
         d = self.head_dim
         self.dwc = nn.Conv2d(d, d, kernel_size, padding=kernel_size // 2, groups=d, **dd) if kernel_size else None
         self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd) if lepe else None
-        if qkv_layout != "external":
-            self.proj = nn.Linear(dim, dim, **dd)
-            self.proj_drop = nn.Dropout(proj_drop)
+        self._build_output_projection(dd)
         if not self.scale.is_meta:
             self.reset_parameters()
+
+    def _build_input_projections(self, dd: dict) -> None:
+        """None here: the host projects q, k, v."""
+
+    def _build_output_projection(self, dd: dict) -> None:
+        """None here: the host projects the output."""
 
     def reset_parameters(self) -> None:
         """Official init: zero `scale` and `positional_encoding`; Linear trunc_normal(0.02), zero bias; `dwc` keeps
@@ -177,28 +156,6 @@ class FocusedLinearAttention(TokenMixer):
         if H < s or W < s:
             raise ValueError(f"focused_linear attention: grid {H}x{W} is smaller than sr_ratio={s}")
         return (H // s, W // s)
-
-    def _project(self, x: torch.Tensor, hw: tuple[int, int]):
-        """x (B, N, C) -> q (B, N, C), k, v (B, n, C) and the key grid."""
-        B, N, C = x.shape
-        if self.qkv_layout == "qkv":
-            q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
-            return q, k, v, tuple(hw)
-        q = self.q(x)
-        P = self.num_prefix_tokens
-        if self.sr_ratio > 1 or self.linear_sr:
-            kv_hw = self._kv_hw(hw)
-            xm = tokens_to_map(x[:, P:], hw)  # (B, C, H, W)
-            if self.linear_sr:
-                xm = self.pool(xm)
-            xr = map_to_tokens(self.sr(xm))  # (B, n_g, C)
-            xr = self.norm(torch.cat([x[:, :P], xr], dim=1))
-            if self.linear_sr:
-                xr = self.act(xr)
-        else:
-            xr, kv_hw = x, tuple(hw)
-        k, v = self.kv(xr).reshape(B, xr.shape[1], 2, C).unbind(2)
-        return q, k, v, kv_hw
 
     def _pe(self, kv_hw: tuple[int, int]) -> torch.Tensor:
         """The PE on the key grid; a resized PE is cached in eval mode without autograd (at 1024 px the bicubic
@@ -237,17 +194,13 @@ class FocusedLinearAttention(TokenMixer):
         return self._forward(x, hw, mask, False)
 
     def _forward(self, x, hw, mask, fused: bool) -> torch.Tensor:
-        if self.qkv_layout == "external":
-            raise ValueError("focused_linear attention with qkv_layout='external' has no projections; "
-                             "call forward_qkv(q, k, v, hw)")
-        hw = self._check_input(x, hw, mask)
-        q, k, v, kv_hw = self._project(x, hw)
-        o = self._core(q, k, v, hw, kv_hw, fused)
-        return self.proj_drop(self.proj(o))
+        raise ValueError("focused_linear attention built with host_qkv=True has no projections; call "
+                         "forward_qkv(q, k, v, hw)")
 
     def forward_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int],
-                    fused: bool | None = None) -> torch.Tensor:
-        """Attention on projected q, k, v (B, N, C) (CSwin 'L' blocks); returns (B, N, C), no projection."""
+                    x: torch.Tensor | None = None, fused: bool | None = None) -> torch.Tensor:
+        """Attention on projected q, k, v (B, N, C) (CSwin 'L' blocks); returns (B, N, C), no projection (in
+        `FocusedLinearAttention` too: its own projections are bypassed). x (the host's input) is not read."""
         hw = self._check_input(q, hw)
         if k.shape != q.shape or v.shape != q.shape:
             raise ValueError(f"focused_linear forward_qkv: q {tuple(q.shape)}, k {tuple(k.shape)} and "
@@ -262,13 +215,10 @@ class FocusedLinearAttention(TokenMixer):
         Exact for head channel `channel`: out_head[:, c] = M @ v_head[:, c] + biases, before `proj`. With
         channel=None the conv part is the mean over the d channel kernels (see `focused_attention_matrix`).
         n = N unless sr_ratio > 1 / linear_sr (then n = P + reduced key grid, V resize included).
-        For layout 'external', x is taken as q = k = v.
+        Without projections (`FocusedLinearCore`), x is taken as q = k = v.
         """
         hw = self._check_input(x, hw)
-        if self.qkv_layout == "external":
-            q, k, kv_hw = x, x, tuple(hw)
-        else:
-            q, k, _, kv_hw = self._project(x, hw)
+        q, k, kv_hw = self._qk_for_matrix(x, hw)
         k = k + self._pe(kv_hw)
         lw = None if self.get_v is None else self.get_v.weight
         dw = None if self.dwc is None else self.dwc.weight
@@ -276,7 +226,119 @@ class FocusedLinearAttention(TokenMixer):
                                         num_heads=self.num_heads, p=self.focusing_factor, normaliser=self.normaliser,
                                         prefix=self.num_prefix_tokens, sr_mode=self.sr_mode, channel=channel)
 
+    def _qk_for_matrix(self, x: torch.Tensor, hw):
+        return x, x, tuple(hw)
+
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, num_heads={self.num_heads}, layout={self.qkv_layout}, p={self.focusing_factor}, "
+        return (f"dim={self.dim}, num_heads={self.num_heads}, p={self.focusing_factor}, "
                 f"pe_grid={self.pe_hw}, prefix={self.num_prefix_tokens}, sr_ratio={self.sr_ratio}, "
                 f"linear_sr={self.linear_sr}, normaliser={self.normaliser}")
+
+
+@register_attention("focused_linear")
+class FocusedLinearAttention(FocusedLinearCore):
+    """FLatten focused linear attention with its projections: the fused `qkv` (FLatten-Swin/DeiT names; the PVT
+    checkpoints' `q` and `kv` are concatenated into it by `remap_q_kv`), the optional PVT key/value reduction
+    (`sr`, `norm`, and `pool`/`act` for PVTv2's linear reduction) and the output projection `proj`.
+
+    `build_attention("focused_linear", ...)` returns this class, or a `FocusedLinearCore` with `host_qkv=True`.
+    Shapes: x (B, N, C) with hw=(H, W), N = num_prefix_tokens + H * W -> (B, N, C). Queries are projected from
+    x and keys/values from x or its reduced map, with the rows [C : 3C] of `qkv` (one matmul without a reduction).
+
+    Args:
+        qkv_bias: bias on the input projection.
+        sr_ratio: PVT spatial reduction of K/V (a strided conv `sr` + `norm` on the map before the key/value rows).
+        linear_sr: PVTv2 pooled reduction (AdaptiveAvgPool2d(7) -> 1x1 `sr` -> `norm` -> GELU).
+        sr_mode: 'bilinear' (2-D resize of the V map for the DWC) or 'flat1d' (official 1-D interpolation).
+        proj_drop: dropout after `proj`.
+        other: see `FocusedLinearCore`.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
+                 qkv_bias: bool = True, focusing_factor: float = 3, kernel_size: int = 5, sr_ratio: int = 1,
+                 linear_sr: bool = False, sr_mode: str = "bilinear", normaliser: str = "mean",
+                 num_prefix_tokens: int = 0, lepe: bool = False, dwc_init: str = "default", proj_drop: float = 0.0,
+                 fused: bool = True, device=None, dtype=None) -> None:
+        who = "focused_linear attention"
+        if sr_mode not in SR_MODES:
+            raise ValueError(f"{who}: sr_mode={sr_mode!r} is not one of {SR_MODES}")
+        if int(sr_ratio) != sr_ratio or sr_ratio < 1:
+            raise ValueError(f"{who}: sr_ratio={sr_ratio} must be a positive int")
+        if sr_ratio > 1 and linear_sr:
+            raise ValueError(f"{who}: use either sr_ratio > 1 or linear_sr=True (PVTv2 uses sr_ratio=1 with linear)")
+        self._qkv_bias = bool(qkv_bias)
+        self.sr_ratio, self.linear_sr, self.sr_mode = int(sr_ratio), bool(linear_sr), sr_mode
+        self._proj_drop_p = proj_drop
+        super().__init__(dim, num_heads, input_size, focusing_factor, kernel_size, normaliser, num_prefix_tokens,
+                         lepe, dwc_init, fused, device, dtype)
+
+    def _build_input_projections(self, dd: dict) -> None:
+        dim = self.dim
+        self.qkv = nn.Linear(dim, dim * 3, bias=self._qkv_bias, **dd)
+        if self.linear_sr:
+            self.pool = nn.AdaptiveAvgPool2d(7)
+            self.sr = nn.Conv2d(dim, dim, 1, **dd)
+            self.norm = nn.LayerNorm(dim, **dd)
+            self.act = nn.GELU()
+        elif self.sr_ratio > 1:
+            self.sr = nn.Conv2d(dim, dim, self.sr_ratio, stride=self.sr_ratio, **dd)
+            self.norm = nn.LayerNorm(dim, **dd)
+
+    def _build_output_projection(self, dd: dict) -> None:
+        self.proj = nn.Linear(self.dim, self.dim, **dd)
+        self.proj_drop = nn.Dropout(self._proj_drop_p)
+
+    def _project(self, x: torch.Tensor, hw: tuple[int, int]):
+        """x (B, N, C) -> q (B, N, C), k, v (B, n, C) and the key grid."""
+        B, N, C = x.shape
+        if not (self.sr_ratio > 1 or self.linear_sr):
+            q, k, v = self.qkv(x).reshape(B, N, 3, C).unbind(2)
+            return q, k, v, tuple(hw)
+        w, b = self.qkv.weight, self.qkv.bias
+        q = F.linear(x, w[:C], None if b is None else b[:C])
+        P = self.num_prefix_tokens
+        kv_hw = self._kv_hw(hw)
+        xm = tokens_to_map(x[:, P:], hw)  # (B, C, H, W)
+        if self.linear_sr:
+            xm = self.pool(xm)
+        xr = map_to_tokens(self.sr(xm))  # (B, n_g, C)
+        xr = self.norm(torch.cat([x[:, :P], xr], dim=1))
+        if self.linear_sr:
+            xr = self.act(xr)
+        k, v = F.linear(xr, w[C:], None if b is None else b[C:]).reshape(B, xr.shape[1], 2, C).unbind(2)
+        return q, k, v, kv_hw
+
+    def _forward(self, x, hw, mask, fused: bool) -> torch.Tensor:
+        hw = self._check_input(x, hw, mask)
+        q, k, v, kv_hw = self._project(x, hw)
+        o = self._core(q, k, v, hw, kv_hw, fused)
+        return self.proj_drop(self.proj(o))
+
+    def _qk_for_matrix(self, x: torch.Tensor, hw):
+        q, k, _, kv_hw = self._project(x, hw)
+        return q, k, kv_hw
+
+
+def remap_q_kv(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
+    """PVT / PVTv2 keys of one focused (or PVT softmax-form) module under `prefix`: `q` and `kv` -> `qkv` = the
+    row-wise concatenation [q; kv] (weights and biases). Other keys pass unchanged; without `{prefix}q.weight` and
+    `{prefix}kv.weight` the state dict is returned as is."""
+    if prefix + "q.weight" not in state_dict or prefix + "kv.weight" not in state_dict:
+        return state_dict
+    sd = dict(state_dict)
+    for t in ("weight", "bias"):
+        q, kv = sd.pop(f"{prefix}q.{t}", None), sd.pop(f"{prefix}kv.{t}", None)
+        if q is not None and kv is not None:
+            sd[f"{prefix}qkv.{t}"] = torch.cat([q, kv], dim=0)
+        elif q is not None or kv is not None:
+            raise ValueError(f"focused_linear checkpoint: {prefix}q.{t} and {prefix}kv.{t} must both be present")
+    return sd
+
+
+def remap_legacy(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """A state dict saved by subquad <= 0.1 -> the current names, for every `FocusedLinearAttention` in `model`
+    (the former `qkv_layout="q_kv"` keys `q`, `kv`; detected by key names). Current state dicts pass unchanged."""
+    for name, m in model.named_modules():
+        if isinstance(m, FocusedLinearAttention):
+            state_dict = remap_q_kv(state_dict, f"{name}." if name else "")
+    return state_dict

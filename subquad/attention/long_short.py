@@ -1,21 +1,28 @@
-"""Transformer-LS long-short attention modules: bidirectional 1-D / 2-D (`LongShortAttention`) and causal
-(`ChunkedLongShortAttention`), registered as one mechanism, "long_short".
+"""Transformer-LS long-short attention modules: bidirectional 1-D / 2-D (`LongShortAttention`, and `LongShortCore` for
+hosts that project q, k, v themselves) and causal (`ChunkedLongShortAttention`), registered as one mechanism,
+"long_short".
 
-`build_attention("long_short", dim, heads, ...)` returns:
+`build_attention("long_short", dim, heads, ...)` returns (`LongShortCore.resolve` picks the class):
 - `causal=False`: a `LongShortAttention`; it computes the 1-D form when called with hw=None and the 2-D image form
   when called with hw=(H, W) (`dims=1` or `dims=2` pins one form);
+- `causal=False, host_qkv=True`: a `LongShortCore` (no q/k/v layers; the host calls `forward_qkv`);
 - `causal=True`: a `ChunkedLongShortAttention` (autoregressive form with a decoding cache).
 
-The math lives in `functional/long_short.py`; these modules hold the parameters (official names) and prepare q, k, v.
+One set of parameter names per module: the bidirectional forms use the ImageNet code's names (`qkv`, `proj`,
+`to_dynamic_projection`, `dual_ln_full`, `dual_ln_dp`, `local_relative_position_bias_table`); `remap_lra_official`
+maps the LRA code's keys onto them and `remap_legacy` the keys of subquad <= 0.1 checkpoints. The math lives in
+`functional/long_short.py`; these modules hold the parameters and prepare q, k, v.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
-from timm.layers import trunc_normal_
+from timm.layers import StdConv2d, trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, check_hw, check_mask, check_tokens, merge_heads, size_oblivious, split_heads
@@ -38,9 +45,10 @@ from .functional.long_short import (
     window_mask_2d,
     xl_sinusoid,
 )
-from .registry import register_attention
+from .registry import register_attention, register_attention_form
 
-__all__ = ["LongShortAttention", "ChunkedLongShortAttention", "LongShortCache"]
+__all__ = ["LongShortAttention", "LongShortCore", "ChunkedLongShortAttention", "LongShortCache", "remap_lra_official",
+           "remap_legacy"]
 
 _CAPS = AttentionCaps(bidirectional=True, causal=True, needs_hw=False, supports_mask=True, complexity="O(N)",
                       sequence=True, notes="1-D with hw=None, 2-D with hw; causal=True gives the autoregressive form")
@@ -62,14 +70,40 @@ def _check_terms(who: str, window_size: int, rank: int) -> None:
         raise UserError(f"{who}: window_size=0 and rank=0 leave no keys; keep at least one of them >= 1")
 
 
+def _fused_qkv(dim: int, bias: bool, dd: dict) -> nn.Linear:
+    """Linear(C -> 3C) initialised as three Linear(C -> C) layers built one after the other (PyTorch's default
+    init: weight, then bias, per layer): the RNG draws of the LRA code's `W_q`, `W_k`, `W_v`, so a seeded LRA model
+    (the hosts that keep PyTorch's init) starts from the same weights under the fused name. Vision hosts
+    re-initialise every Linear themselves."""
+    device = torch.get_default_device() if dd["device"] is None else torch.device(dd["device"])
+    lin = nn.Linear(dim, dim * 3, bias=bias, device="meta", dtype=dd["dtype"]).to_empty(device=device)
+    if device.type == "meta":
+        return lin
+    with torch.no_grad():
+        for i in range(3):
+            rows = slice(i * dim, (i + 1) * dim)
+            nn.init.kaiming_uniform_(lin.weight[rows], a=math.sqrt(5))
+            if bias:
+                nn.init.uniform_(lin.bias[rows], -1 / math.sqrt(dim), 1 / math.sqrt(dim))
+    return lin
+
+
 def _dual_ln(dim: int, on: bool, dd: dict) -> nn.Module:
     """One DualLN LayerNorm, or the identity for the no-DualLN ablation."""
     return nn.LayerNorm(dim, **dd) if on else nn.Identity()
 
 
-@register_attention("long_short")
-class LongShortAttention(TokenMixer):
-    """Bidirectional long-short attention (1-D sequences and 2-D token maps).
+@register_attention_form("long_short", "host_qkv")
+class LongShortCore(TokenMixer):
+    """Bidirectional long-short attention on queries, keys and values that the host projects (`forward_qkv`).
+
+    The form for hosts with their own q/k/v projections (CvT*-LS's convolutional projections): the module owns what
+    the mechanism adds to the host's projections -- the dynamic projection W^P (`to_dynamic_projection`, with the
+    weight-standardised depthwise conv `dp_conv` in front of it when `dp_conv=True`, Transformer-LS App. E), the
+    DualLN pair `dual_ln_full` (LN_L) / `dual_ln_dp` (LN_G) and the optional ViL window bias
+    `local_relative_position_bias_table` -- and neither the q/k/v nor the output projection (the host's).
+    `build_attention("long_short", ..., host_qkv=True)` builds it (the mechanism's "host_qkv" form);
+    `LongShortAttention` adds the fused `qkv`.
 
     Every query takes ONE softmax over [r dynamically projected keys (LN_G) ; its window keys (LN_L) ; the global
     token], then the global token takes the official post-CLS rule. 1-D: segments of w queries, each seeing
@@ -79,11 +113,13 @@ class LongShortAttention(TokenMixer):
 
     Shapes: x (B, N, C) -> (B, N, C); N = P + n with P = num_prefix_tokens leading global tokens; 2-D: n = H * W.
     mask (B, N) bool, True = real token (the prefix entry is ignored). Padded (mask False) query rows get zero
-    attention, so their output equals the output-projection bias (official; docs/deviations.md).
+    attention, so their output is zero here and the output-projection bias after `proj` (official;
+    docs/deviations.md).
 
     Paper: Transformer-LS (arXiv 2107.02192), Eq. 3 (dynamic projection), Eq. 6-7 (DualLN aggregation).
-    Official: NVIDIA/transformer-ls, `imagenet/models/layers/transformer_ls.py` AttentionLS (layout "vision") and
-    `lra/attention_transformer_ls.py` AttentionLS (layout "lra").
+    Official: NVIDIA/transformer-ls, `imagenet/models/layers/transformer_ls.py` AttentionLS (these key names) and
+    `lra/attention_transformer_ls.py` AttentionLS (keys `W_q`, `W_k`, `W_v`, `W_o`, `dual_ln_l`, `dual_ln_s`,
+    `dconv_fc`; `remap_lra_official` renames them).
     Symbols: w window_size (paper w; official `w` / `window_size`), r rank (paper r; official `dp_rank` /
     `num_landmarks`), h num_heads, d = C / h.
 
@@ -95,52 +131,75 @@ class LongShortAttention(TokenMixer):
         rank: r >= 1 (default 8 for a 2-D build, else 32); 0 drops the dynamic projection: the window-only ablation
             (ibid.). Both 0 is refused. A dropped branch builds no parameters (no W^P with r = 0; its DualLN is
             built only where a global token still uses it).
-        causal: False here (True builds a `ChunkedLongShortAttention`).
         dims: None (1-D when hw is None, 2-D when hw is given), 1 or 2.
-        layout: "vision" (keys `qkv`, `proj`, `to_dynamic_projection`, `dual_ln_full`, `dual_ln_dp`,
-            `local_relative_position_bias_table`), "lra" (`W_q`, `W_k`, `W_v`, `W_o`, `dual_ln_l`, `dual_ln_s`,
-            `dconv_fc`) or "external" (no q/k/v/W^P layers: the host calls `forward_qkv`; keys `proj`,
-            `dual_ln_full`, `dual_ln_dp`).
-        global_token_rule: "vision" (global K/V get LN_L; patches see it as an extra key) or "lra" (raw global K/V
-            prepended to the projections before LN_G). Default: the layout's rule.
+        global_token_rule: "vision" (default; the ImageNet code: global K/V get LN_L and patches see them as an
+            extra key) or "lra" (the LRA code: raw global K/V prepended to the projections before LN_G).
         num_prefix_tokens: 0 or 1 global (class) tokens at the front of x.
-        qkv_bias: bias on the q/k/v projections ("vision" layout; "lra" always has biases).
         qk_scale: logit scale (default d^-1/2).
-        rpe: ViL relative-position bias on 2-D window logits (default: on for a 2-D "vision" build with w >= 2).
-        attn_drop, proj_drop: dropout on the attention probabilities / after the output projection.
+        rpe: ViL relative-position bias on 2-D window logits (default: on for a 2-D build with w >= 2 and the
+            "vision" rule).
+        attn_drop: dropout on the attention probabilities.
         input_size: (H, W) of the construction grid (makes the defaults 2-D).
         fused: SDPA tile paths (True) or the dense references (False); both compute the same function.
         group: segments per 1-D SDPA tile (default max(1, ceil(64 / w))).
-        chunk_size, causal_form, clamp_len: options of the causal form (refused here).
         dual_ln: the two DualLN LayerNorms on the local and the projected keys/values (paper Eq. 6-7; default).
             False replaces both by the identity: the "without DualLN" ablation (Transformer-LS, arXiv 2107.02192,
             Sec. 3, DualLN, and Fig. 2 right).
+        dp_conv: W^P is a weight-standardised depthwise 3x3 conv on the token map followed by the Linear (CvT*-LS,
+            Transformer-LS App. E; needs hw); default False (the Linear alone).
     """
 
     caps = _CAPS
+    name = "long_short"
+    _qkv_bias: bool | None = None  # LongShortAttention sets it: the fused q/k/v projection is built
+    _proj_drop: float | None = None  # LongShortAttention sets it: the output projection is built
 
-    def __new__(cls, dim: int = 0, num_heads: int = 8, *args, causal: bool = False, **kwargs):
-        if cls is LongShortAttention and causal:
-            return ChunkedLongShortAttention(dim, num_heads, *args, **kwargs)
-        return super().__new__(cls)
+    # A host with convolutional q/k/v projections keeps keys and values at full resolution (stride 1 for q, k
+    # and v, Transformer-LS App. E), unlike CvT's softmax baseline.
+    conv_kv_stride = 1
+
+    @classmethod
+    def resolve(cls, options: dict) -> tuple[type, dict]:
+        """`build_attention`'s factory: `causal=True` builds a `ChunkedLongShortAttention`, otherwise the
+        registered class. The removed `layout` option of subquad <= 0.1 is translated with a DeprecationWarning
+        ("lra" -> `global_token_rule="lra"` and no RPE, "external" -> `host_qkv=True`, "vision" -> nothing)."""
+        opts = dict(options)
+        if "layout" in opts:
+            _translate_layout(opts)
+        if opts.pop("causal", False):
+            if opts.get("host_qkv"):
+                raise UserError("long_short attention: the causal form projects its own q/k/v; host_qkv=True "
+                                "applies to causal=False only")
+            return ChunkedLongShortAttention, opts
+        causal_only = sorted(k for k in ("chunk_size", "causal_form", "clamp_len") if opts.get(k) is not None)
+        if causal_only:
+            raise ValueError(f"long_short attention: {' / '.join(causal_only)} apply to causal=True only")
+        return cls, opts
+
+    @classmethod
+    def stage_kwargs(cls, stage: dict) -> dict:
+        """A host's stage facts: `conv_proj` (the host's q/k/v projections are convolutional, CvT: W^P gets the
+        depthwise conv too, Transformer-LS App. E), `window_size`, and `grid` (a 2-D stage)."""
+        kw = super().stage_kwargs(stage)
+        if stage.get("conv_proj"):
+            kw["dp_conv"] = True
+        if stage.get("window_size") is not None:
+            kw["window_size"] = stage["window_size"]
+        if stage.get("grid") is not None:
+            kw["dims"] = 2
+        return kw
 
     def __init__(self, dim: int, num_heads: int = 8, window_size: int | None = None, rank: int | None = None,
-                 causal: bool = False, dims: int | None = None, layout: str = "vision",
-                 global_token_rule: str | None = None, num_prefix_tokens: int = 0, qkv_bias: bool = True,
+                 dims: int | None = None, global_token_rule: str = "vision", num_prefix_tokens: int = 0,
                  qk_scale: float | None = None, rpe: bool | None = None, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, input_size: tuple[int, int] | None = None, fused: bool = True,
-                 group: int | None = None, chunk_size: int | None = None, causal_form: str | None = None,
-                 dual_ln: bool = True, clamp_len: int | None = None, device=None, dtype=None) -> None:
+                 input_size: tuple[int, int] | None = None, fused: bool = True, group: int | None = None,
+                 dual_ln: bool = True, dp_conv: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         who = "long_short attention"
-        if chunk_size is not None or causal_form is not None or clamp_len is not None:
-            raise ValueError(f"{who}: chunk_size / causal_form / clamp_len apply to causal=True only")
         if dims not in (None, 1, 2):
             raise ValueError(f"{who}: dims must be None, 1 or 2, got {dims!r}")
-        if layout not in ("vision", "lra", "external"):
-            raise ValueError(f"{who}: layout must be 'vision', 'lra' or 'external', got {layout!r}")
-        rule = global_token_rule or ("lra" if layout == "lra" else "vision")
+        rule = global_token_rule
         if rule not in ("vision", "lra"):
             raise ValueError(f"{who}: global_token_rule must be 'vision' or 'lra', got {global_token_rule!r}")
         if num_prefix_tokens not in (0, 1):
@@ -151,17 +210,19 @@ class LongShortAttention(TokenMixer):
         rank = (8 if two_d else 32) if rank is None else rank
         _check_terms(who, window_size, rank)
         if rpe is None:
-            rpe = two_d and layout != "lra" and window_size >= 2
+            rpe = two_d and rule == "vision" and window_size >= 2
         if rpe and window_size < 2:
             raise ValueError(f"{who}: rpe=True needs window_size >= 2 (the ViL table uses e = w // 2), "
                              f"got window_size={window_size}")
         if rpe and dims == 1:
             raise ValueError(f"{who}: rpe applies to the 2-D form only; got rpe=True with dims=1")
+        if dp_conv and dims == 1:
+            raise ValueError(f"{who}: dp_conv=True convolves the token map (2-D form); got dims=1")
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = check_heads(dim, num_heads, who)
         self.scale = qk_scale or self.head_dim ** -0.5
         self.window_size, self.rank, self.dims = window_size, rank, dims
-        self.layout, self.global_token_rule = layout, rule
+        self.global_token_rule = rule
         self.num_prefix_tokens = num_prefix_tokens
         self.fused, self.group = fused, group
         self.attn_drop = attn_drop
@@ -170,24 +231,21 @@ class LongShortAttention(TokenMixer):
         # token under the "lra" rule, LN_L the global token's key/value under the "vision" rule
         global_ln = rank > 0 or (num_prefix_tokens > 0 and rule == "lra")
         local_ln = window_size > 0 or (num_prefix_tokens > 0 and rule == "vision")
-        if layout != "lra":
-            if layout == "vision":
-                self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
-            self.proj = nn.Linear(dim, dim, **dd)
-            if layout == "vision" and rank:
-                self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
-            self.dual_ln_dp = _dual_ln(dim, dual_ln and global_ln, dd)
-            self.dual_ln_full = _dual_ln(dim, dual_ln and local_ln, dd)
-        else:
-            self.W_q = nn.Linear(dim, dim, **dd)
-            self.W_k = nn.Linear(dim, dim, **dd)
-            self.W_v = nn.Linear(dim, dim, **dd)
-            self.W_o = nn.Linear(dim, dim, **dd)
-            self.dual_ln_s = _dual_ln(dim, dual_ln and global_ln, dd)
-            self.dual_ln_l = _dual_ln(dim, dual_ln and local_ln, dd)
+        # Construction order = the RNG draw order of the official forms (ImageNet: qkv, proj, W^P; CvT*-LS: W^P
+        # before the output projection), so a seeded build initialises as before.
+        if self._qkv_bias is not None:
+            self.qkv = _fused_qkv(dim, self._qkv_bias, dd)
+        if dp_conv:
+            self.dp_conv = StdConv2d(dim, dim, 3, padding=1, groups=dim, bias=False, **dd)
             if rank:
-                self.dconv_fc = nn.Linear(dim, num_heads * rank, **dd)
-        self.proj_drop = nn.Dropout(proj_drop)
+                self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
+        if self._proj_drop is not None:
+            self.proj = nn.Linear(dim, dim, **dd)
+            self.proj_drop = nn.Dropout(self._proj_drop)
+        if rank and not dp_conv:
+            self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
+        self.dual_ln_dp = _dual_ln(dim, dual_ln and global_ln, dd)
+        self.dual_ln_full = _dual_ln(dim, dual_ln and local_ln, dd)
         if self.rpe:
             self.local_relative_position_bias_table = nn.Parameter(
                 torch.zeros(rpe_table_size(window_size), num_heads, **dd))
@@ -207,23 +265,18 @@ class LongShortAttention(TokenMixer):
             idx = self.relative_position_index
             idx.copy_(rpe_index_tile(self.window_size, device=idx.device))
 
-    # Parameter access shared by both layouts.
-    def _qkv(self, x: torch.Tensor):
-        if self.layout == "vision":
-            return self.qkv(x).chunk(3, dim=-1)
-        return self.W_q(x), self.W_k(x), self.W_v(x)
-
-    def _ln_local(self, t: torch.Tensor) -> torch.Tensor:
-        return self.dual_ln_l(t) if self.layout == "lra" else self.dual_ln_full(t)
-
-    def _ln_global(self, t: torch.Tensor) -> torch.Tensor:
-        return self.dual_ln_s(t) if self.layout == "lra" else self.dual_ln_dp(t)
-
-    def _dp_logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.to_dynamic_projection(x) if self.layout == "vision" else self.dconv_fc(x)
+    def _dp_logits(self, x: torch.Tensor, hw) -> torch.Tensor:
+        """W^P logits (B, n, h*r) of the n non-prefix tokens x (B, n, C)."""
+        if not hasattr(self, "dp_conv"):
+            return self.to_dynamic_projection(x)
+        if hw is None:
+            raise ValueError("long_short attention: dp_conv=True needs hw=(H, W)")
+        B, n, C = x.shape
+        grid = self.dp_conv(x.transpose(1, 2).reshape(B, C, *hw))
+        return self.to_dynamic_projection(grid.flatten(2).transpose(1, 2))
 
     def _out(self, t: torch.Tensor) -> torch.Tensor:
-        return self.proj_drop(self.W_o(t) if self.layout == "lra" else self.proj(t))
+        return t  # the host projects the output
 
     def _grid(self, x: torch.Tensor, hw, mask: torch.Tensor | None) -> tuple[int, int] | None:
         who = f"{type(self).__name__} ({self.name!r})"
@@ -236,19 +289,18 @@ class LongShortAttention(TokenMixer):
             return None
         return check_hw(x, hw, who, self.num_prefix_tokens)
 
-    def _prepare(self, x: torch.Tensor, mask: torch.Tensor | None, ext=None):
+    def _project(self, x: torch.Tensor):
+        raise ValueError("long_short attention built with host_qkv=True has no q/k/v projections; call "
+                         "forward_qkv(q, k, v, hw, x=x)")
+
+    def _prepare(self, x: torch.Tensor, mask: torch.Tensor | None, grid, qkv=None):
         """q, k, v (B, h, n, d) of the n non-prefix tokens, global keys/values (B, h, G, d), validity, and the
-        global token's (q, k, v) for the post-CLS rule (None without one). `ext` = (q, k, v, dp_logits) replaces
-        the module's own projections (layout "external")."""
+        global token's (q, k, v) for the post-CLS rule (None without one). `qkv` = the host's (q, k, v) replaces the
+        module's own projection; x is what W^P reads."""
         P, h = self.num_prefix_tokens, self.num_heads
-        if ext is None:
-            if self.layout == "external":
-                raise ValueError("long_short attention: layout='external' is called through forward_qkv()")
-            q, k, v = self._qkv(x)  # (B, N, C) each
-            dp = self._dp_logits(x[:, P:]) if self.rank else None
-        else:
-            q, k, v, dp = ext
-        kl, vl = self._ln_local(k), self._ln_local(v)
+        q, k, v = self._project(x) if qkv is None else qkv  # (B, N, C) each
+        dp = self._dp_logits(x[:, P:], grid) if self.rank else None
+        kl, vl = self.dual_ln_full(k), self.dual_ln_full(v)
         valid = None if mask is None else mask[:, P:]
         qh, kh, vh = split_heads(q[:, P:], h), split_heads(kl[:, P:], h), split_heads(vl[:, P:], h)
         if self.rank:
@@ -260,12 +312,12 @@ class LongShortAttention(TokenMixer):
         cls = None
         if P and self.global_token_rule == "lra":
             # raw global K/V join the projections before LN_G; the post-CLS rule uses them raw
-            kg = split_heads(self._ln_global(torch.cat([k[:, :P], kbar], dim=1)), h)
-            vg = split_heads(self._ln_global(torch.cat([v[:, :P], vbar], dim=1)), h)
+            kg = split_heads(self.dual_ln_dp(torch.cat([k[:, :P], kbar], dim=1)), h)
+            vg = split_heads(self.dual_ln_dp(torch.cat([v[:, :P], vbar], dim=1)), h)
             cls = (split_heads(q[:, :P], h), split_heads(k[:, :P], h), split_heads(v[:, :P], h))
         else:
             if self.rank:
-                kg, vg = split_heads(self._ln_global(kbar), h), split_heads(self._ln_global(vbar), h)
+                kg, vg = split_heads(self.dual_ln_dp(kbar), h), split_heads(self.dual_ln_dp(vbar), h)
             else:
                 kg, vg = split_heads(kbar, h), split_heads(vbar, h)
             if P:
@@ -279,34 +331,46 @@ class LongShortAttention(TokenMixer):
         idx = self.relative_position_index
         return self.local_relative_position_bias_table[idx.reshape(-1)].reshape(*idx.shape, -1).permute(2, 0, 1)
 
-    def _finish(self, out: torch.Tensor, valid, cls, ref: bool) -> torch.Tensor:
+    def _finish(self, out: torch.Tensor, valid, cls, ref: bool, project: bool = True) -> torch.Tensor:
+        """Masked rows, the post-CLS rule, merged heads and (`project`) the module's output projection."""
         if valid is not None:
             # padded query rows get zero attention (official), so their output is the projection bias
             out = out.masked_fill(~valid[:, None, :, None], 0.0)
         if cls is not None:
             fn = post_cls_ref if ref else post_cls_sdpa
             out = torch.cat([fn(*cls, out, valid, self.scale), out], dim=2)
-        return self._out(merge_heads(out))
+        out = merge_heads(out)
+        return self._out(out) if project else out
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, N, C), hw (H, W) or None, mask (B, N) bool -> (B, N, C)."""
         return self._fast(x, hw, mask)
 
-    def forward_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dp_logits: torch.Tensor,
-                    hw: tuple[int, int] | None = None, mask: torch.Tensor | None = None,
+    def forward_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int] | None = None,
+                    x: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                     ref: bool = False) -> torch.Tensor:
-        """Layout "external": already projected q, k, v (B, N, C) (prefix tokens first) and projection logits
-        dp_logits (B, N - P, h*r) from the host (e.g. CvT convolutional projections) -> (B, N, C) after `proj`."""
-        ext = (q, k, v, dp_logits)
-        return self._dense_out(q, hw, mask, ext) if ref or not self.fused else self._fast(q, hw, mask, ext)
+        """Attention on the host's projections q, k, v (B, N, C) (prefix tokens first); x (B, N, C) is the input
+        they were projected from, which W^P reads (needed when rank > 0). Returns (B, N, C), heads merged, before
+        any output projection (in `LongShortAttention` too: `proj` is its `forward`'s)."""
+        if x is None:
+            if self.rank:
+                raise ValueError("long_short forward_qkv: x (the input q, k, v were projected from) is needed for "
+                                 f"the dynamic projection (rank={self.rank})")
+            x = q
+        for name, t in (("k", k), ("v", v), ("x", x)):
+            if t.shape != q.shape:
+                raise ValueError(f"long_short forward_qkv: {name} has shape {tuple(t.shape)}, q has "
+                                 f"{tuple(q.shape)}; they must match")
+        qkv = (q, k, v)
+        return self._dense_out(x, hw, mask, qkv) if ref or not self.fused else self._fast(x, hw, mask, qkv)
 
-    def _fast(self, x: torch.Tensor, hw, mask: torch.Tensor | None, ext=None) -> torch.Tensor:
+    def _fast(self, x: torch.Tensor, hw, mask: torch.Tensor | None, qkv=None) -> torch.Tensor:
         if not self.fused:
-            return self._dense_out(x, hw, mask, ext)
+            return self._dense_out(x, hw, mask, qkv)
         with size_oblivious():  # a traced tile count is not specialised at 1 (see subquad._shapes)
             grid = self._grid(x, hw, mask)
-            qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask, ext)
+            qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask, grid, qkv)
             p = self.attn_drop if self.training else 0.0
             if not self.window_size:
                 out = long_short_global_sdpa(qh, kg, vg, self.scale, p)
@@ -315,11 +379,11 @@ class LongShortAttention(TokenMixer):
             else:
                 bias = self._tile_bias() if self.rpe else None
                 out = long_short_2d_sdpa(qh, kh, vh, kg, vg, grid, self.window_size, valid, bias, self.scale, p)
-            return self._finish(out, valid, cls, ref=False)
+            return self._finish(out, valid, cls, ref=False, project=qkv is None)
 
-    def _dense(self, x: torch.Tensor, hw, mask: torch.Tensor | None, return_probs: bool = False, ext=None):
+    def _dense(self, x: torch.Tensor, hw, mask: torch.Tensor | None, return_probs: bool = False, qkv=None):
         grid = self._grid(x, hw, mask)
-        qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask, ext)
+        qh, kh, vh, kg, vg, valid, cls = self._prepare(x, mask, grid, qkv)
         n = qh.shape[2]
         bias = None
         if not self.window_size:
@@ -332,16 +396,16 @@ class LongShortAttention(TokenMixer):
                 idx = rpe_index_2d(grid, self.window_size, x.device)
                 bias = self.local_relative_position_bias_table[idx].permute(2, 0, 1)  # (h, n, n)
         res = long_short_ref(qh, kh, vh, kg, vg, local, valid, bias, self.scale, return_probs)
-        return res, valid, cls
+        return res, valid, cls, grid
 
     def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                     mask: torch.Tensor | None = None) -> torch.Tensor:
         """Dense reference of `forward`: explicit (N x (G + N)) masked softmax over the union of keys."""
         return self._dense_out(x, hw, mask)
 
-    def _dense_out(self, x: torch.Tensor, hw, mask: torch.Tensor | None, ext=None) -> torch.Tensor:
-        out, valid, cls = self._dense(x, hw, mask, ext=ext)
-        return self._finish(out, valid, cls, ref=True)
+    def _dense_out(self, x: torch.Tensor, hw, mask: torch.Tensor | None, qkv=None) -> torch.Tensor:
+        out, valid, cls, _ = self._dense(x, hw, mask, qkv=qkv)
+        return self._finish(out, valid, cls, ref=True, project=qkv is None)
 
     @torch.no_grad()
     def attention_matrix(self, x: torch.Tensor, hw: tuple[int, int] | None = None) -> torch.Tensor:
@@ -349,12 +413,12 @@ class LongShortAttention(TokenMixer):
         tokens through P (the LN_G non-linearity is ignored, so this is the linearised token-mixing map)."""
         B, N, _ = x.shape
         P = self.num_prefix_tokens
-        (out, (pg, pl)), _, cls = self._dense(x, hw, None, return_probs=True)
+        (out, (pg, pl)), _, cls, grid = self._dense(x, hw, None, return_probs=True)
         r = self.rank
         lra = P and self.global_token_rule == "lra"
         a = pl
         if r:
-            proj = dynamic_projection(self._dp_logits(x[:, P:]), self.num_heads, r)  # (B, h, r, n)
+            proj = dynamic_projection(self._dp_logits(x[:, P:], grid), self.num_heads, r)  # (B, h, r, n)
             pg_proj = pg[..., P:P + r] if lra else pg[..., :r]
             a = a + pg_proj @ proj  # (B, h, n, n)
         if not P:
@@ -371,6 +435,59 @@ class LongShortAttention(TokenMixer):
         full[:, :, :P] = pc[..., 1:] @ full[:, :, P:]
         full[:, :, :P, :P] += pc[..., :1]
         return full
+
+
+@register_attention("long_short")
+class LongShortAttention(LongShortCore):
+    """Bidirectional long-short attention (1-D sequences and 2-D token maps) with its fused q/k/v projection `qkv`
+    (the ImageNet code's names; the LRA code's separate `W_q`, `W_k`, `W_v` are concatenated into it by
+    `remap_lra_official`, and subquad <= 0.1 checkpoints by `remap_legacy`).
+
+    `build_attention("long_short", dim, heads, ...)` returns this class; `causal=True` returns a
+    `ChunkedLongShortAttention` and `host_qkv=True` a `LongShortCore` (see `resolve`). Every other option, the
+    shapes, the math and the references are `LongShortCore`'s.
+
+    Args:
+        qkv_bias: bias on the fused q/k/v projection (default True).
+        causal: False (the causal form is a `ChunkedLongShortAttention`, built by `build_attention`).
+        other: see `LongShortCore`.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, window_size: int | None = None, rank: int | None = None,
+                 causal: bool = False, dims: int | None = None, global_token_rule: str = "vision",
+                 num_prefix_tokens: int = 0, qkv_bias: bool = True, qk_scale: float | None = None,
+                 rpe: bool | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0,
+                 input_size: tuple[int, int] | None = None, fused: bool = True, group: int | None = None,
+                 dual_ln: bool = True, dp_conv: bool = False, device=None, dtype=None) -> None:
+        if causal:
+            raise ValueError("LongShortAttention is the bidirectional form; build the causal one with "
+                             "build_attention('long_short', dim, num_heads, causal=True)")
+        self._qkv_bias, self._proj_drop = bool(qkv_bias), float(proj_drop)
+        super().__init__(dim, num_heads, window_size, rank, dims, global_token_rule, num_prefix_tokens, qk_scale,
+                         rpe, attn_drop, input_size, fused, group, dual_ln, dp_conv, device, dtype)
+
+    def _project(self, x: torch.Tensor):
+        return self.qkv(x).chunk(3, dim=-1)
+
+    def _out(self, t: torch.Tensor) -> torch.Tensor:
+        return self.proj_drop(self.proj(t))
+
+
+def _translate_layout(opts: dict) -> None:
+    """Map subquad <= 0.1's `layout` option (one set of parameter names per official form) onto the options that
+    remain; the names themselves are renamed by `remap_legacy` / `remap_lra_official`."""
+    layout = opts.pop("layout")
+    if layout not in ("vision", "lra", "external", "ar", None):
+        raise ValueError(f"long_short attention: layout={layout!r} was removed (one set of parameter names); "
+                         "use global_token_rule='vision'|'lra', host_qkv=True, or causal=True")
+    warnings.warn(f"long_short attention: layout={layout!r} is deprecated and ignored for names; "
+                  + {"lra": "use global_token_rule='lra'", "external": "use host_qkv=True"}.get(layout, "drop it"),
+                  DeprecationWarning, stacklevel=4)
+    if layout == "lra":
+        opts.setdefault("global_token_rule", "lra")
+        opts.setdefault("rpe", False)
+    elif layout == "external":
+        opts["host_qkv"] = True
 
 
 @dataclass
@@ -441,7 +558,7 @@ class ChunkedLongShortAttention(TokenMixer):
         fused: SDPA tile path (True) or the dense reference (False).
         dual_ln: the two DualLN LayerNorms `dual_ln_win` / `dual_ln_dproj` (default); False replaces both by the
             identity, the "without DualLN" ablation (Transformer-LS, arXiv 2107.02192, Sec. 3 and Fig. 2 right).
-        input_size, dims, layout, ...: accepted for interface uniformity where meaningful; 2-D options refused.
+        input_size, dims, ...: accepted for interface uniformity where meaningful; 2-D options refused.
     """
 
     # Transformer-XL relative terms on both branches: a host adds no absolute positions.
@@ -449,7 +566,7 @@ class ChunkedLongShortAttention(TokenMixer):
     name = "long_short"
 
     def __init__(self, dim: int, num_heads: int = 8, window_size: int | None = None, rank: int | None = None,
-                 dims: int | None = None, layout: str | None = None, global_token_rule: str | None = None,
+                 dims: int | None = None, global_token_rule: str | None = None,
                  num_prefix_tokens: int = 0, qkv_bias: bool = False, qk_scale: float | None = None,
                  rpe: bool | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0,
                  input_size: tuple[int, int] | None = None, fused: bool = True, group: int | None = None,
@@ -458,9 +575,9 @@ class ChunkedLongShortAttention(TokenMixer):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         who = "long_short attention (causal)"
-        if dims == 2 or rpe or num_prefix_tokens or layout not in (None, "ar"):
+        if dims == 2 or rpe or num_prefix_tokens:
             raise ValueError(f"{who}: the causal form is 1-D without global tokens; got dims={dims!r}, rpe={rpe!r}, "
-                             f"num_prefix_tokens={num_prefix_tokens!r}, layout={layout!r}")
+                             f"num_prefix_tokens={num_prefix_tokens!r}")
         window_size = 512 if window_size is None else window_size
         rank = 1 if rank is None else rank
         chunk_size = 16 if chunk_size is None else chunk_size
@@ -694,3 +811,44 @@ class ChunkedLongShortAttention(TokenMixer):
         for c in range(n):
             proj[:, :, c * r:(c + 1) * r, c * l:(c + 1) * l] = sc[:, :, c]
         return pw + pc @ proj
+
+
+_LRA_RENAMES = (("W_o.", "proj."), ("dual_ln_l.", "dual_ln_full."), ("dual_ln_s.", "dual_ln_dp."),
+                ("dconv_fc.", "to_dynamic_projection."))
+
+
+def remap_lra_official(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
+    """Keys of the LRA code's AttentionLS (NVIDIA/transformer-ls `lra/attention_transformer_ls.py`: `W_q`, `W_k`,
+    `W_v`, `W_o`, `dual_ln_l`, `dual_ln_s`, `dconv_fc`) under `prefix` -> `LongShortAttention`'s: `qkv` = the
+    row-wise concatenation [W_q; W_k; W_v] (weights and biases), `proj`, `dual_ln_full`, `dual_ln_dp`,
+    `to_dynamic_projection`. Other keys pass unchanged; a state dict without `{prefix}W_q.weight` is returned as is.
+    subquad <= 0.1 saved its LRA-form modules (`layout="lra"`) under these same names."""
+    if prefix + "W_q.weight" not in state_dict:
+        return state_dict
+    sd = dict(state_dict)
+    for t in ("weight", "bias"):
+        parts = [sd.pop(f"{prefix}W_{c}.{t}", None) for c in "qkv"]
+        if all(p is not None for p in parts):
+            sd[f"{prefix}qkv.{t}"] = torch.cat(parts, dim=0)
+        elif any(p is not None for p in parts):
+            raise ValueError(f"LRA long-short checkpoint: {prefix}W_q/W_k/W_v.{t} must all be present or all absent")
+    out = {}
+    for k, v in sd.items():
+        if k.startswith(prefix):
+            rest = k[len(prefix):]
+            for a, b in _LRA_RENAMES:
+                if rest.startswith(a):
+                    k = prefix + b + rest[len(a):]
+                    break
+        out[k] = v
+    return out
+
+
+def remap_legacy(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """A state dict saved by subquad <= 0.1 (before one name set per mechanism) -> the current names, for every
+    bidirectional long-short module in `model`: the LRA-form keys (`W_q`, ...) as `remap_lra_official` maps them.
+    Detected by key names (no version field needed); current state dicts pass unchanged."""
+    for name, m in model.named_modules():
+        if isinstance(m, LongShortAttention):
+            state_dict = remap_lra_official(state_dict, f"{name}." if name else "")
+    return state_dict

@@ -11,11 +11,12 @@ from typing import Any
 
 from torch import nn
 
+from ..errors import UserError
 from ..registry import Registry
 from .base import TokenMixer
 
 __all__ = ["ATTENTION_REGISTRY", "register_attention", "get_attention_cls", "build_attention",
-           "build_stage_attention", "list_attention"]
+           "build_stage_attention", "list_attention", "register_attention_form", "get_attention_form", "FORMS"]
 
 ATTENTION_REGISTRY = Registry("attention")
 
@@ -35,6 +36,38 @@ def get_attention_cls(name: str) -> type[TokenMixer]:
     return ATTENTION_REGISTRY.get(name).builder
 
 
+# Other forms of registered mechanisms, by (name, form). "host_qkv": the form for hosts that project q, k, v
+# themselves (CSwin's block-level qkv, CvT's convolutional projections); it owns no q/k/v layers and is called as
+# `forward_qkv(q, k, v, hw, x=None)` (x: the input the host projected, for mechanisms that read it).
+_FORMS: dict[tuple[str, str], type] = {}
+FORMS = ("host_qkv",)
+
+
+def register_attention_form(name: str, form: str):
+    """Class decorator: register `cls` as form `form` of mechanism `name` (`build_attention(name, ..., host_qkv=True)`
+    builds it; sets `cls.name`)."""
+    if form not in FORMS:
+        raise ValueError(f"unknown attention form {form!r}; known: {FORMS}")
+
+    def _wrap(cls):
+        cls.name = name
+        _FORMS[(name, form)] = cls
+        return cls
+
+    return _wrap
+
+
+def get_attention_form(name: str, form: str) -> type:
+    """The class of form `form` of mechanism `name`; a mechanism without that form is refused in one line."""
+    ATTENTION_REGISTRY.get(name)  # unknown names: the registry's error
+    cls = _FORMS.get((name, form))
+    if cls is None:
+        have = sorted(n for n, f in _FORMS if f == form)
+        what = {"host_qkv": "take q, k, v projected by its host"}[form]
+        raise UserError(f"attention {name!r} cannot {what} (no {form!r} form); mechanisms that can: {', '.join(have)}")
+    return cls
+
+
 def build_attention(name: str, dim: int, num_heads: int, **kwargs: Any) -> nn.Module:
     """Build the mechanism `name` for `dim` channels and `num_heads` heads.
 
@@ -43,9 +76,17 @@ def build_attention(name: str, dim: int, num_heads: int, **kwargs: Any) -> nn.Mo
         dim: channels C of x: (B, N, C).
         num_heads: heads h; dim % h must be 0.
         **kwargs: mechanism options; every mechanism accepts `input_size=(H, W)`, `device` and `dtype`.
+            `host_qkv=True` builds the mechanism's form for hosts that project q, k, v themselves
+            (`get_attention_form(name, "host_qkv")`; refused in one line for a mechanism without one).
     """
     entry = ATTENTION_REGISTRY.get(name)
     cls = entry.builder
+    # A mechanism with several classes (long_short's causal form) picks one: `resolve(options) -> (class, options)`.
+    resolve = getattr(cls, "resolve", None)
+    if resolve is not None:
+        cls, kwargs = resolve(dict(kwargs))
+    if kwargs.pop("host_qkv", False):
+        cls = get_attention_form(name, "host_qkv")
     params = inspect.signature(cls.__init__).parameters
     if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
         unknown = sorted(k for k in kwargs if k not in params)

@@ -325,7 +325,10 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
     if not side:
         remap = getattr(sys.modules.get(type(net).__module__), "remap_official", None)
         sd = remap(sd, net) if callable(remap) else sd
-    load_into(net, sd, what=f"checkpoint {os.fspath(weights)!r}")
+    # Checkpoints written before the layout options left the mechanisms: their keys renamed (a no-op otherwise).
+    from ..attention.legacy import remap_legacy
+
+    load_into(net, remap_legacy(sd, net), what=f"checkpoint {os.fspath(weights)!r}")
     net.eval()
     in_chans, size = model_input(net, size)
     if not dcfg:
@@ -369,7 +372,10 @@ def _load_timm_checkpoint(weights: Path, sd: dict[str, torch.Tensor], meta: dict
     if in_chans != 3:
         kwargs["in_chans"] = int(in_chans)
     net = build_model(name, num_classes, None, device=device, model_kwargs=kwargs)
-    load_into(net, sd, what=f"checkpoint {os.fspath(weights)!r}")
+    # Checkpoints written before the layout options left the mechanisms: their keys renamed (a no-op otherwise).
+    from ..attention.legacy import remap_legacy
+
+    load_into(net, remap_legacy(sd, net), what=f"checkpoint {os.fspath(weights)!r}")
     net.eval()
     dargs = {k: args.get(k) for k in ("input_size", "img_size", "in_chans", "mean", "std", "crop_pct", "crop_mode",
                                       "interpolation")}

@@ -902,6 +902,8 @@ def load_lm(checkpoint: str | os.PathLike, device: torch.device | None = None,
                    dropout=float(ma.get("dropout", 0.0)), emb_dropout=float(ma.get("emb_dropout", 0.0)),
                    residual=ma.get("residual", "official"))
     model = (model_fn or build_lm)(int(ma["vocab_size"]), cfg)
-    model.load_state_dict(load_file(path))
+    from ..attention.legacy import remap_legacy
+
+    model.load_state_dict(remap_legacy(load_file(path), model))
     model.to(device or torch.device("cpu")).eval()
     return model, side

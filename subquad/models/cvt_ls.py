@@ -6,7 +6,8 @@ Three stages (strides 4, 8, 16): a convolutional token embedding (7x7 s4 p2, the
 pre-norm blocks. Each attention projects q, k, v with a depthwise 3x3 conv + BatchNorm followed by a Linear (CvT's
 "convolutional projection"). Long-short blocks use stride 1 for q, k and v and a dynamic-projection score layer W^P
 that is a depthwise 3x3 conv with weight standardisation followed by Linear(C -> h*r) (paper App. E); the long-short
-core is the shared `long_short` mechanism (`layout="external"`, vision CLS rule, no position encoding, w = 7, r = 64
+core is the shared `long_short` mechanism's "host_qkv" form (`attn.mixer`, with the conv W^P `mixer.dp_conv` and
+`mixer.to_dynamic_projection`; vision CLS rule, no position encoding, w = 7, r = 64
 in every stage [ours]). Softmax baseline blocks use CvT's key/value stride 2. A class token joins stage 3 only; the
 head reads it after the final LayerNorm.
 
@@ -27,17 +28,17 @@ from collections.abc import Sequence
 
 import torch
 import torch.utils.checkpoint
-from timm.layers import DropPath, StdConv2d, register_notrace_module, trunc_normal_
+from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from torch import nn
 
-from .._shapes import as_hw, merge_heads, split_heads
-from ..attention import build_attention
-from ..attention.functional.softmax import softmax_attention
+from .._shapes import as_hw
+from ..attention import build_stage_attention, get_attention_form
+from ..errors import UserError
 from ..layers.mlp import Mlp
 from ._base import Backbone, drop_path_rates, tokens_to_nchw
 from ._builder import Variant, register_family
 
-__all__ = ["CvTLS", "ConvProjAttention"]
+__all__ = ["CvTLS", "ConvProjAttention", "remap_legacy"]
 
 
 class ConvProj(nn.Module):
@@ -54,47 +55,47 @@ class ConvProj(nn.Module):
 
 
 class ConvProjAttention(nn.Module):
-    """CvT attention with convolutional q/k/v projections; long-short or softmax core.
+    """CvT attention: convolutional q/k/v projections, the stage mechanism's "host_qkv" form, output `proj`.
 
     Shapes: x (B, P + H*W, C) (P = 0 or 1 class token first), hw = (H, W) -> (B, P + H*W, C).
 
+    The key/value stride is the mechanism's (`conv_kv_stride` of its "host_qkv" form): 1 for long-short (q, k, v at
+    full resolution; its W^P is a weight-standardised depthwise conv + Linear, `mixer.dp_conv` /
+    `mixer.to_dynamic_projection`, paper App. E), 2 for softmax (CvT's squeezed keys/values). A mechanism without
+    a "host_qkv" form is refused when the model is built.
+
     Args:
         dim, num_heads: C and h.
-        attn: "long_short" (stride 1 for q, k, v; weight-standardised depthwise W^P) or "softmax" (CvT: k, v with
-            stride 2).
+        attn: a registered mechanism with a "host_qkv" form ("long_short" for CvT*-LS, "softmax" for CvT).
         num_prefix_tokens: class tokens P (they skip the convolutions, as in CvT).
-        window_size, rank: w and r of the long-short core.
+        window_size, rank: w and r (hints for mechanisms that take them: the long-short core).
         qkv_bias, attn_drop, proj_drop: the usual.
+        grid: the stage's token grid at the construction resolution (for mechanisms sized by it).
     """
 
     def __init__(self, dim: int, num_heads: int, attn: str = "long_short", num_prefix_tokens: int = 0,
                  window_size: int = 7, rank: int = 64, qkv_bias: bool = True, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, device=None, dtype=None) -> None:
+                 proj_drop: float = 0.0, grid: tuple[int, int] | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        if attn not in ("long_short", "softmax"):
-            raise ValueError(f"ConvProjAttention: attn must be 'long_short' or 'softmax', got {attn!r}")
-        self.kind, self.num_heads, self.dim = attn, num_heads, dim
+        try:
+            kv_stride = getattr(get_attention_form(attn, "host_qkv"), "conv_kv_stride", 1)
+        except UserError as e:  # the host projects q, k, v: the mechanism needs a "host_qkv" form
+            raise UserError(f"cvt: {e}") from None
+        self.num_heads, self.dim = num_heads, dim
         self.num_prefix_tokens = num_prefix_tokens
-        self.scale = (dim // num_heads) ** -0.5
-        kv_stride = 1 if attn == "long_short" else 2
         self.conv_proj_q = ConvProj(dim, 1, **dd)
         self.conv_proj_k = ConvProj(dim, kv_stride, **dd)
         self.conv_proj_v = ConvProj(dim, kv_stride, **dd)
         self.proj_q = nn.Linear(dim, dim, bias=qkv_bias, **dd)
         self.proj_k = nn.Linear(dim, dim, bias=qkv_bias, **dd)
         self.proj_v = nn.Linear(dim, dim, bias=qkv_bias, **dd)
-        if attn == "long_short":
-            # W^P: depthwise 3x3 with weight standardisation (BN replaced, paper App. E), then Linear(C -> h r)
-            self.dp_conv = StdConv2d(dim, dim, 3, padding=1, groups=dim, bias=False, **dd)
-            self.dp_fc = nn.Linear(dim, num_heads * rank, **dd)
-            self.ls = build_attention("long_short", dim, num_heads, window_size=window_size, rank=rank, dims=2,
-                                      layout="external", num_prefix_tokens=num_prefix_tokens, rpe=False,
-                                      attn_drop=attn_drop, proj_drop=proj_drop, **dd)
-        else:
-            self.attn_drop = attn_drop
-            self.proj = nn.Linear(dim, dim, **dd)
-            self.proj_drop = nn.Dropout(proj_drop)
+        # stage facts: convolutional projections, window, class tokens; host hints for mechanisms that take them
+        stage = dict(conv_proj=True, grid=grid, window_size=window_size, num_prefix_tokens=num_prefix_tokens,
+                     hints=dict(rank=rank, dims=2, rpe=False, attn_drop=attn_drop))
+        self.mixer = build_stage_attention(attn, dim, num_heads, stage, host_qkv=True, **dd)
+        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         P = self.num_prefix_tokens
@@ -108,17 +109,7 @@ class ConvProjAttention(nn.Module):
         q = self.proj_q(tokens(self.conv_proj_q(grid)))
         k = self.proj_k(tokens(self.conv_proj_k(grid)))
         v = self.proj_v(tokens(self.conv_proj_v(grid)))
-        if self.kind == "long_short":
-            dp = self.dp_fc(self.dp_conv(grid).flatten(2).transpose(1, 2))  # (B, H*W, h r)
-            return self.ls.forward_qkv(q, k, v, dp, hw)
-        h = self.num_heads
-        p = self.attn_drop if self.training else 0.0
-        if p:
-            probs = ((split_heads(q, h) * self.scale) @ split_heads(k, h).transpose(-2, -1)).softmax(-1)
-            o = nn.functional.dropout(probs, p) @ split_heads(v, h)
-        else:
-            o = softmax_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h), self.scale)
-        return self.proj_drop(self.proj(merge_heads(o)))
+        return self.proj_drop(self.proj(self.mixer.forward_qkv(q, k, v, hw, x=x)))
 
 
 class Block(nn.Module):
@@ -161,15 +152,16 @@ class Stage(nn.Module):
 
     def __init__(self, in_chans: int, dim: int, depth: int, num_heads: int, embed: tuple[int, int, int],
                  attn: str, cls_token: bool, window_size: int, rank: int, mlp_ratio: float, dpr: Sequence[float],
-                 drop: float, attn_drop: float, device=None, dtype=None) -> None:
+                 drop: float, attn_drop: float, grid: tuple[int, int] | None = None, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.patch_embed = ConvEmbed(in_chans, dim, *embed, **dd)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **dd)) if cls_token else None
         P = int(cls_token)
         self.blocks = nn.ModuleList([
-            Block(dim, ConvProjAttention(dim, num_heads, attn, P, window_size, rank, True, attn_drop, drop, **dd),
-                  mlp_ratio, dpr[j], drop, **dd) for j in range(depth)])
+            Block(dim, ConvProjAttention(dim, num_heads, attn, P, window_size, rank, True, attn_drop, drop, grid,
+                                         **dd), mlp_ratio, dpr[j], drop, **dd) for j in range(depth)])
         self.grad_checkpointing = False
 
     def reset_parameters(self) -> None:
@@ -198,7 +190,7 @@ class CvTLS(Backbone):
         img_size: nominal resolution (cards and cfgs only; any size runs).
         in_chans, num_classes: input channels, classifier outputs (0: no head).
         embed_dims, depths, num_heads: per stage C, blocks, h.
-        attn: "long_short" or "softmax" in every stage.
+        attn: the mechanism of every stage, one with a "host_qkv" form ("long_short": CvT*-LS, "softmax": CvT).
         window_size, rank: w and r of the long-short core (every stage).
         mlp_ratio, drop_rate, attn_drop_rate, drop_path_rate: the usual (drop path linear over all blocks).
         global_pool: 'token' (the stage-3 class token, CvT's head), 'avg' (mean of the patch tokens) or ''.
@@ -231,11 +223,14 @@ class CvTLS(Backbone):
         dpr = drop_path_rates(drop_path_rate, depths)
         in_dim, stride = in_chans, 1
         self.feature_info = []
+        grid = self.img_size
         for i in range(3):
             stride *= embeds[i][1]
+            k, s, p = embeds[i]
+            grid = tuple((n + 2 * p - k) // s + 1 for n in grid)  # the embedding conv's output map
             self.add_module(f"stage{i}", Stage(in_dim, embed_dims[i], depths[i], num_heads[i], embeds[i], attn,
                                                i == 2, window_size, rank, mlp_ratio, dpr[i], drop_rate,
-                                               attn_drop_rate, **dd))
+                                               attn_drop_rate, grid, **dd))
             self.feature_info.append(dict(num_chs=embed_dims[i], reduction=stride, module=f"stage{i}"))
             in_dim = embed_dims[i]
         self.num_stages = 3
@@ -260,6 +255,25 @@ class CvTLS(Backbone):
         for i in range(num_levels, self.num_stages):
             delattr(self, f"stage{i}")
         self.num_stages = num_levels
+
+
+_LEGACY = ((".attn.ls.proj.", ".attn.proj."), (".attn.ls.", ".attn.mixer."),
+           (".attn.dp_conv.", ".attn.mixer.dp_conv."), (".attn.dp_fc.", ".attn.mixer.to_dynamic_projection."))
+
+
+def remap_legacy(state_dict: dict[str, torch.Tensor], model: nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """A CvT*-LS state dict saved by subquad <= 0.1 -> the current names: the long-short module is `attn.mixer`
+    (was `attn.ls`), its output projection the block attention's `attn.proj` (as the softmax baseline's always was),
+    and the dynamic projection moved into it (`attn.dp_conv`, `attn.dp_fc` -> `attn.mixer.dp_conv`,
+    `attn.mixer.to_dynamic_projection`). Detected by key names; current state dicts pass unchanged."""
+    out = {}
+    for k, v in state_dict.items():
+        for old, new in _LEGACY:
+            if old in k:
+                k = k.replace(old, new)
+                break
+        out[k] = v
+    return out
 
 
 _13 = dict(embed_dims=(64, 192, 384), depths=(1, 2, 10), num_heads=(1, 3, 6))

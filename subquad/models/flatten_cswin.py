@@ -26,8 +26,7 @@ from timm.layers import DropPath, register_notrace_module
 from torch import nn
 
 from .._shapes import as_hw, map_to_tokens, tokens_to_map
-from ..attention import build_stage_attention
-from ..attention.cswin import LePEAttention, cswin_branches
+from ..attention import build_stage_attention, get_attention_form
 from ..errors import UserError
 from ..layers.mlp import Mlp
 from ._base import Backbone, drop_path_rates
@@ -37,28 +36,27 @@ from ._flatten_common import resize_token_tables as _resize_tables
 
 __all__ = ["FlattenCSWin", "CSWinBlock", "MergeBlock", "remap_official"]
 
-STAGE_ATTNS = ("focused_linear", "cswin")
-
-
 @register_notrace_module
 class CSWinBlock(nn.Module):
     """CSwin block: x + DropPath(proj(attention(qkv(LN(x))))), then x + DropPath(MLP(LN(x))).
 
     Shapes: x (B, N, C) with hw=(H, W), N = H * W -> (B, N, C).
 
-    'cswin' blocks run two stripe branches (`attns.0` vertical, `attns.1` horizontal, h / 2 heads each) or, in the
-    last stage / when the construction grid equals (sw, sw), one global branch (the official rule). 'focused_linear'
-    blocks run one FocusedLinearAttention(qkv_layout='external', lepe=True) over the whole map at `attns.0`.
+    The block owns `qkv` and `proj`; its token mixer is the stage mechanism's "host_qkv" form (built through the
+    registry, called as `forward_qkv(q, k, v, hw)`), kept at `attns`: 'cswin' runs two stripe branches (`attns.0`
+    vertical, `attns.1` horizontal, h / 2 heads each) or, in the last stage / when the construction grid equals
+    (sw, sw), one global branch (the official rule); 'focused_linear' runs one FocusedLinearCore (LePE on) over the
+    whole map at `attns.0`. Any mechanism with a "host_qkv" form can run here.
 
     Args:
         dim: channels C.
         num_heads: heads h.
         input_size: stage grid at construction (sizes the 'L' PE; the official single-branch rule).
-        attn: 'focused_linear' or 'cswin'.
+        attn: a mechanism with a "host_qkv" form ('focused_linear', 'cswin', ...).
         split_size: 'S' stripe width sw.
         last_stage: one global 'S' branch.
         mlp_ratio, qkv_bias, drop, drop_path: the usual block options.
-        attn_kwargs: the user's options for the focused attention ('L' blocks); hints: the host's (p, k).
+        attn_kwargs: the user's mechanism options; hints: host options for whichever mechanism takes them (p, k).
     """
 
     def __init__(self, dim: int, num_heads: int, input_size: tuple[int, int], attn: str = "cswin",
@@ -67,34 +65,30 @@ class CSWinBlock(nn.Module):
                  hints: dict | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        if attn not in STAGE_ATTNS:
-            raise UserError(f"flatten_cswin: stage mechanism {attn!r} is not one of {STAGE_ATTNS}")
-        self.attn_name = attn
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
         self.norm1 = nn.LayerNorm(dim, **dd)
-        if attn == "focused_linear":
-            stage = dict(grid=input_size, qkv_layout="external", hints=hints or {})
-            branches = [build_stage_attention(attn, dim, num_heads, stage, attn_kwargs, **dd)]
-        elif last_stage or tuple(input_size) == (split_size, split_size):
-            branches = [LePEAttention(dim, num_heads, -1, split_size, **dd)]
-        else:
-            if num_heads % 2:
-                raise UserError(f"flatten_cswin: two stripe branches need an even num_heads, got {num_heads}")
-            branches = [LePEAttention(dim // 2, num_heads // 2, i, split_size, **dd) for i in range(2)]
-        self.attns = nn.ModuleList(branches)
+        # CSwin's stage facts: stripe width, last stage, LePE on the values (every official CSwin attention has it)
+        stage = dict(grid=input_size, hints={**(hints or {}), "split_size": split_size, "last_stage": last_stage,
+                                             "lepe": True})
+        mixer = build_stage_attention(attn, dim, num_heads, stage, attn_kwargs, host_qkv=True, **dd)
+        # a ModuleList form (CSwin's branches) is `attns` itself; a single module sits at `attns.0` (official keys)
+        self.attns = mixer if isinstance(mixer, nn.ModuleList) else nn.ModuleList([mixer])
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop, **dd)
         self.norm2 = nn.LayerNorm(dim, **dd)
 
+    @property
+    def mixer(self) -> nn.Module:
+        """The stage mechanism's module (`attns` itself or `attns.0`)."""
+        return self.attns if hasattr(self.attns, "forward_qkv") else self.attns[0]
+
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         B, N, C = x.shape
-        qkv = self.qkv(self.norm1(x)).view(B, N, 3, C)
-        if self.attn_name == "focused_linear":
-            y = self.attns[0].forward_qkv(*qkv.unbind(2), hw)
-        else:
-            y = cswin_branches(self.attns, qkv, hw)
+        h = self.norm1(x)
+        qkv = self.qkv(h).view(B, N, 3, C)
+        y = self.mixer.forward_qkv(*qkv.unbind(2), hw, x=h)
         x = x + self.drop_path(self.proj_drop(self.proj(y)))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
@@ -138,7 +132,7 @@ class FlattenCSWin(Backbone):
         split_size: 'S' stripe width per stage ([1, 2, 7, 7] at 224, [1, 2, 12, 12] at 384).
         focusing_factor, kernel_size: FLatten p and DWC k.
         qkv_bias: bias of the block qkv projections.
-        attn_kwargs: extra options for the focused attention.
+        attn_kwargs: extra options for every stage's mechanism.
         drop_rate, drop_path_rate: dropout (MLP, head) and stochastic depth (linear over all blocks; the official
             recipes use 0.2 / 0.4 / 0.5 for T / S / B).
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
@@ -160,6 +154,11 @@ class FlattenCSWin(Backbone):
         dd = {"device": device, "dtype": dtype}
         if isinstance(stage_attn, str) or not all(isinstance(a, str) for a in stage_attn):
             raise UserError(f"flatten_cswin: stage_attn must be a tuple of mechanism names, got {stage_attn!r}")
+        for a in dict.fromkeys(stage_attn):
+            try:  # the block projects q, k, v itself: a mechanism needs a "host_qkv" form
+                get_attention_form(a, "host_qkv")
+            except UserError as e:
+                raise UserError(f"flatten_cswin: {e}") from None
         depths, num_heads, stage_attn, split_size = tuple(depths), tuple(num_heads), tuple(stage_attn), \
             tuple(split_size)
         if not (len(depths) == len(num_heads) == len(stage_attn) == len(split_size)):

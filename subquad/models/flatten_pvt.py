@@ -22,6 +22,7 @@ from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from torch import nn
 
 from ..attention import build_stage_attention
+from ..attention.focused_linear import remap_legacy as remap_focused_q_kv
 from ..errors import UserError
 from ..layers.mlp import ConvMlp, Mlp
 from ..layers.patch_embed import PatchEmbedLN, resize_pos_embed_2d
@@ -192,7 +193,7 @@ class FlattenPVT(PVTHost):
             p = patch_size if i == 0 else 2
             embed = PatchEmbedLN(in_chans if i == 0 else embed_dims[i - 1], embed_dims[i], p, **dd)
             pos = nn.Parameter(torch.zeros(1, grid[0] * grid[1], embed_dims[i], **dd))
-            stage = dict(grid=grid, qkv_bias=qkv_bias, qkv_layout="q_kv", sr_ratio=sr_ratios[i],
+            stage = dict(grid=grid, qkv_bias=qkv_bias, sr_ratio=sr_ratios[i],
                          la_sr_ratio=la_sr_ratios[i], hints=dict(focusing_factor=focusing_factor,
                                                                  kernel_size=kernel_size), host="PVT stages")
             stages.append((embed, pos, nn.Dropout(drop_rate),
@@ -247,6 +248,7 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize
         resize: resize size-bound tables to the model's construction grids.
     """
     sd = {k: v for k, v in unwrap_state_dict(state_dict).items() if k not in ("norm.weight", "norm.bias")}
+    sd = remap_focused_q_kv(sd, model)  # focused stages: official `q` + `kv` -> our fused `qkv`
     return _resize_tables(sd, model) if resize else sd
 
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..attention.focused_linear import remap_legacy as remap_focused_q_kv
 from ..layers.patch_embed import OverlapPatchEmbed
 from ._builder import Variant, register_family, unwrap_state_dict
 from ._flatten_common import FLATTEN_CARD, FLATTEN_CFG, flatten_release
@@ -79,7 +80,7 @@ class FlattenPVTv2(PVTHost):
             self.grids.append(grid)
             k, s = stem if i == 0 else (3, 2)
             embed = OverlapPatchEmbed(in_chans if i == 0 else embed_dims[i - 1], embed_dims[i], k, s, **dd)
-            stage = dict(grid=grid, qkv_bias=qkv_bias, qkv_layout="q_kv", sr_ratio=sr_ratios[i],
+            stage = dict(grid=grid, qkv_bias=qkv_bias, sr_ratio=sr_ratios[i],
                          la_sr_ratio=la_sr_ratios[i], hints=dict(focusing_factor=focusing_factor,
                                                                  kernel_size=kernel_size, linear_sr=linear,
                                                                  dwc_init="pvt_v2"), host="PVTv2 stages")
@@ -116,7 +117,8 @@ class FlattenPVTv2(PVTHost):
 
 
 def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize: bool = True) -> dict:
-    """Official FLatten-PVTv2 checkpoint -> our state dict (identical names).
+    """Official FLatten-PVTv2 checkpoint -> our state dict (identical names, but the focused stages' `q` + `kv`,
+    concatenated into `qkv`).
 
     Unwraps `model` / `model_ema` / `state_dict` and, with `resize`, bicubic-resizes `positional_encoding` tables
     whose grid differs from the model's construction grid (the official fine-tuning loader's rule).
@@ -126,7 +128,7 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize
         model: the target FlattenPVTv2.
         resize: resize size-bound tables to the model's construction grids.
     """
-    sd = dict(unwrap_state_dict(state_dict))
+    sd = remap_focused_q_kv(dict(unwrap_state_dict(state_dict)), model)  # focused: `q` + `kv` -> `qkv`
     return _resize_tables(sd, model) if resize else sd
 
 

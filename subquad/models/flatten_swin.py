@@ -76,7 +76,7 @@ class SwinBlock(nn.Module):
         self.la_shift = 0
         self.norm1 = nn.LayerNorm(dim, **dd)
         stage = dict(grid=input_size, qkv_bias=qkv_bias, proj_drop=drop, window_size=window_size, shifted=shifted,
-                     qkv_layout="qkv", hints=hints or {}, host="Swin stages")
+                     hints=hints or {}, host="Swin stages")
         if la_window is not None and "window_size" not in get_attention_cls(attn).stage_kwargs(stage):
             # A global mechanism in a windowed-'L' model: the host windows it (the official ablation).
             geo = window_geometry(input_size, la_window, la_window // 2 if (shifted and la_shift) else 0)

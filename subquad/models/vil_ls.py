@@ -34,7 +34,7 @@ from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from torch import nn
 
 from .._shapes import as_hw, known_equal, merge_heads
-from ..attention import build_attention
+from ..attention import build_stage_attention, list_attention
 from ..attention.functional.softmax import softmax_attention, softmax_attention_ref
 from ..errors import UserError
 from ..layers.mlp import Mlp
@@ -202,6 +202,10 @@ class MlpBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm(x)))
 
 
+#: The host's own token mixers (by `stage_attn` entry); every other entry is built through the attention registry.
+HOST_ATTN = {"full": ViLFullAttention}
+
+
 class ViLLS(Backbone):
     """ViL-LS / ViL host (MsViT) with per-stage attention.
 
@@ -212,7 +216,8 @@ class ViLLS(Backbone):
         img_size: construction resolution (sizes the full-attention tables).
         in_chans, num_classes: input channels, classifier outputs (0: no head).
         embed_dims, depths, num_heads, patch_sizes, nglos: per stage C, blocks, h, p, global tokens g.
-        stage_attn: per stage "long_short" or "full".
+        stage_attn: per stage a registered mechanism (built by `build_stage_attention` from the stage facts: grid,
+            window, global tokens; "long_short" is ViL-LS) or "full" (ViL's full attention, the host's own).
         window_sizes, ranks: per stage w and r of the long-short stages.
         mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate: the usual; drop path is linear over all
             blocks (the attention and MLP block of one block share a rate).
@@ -242,8 +247,9 @@ class ViLLS(Backbone):
             if len(seq) != n:
                 raise ValueError(f"ViLLS: {name} has {len(seq)} entries for {n} stages")
         for a in stage_attn:
-            if a not in ("long_short", "full"):
-                raise ValueError(f"ViLLS: stage_attn entries must be 'long_short' or 'full', got {a!r}")
+            if a not in HOST_ATTN and a not in list_attention():
+                raise UserError(f"ViLLS: stage_attn entry {a!r} is neither the host's {sorted(HOST_ATTN)} nor a "
+                                f"registered mechanism ({', '.join(list_attention())})")
         self.img_size = as_hw(img_size)
         self.in_chans = in_chans
         self.nglos = tuple(nglos)
@@ -263,13 +269,14 @@ class ViLLS(Backbone):
             dim = embed_dims[s]
             layers: list[nn.Module] = [PatchEmbed(p, in_dim, dim, nglos[s], **dd)]
             for rate in dpr[s]:
-                if stage_attn[s] == "long_short":
-                    attn = build_attention("long_short", dim, num_heads[s], window_size=window_sizes[s],
-                                           rank=ranks[s], dims=2, num_prefix_tokens=nglos[s], rpe=True,
-                                           qkv_bias=qkv_bias, attn_drop=attn_drop_rate, proj_drop=drop_rate, **dd)
+                if stage_attn[s] in HOST_ATTN:
+                    attn = HOST_ATTN[stage_attn[s]](dim, num_heads[s], (H, W), nglos[s], qkv_bias, attn_drop_rate,
+                                                    drop_rate, **dd)
                 else:
-                    attn = ViLFullAttention(dim, num_heads[s], (H, W), nglos[s], qkv_bias, attn_drop_rate,
-                                            drop_rate, **dd)
+                    stage = dict(grid=(H, W), window_size=window_sizes[s], num_prefix_tokens=nglos[s],
+                                 qkv_bias=qkv_bias, proj_drop=drop_rate,
+                                 hints=dict(rank=ranks[s], rpe=True, attn_drop=attn_drop_rate))
+                    attn = build_stage_attention(stage_attn[s], dim, num_heads[s], stage, **dd)
                 layers.append(AttnBlock(dim, attn, rate, **dd))
                 layers.append(MlpBlock(dim, mlp_ratio, drop_rate, rate, **dd))
             self.add_module(f"layer{s + 1}", nn.Sequential(*layers))

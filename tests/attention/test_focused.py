@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import subquad
-from subquad.attention.focused_linear import FocusedLinearAttention
+from subquad.attention.focused_linear import FocusedLinearAttention, FocusedLinearCore
 from subquad.attention.functional.focused import (
     focused_feature_map,
     focused_linear_attention_kv,
@@ -89,11 +89,11 @@ def test_gradcheck_tiny():
 MODULE_CASES = {
     "qkv_7x9": dict(kw={}, hw=(7, 9)),
     "qkv_pe_resized_13x5": dict(kw={}, hw=(13, 5)),
-    "q_kv_sr2_odd_7x9": dict(kw=dict(qkv_layout="q_kv", sr_ratio=2), hw=(7, 9)),
-    "q_kv_sr3_flat1d": dict(kw=dict(qkv_layout="q_kv", sr_ratio=3, sr_mode="flat1d"), hw=(9, 6)),
-    "q_kv_linear_sr": dict(kw=dict(qkv_layout="q_kv", linear_sr=True, dwc_init="pvt_v2"), hw=(8, 5)),
+    "q_kv_sr2_odd_7x9": dict(kw=dict(sr_ratio=2), hw=(7, 9)),
+    "q_kv_sr3_flat1d": dict(kw=dict(sr_ratio=3, sr_mode="flat1d"), hw=(9, 6)),
+    "q_kv_linear_sr": dict(kw=dict(linear_sr=True, dwc_init="pvt_v2"), hw=(8, 5)),
     "prefix_deit": dict(kw=dict(num_prefix_tokens=1), hw=(5, 6)),
-    "prefix_sr2": dict(kw=dict(qkv_layout="q_kv", sr_ratio=2, num_prefix_tokens=1), hw=(6, 5)),
+    "prefix_sr2": dict(kw=dict(sr_ratio=2, num_prefix_tokens=1), hw=(6, 5)),
     "lepe_sum": dict(kw=dict(lepe=True, normaliser="sum"), hw=(7, 9)),
 }
 
@@ -109,8 +109,8 @@ def test_module_fast_vs_ref(case, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_external_layout_forward_qkv(dtype):
-    m = _randomise(FocusedLinearAttention(16, 2, input_size=(6, 6), qkv_layout="external", lepe=True))
+def test_host_qkv_forward_qkv(dtype):
+    m = _randomise(FocusedLinearCore(16, 2, input_size=(6, 6), lepe=True))
     assert not hasattr(m, "proj") and not hasattr(m, "qkv")
     q, k, v = (torch.randn(2, 35, 16) for _ in range(3))
     compare_module(m, lambda mm, *t: mm.forward_qkv(*t, (7, 5)), lambda mm, *t: mm.forward_qkv(*t, (7, 5), fused=False),
@@ -179,7 +179,7 @@ def test_module_at_construction_grid_equals_module_built_there():
 
 
 def test_sr_modes_differ_and_match_official_1d():
-    m = _randomise(FocusedLinearAttention(16, 2, input_size=(6, 6), qkv_layout="q_kv", sr_ratio=2))
+    m = _randomise(FocusedLinearAttention(16, 2, input_size=(6, 6), sr_ratio=2))
     x = torch.randn(1, 36, 16)
     y_bil = m(x, (6, 6))
     m.sr_mode = "flat1d"
@@ -233,17 +233,19 @@ def test_low_precision_large_inputs_finite(dtype):
     assert rel < (5e-2 if dtype == torch.bfloat16 else 1e-2)
 
 
-def test_parameter_names_per_layout_and_init():
+def test_one_set_of_parameter_names_and_init():
     def names(**kw):
         return {n for n, _ in FocusedLinearAttention(32, 4, input_size=(8, 8), **kw).named_parameters()}
 
     common = {"scale", "positional_encoding", "dwc.weight", "dwc.bias"}
     assert names() == common | {"qkv.weight", "qkv.bias", "proj.weight", "proj.bias"}
-    assert names(qkv_layout="q_kv") == common | {"q.weight", "q.bias", "kv.weight", "kv.bias", "proj.weight",
-                                                 "proj.bias"}
-    assert {"sr.weight", "sr.bias", "norm.weight", "norm.bias"} <= names(qkv_layout="q_kv", sr_ratio=2)
-    assert names(qkv_layout="external", lepe=True) == common | {"get_v.weight", "get_v.bias"}
-    m = FocusedLinearAttention(32, 4, input_size=(8, 8), qkv_layout="q_kv", sr_ratio=2, dwc_init="pvt_v2")
+    assert names(sr_ratio=2) == names() | {"sr.weight", "sr.bias", "norm.weight", "norm.bias"}
+    assert names(linear_sr=True) == names(sr_ratio=2)
+    # a host that projects q, k, v itself gets no projection layers
+    core = subquad.build_attention("focused_linear", 32, 4, input_size=(8, 8), host_qkv=True, lepe=True)
+    assert type(core) is FocusedLinearCore
+    assert {n for n, _ in core.named_parameters()} == common | {"get_v.weight", "get_v.bias"}
+    m = FocusedLinearAttention(32, 4, input_size=(8, 8), sr_ratio=2, dwc_init="pvt_v2")
     assert m.positional_encoding.shape == (1, 16, 32) and m.dwc.weight.shape == (8, 1, 5, 5)
     assert (m.scale == 0).all() and (m.positional_encoding == 0).all() and (m.dwc.bias == 0).all()
     std = FocusedLinearAttention(64, 1, input_size=(8, 8), dwc_init="pvt_v2").dwc.weight.std().item()
@@ -255,23 +257,23 @@ def test_parameter_names_per_layout_and_init():
 def test_bad_inputs():
     with pytest.raises(ValueError, match="input_size"):
         FocusedLinearAttention(32, 4)
-    with pytest.raises(ValueError, match="qkv_layout"):
-        FocusedLinearAttention(32, 4, input_size=8, qkv_layout="kqv")
+    with pytest.raises(TypeError, match="qkv_layout"):
+        FocusedLinearAttention(32, 4, input_size=8, qkv_layout="q_kv")
     with pytest.raises(ValueError, match="sr_ratio"):
-        FocusedLinearAttention(32, 4, input_size=8, sr_ratio=2)
+        FocusedLinearAttention(32, 4, input_size=8, sr_ratio=0)
     with pytest.raises(ValueError, match="sr_mode"):
         FocusedLinearAttention(32, 4, input_size=8, sr_mode="nearest")
     with pytest.raises(ValueError, match="normaliser"):
         FocusedLinearAttention(32, 4, input_size=8, normaliser="max")
     with pytest.raises(ValueError, match="kernel_size"):
         FocusedLinearAttention(32, 4, input_size=8, kernel_size=4)
-    m = FocusedLinearAttention(32, 4, input_size=8, qkv_layout="q_kv", sr_ratio=4)
+    m = FocusedLinearAttention(32, 4, input_size=8, sr_ratio=4)
     with pytest.raises(ValueError, match="sr_ratio"):
         m(torch.randn(1, 6, 32), (2, 3))
     with pytest.raises(ValueError, match="hw"):
         m(torch.randn(1, 64, 32), (8, 7))
     with pytest.raises(ValueError, match="hw"):
         m(torch.randn(1, 64, 32))
-    e = FocusedLinearAttention(32, 4, input_size=8, qkv_layout="external")
+    e = FocusedLinearCore(32, 4, input_size=8)
     with pytest.raises(ValueError, match="same shape"):
         e.forward_qkv(torch.randn(1, 64, 32), torch.randn(1, 63, 32), torch.randn(1, 64, 32), (8, 8))

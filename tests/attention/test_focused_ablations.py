@@ -39,7 +39,7 @@ def test_functional_without_dwc_fast_vs_ref(case, dtype):
 MODULE_CASES = {
     "qkv_7x9": (dict(), (7, 9)),
     "prefix_deit_5x6": (dict(num_prefix_tokens=1), (5, 6)),
-    "q_kv_sr2_7x9": (dict(qkv_layout="q_kv", sr_ratio=2), (7, 9)),
+    "q_kv_sr2_7x9": (dict(sr_ratio=2), (7, 9)),
 }
 
 

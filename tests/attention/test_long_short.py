@@ -20,16 +20,20 @@ from subquad.attention.functional.long_short import (
     window_mask_1d,
     xl_sinusoid,
 )
+from subquad.attention.long_short import remap_lra_official
 from tests._tol import assert_close, compare_fn, compare_module
 
 C, H = 16, 2
 DTYPES = [torch.float64, torch.float32]
 # The projection-score bias only shifts a softmax over the sequence: its gradient is zero in exact arithmetic, so a
 # relative comparison of rounding noise is meaningless. It is frozen in the gradient comparisons below.
-_SHIFT_INVARIANT = ("to_dynamic_projection.bias", "dconv_fc.bias", "dconv_1.bias")
+_SHIFT_INVARIANT = ("to_dynamic_projection.bias", "dconv_1.bias")
 
 
-def _build(**kw):
+def _build(layout: str = "vision", **kw):
+    """`layout` names the official form of a case: "lra" = the LRA code's global-token rule (same parameter names)."""
+    if layout == "lra":
+        kw.setdefault("global_token_rule", "lra")
     m = subquad.build_attention("long_short", C, H, **kw)
     for n, p in m.named_parameters():
         if n in _SHIFT_INVARIANT:
@@ -113,7 +117,7 @@ def test_padded_queries_give_output_bias_and_padding_is_inert():
     mask[:, 7:] = False
     with torch.no_grad():
         y = m(x, None, mask)
-        torch.testing.assert_close(y[:, 7:], m.W_o.bias.expand(2, 3, C), rtol=0, atol=1e-6)
+        torch.testing.assert_close(y[:, 7:], m.proj.bias.expand(2, 3, C), rtol=0, atol=1e-6)
         # appending more padding leaves the real positions unchanged
         x2 = torch.cat([x, torch.randn(2, 5, C)], dim=1)
         mask2 = torch.cat([mask, torch.zeros(2, 5, dtype=torch.bool)], dim=1)
@@ -173,9 +177,10 @@ def test_dispatch_and_defaults():
     assert type(mc).__name__ == "ChunkedLongShortAttention" and mc.name == "long_short"
     assert {"proj_query", "dconv_1", "r_net", "r_net_chunk", "dual_ln_win"} <= {n.split(".")[0] for n, _ in
                                                                               mc.named_parameters()}
-    lra = subquad.build_attention("long_short", C, H, layout="lra")
-    assert {n.split(".")[0] for n, _ in lra.named_parameters()} == {"W_q", "W_k", "W_v", "W_o", "dual_ln_s",
-                                                                   "dual_ln_l", "dconv_fc"}
+    # one set of names whatever the global-token rule: the LRA form differs in behaviour only
+    lra = subquad.build_attention("long_short", C, H, global_token_rule="lra")
+    assert {n.split(".")[0] for n, _ in lra.named_parameters()} == {"qkv", "proj", "to_dynamic_projection",
+                                                                   "dual_ln_dp", "dual_ln_full"}
     assert subquad.build_attention("long_short", C, H, device="meta").qkv.weight.is_meta
 
 
@@ -299,9 +304,9 @@ def test_parity_official_lra(official_root):
                                     max_seq_len=40, transformer_dim=16, attention_dropout=0.0, window_size=w,
                                     fp32_attn=False)
         off = mod.AttentionLS(cfg).eval()
-        ours = subquad.build_attention("long_short", 16, 2, window_size=w, rank=r, layout="lra",
+        ours = subquad.build_attention("long_short", 16, 2, window_size=w, rank=r, global_token_rule="lra",
                                        num_prefix_tokens=int(cls)).eval()
-        ours.load_state_dict(off.state_dict(), strict=True)
+        ours.load_state_dict(remap_lra_official(off.state_dict()), strict=True)
         X, mask = torch.randn(2, 40, 16), torch.ones(2, 40)
         mask[1, 30:] = 0
         ce = torch.randn(2, 1, 16) if cls else None

@@ -16,10 +16,13 @@ from tests.attention.test_long_short import _mask  # the same padding pattern as
 
 C, H = 12, 3
 DTYPES = [torch.float64, torch.float32]
-_SHIFT_INVARIANT = ("to_dynamic_projection.bias", "dconv_fc.bias", "dconv_1.bias")
+_SHIFT_INVARIANT = ("to_dynamic_projection.bias", "dconv_1.bias")
 
 
-def _build(**kw):
+def _build(layout: str = "vision", **kw):
+    """`layout` names the official form of a case: "lra" = the LRA code's global-token rule (same parameter names)."""
+    if layout == "lra":
+        kw.setdefault("global_token_rule", "lra")
     m = subquad.build_attention("long_short", C, H, **kw)
     for n, p in m.named_parameters():
         if n in _SHIFT_INVARIANT:  # shifts a softmax over the sequence: zero gradient in exact arithmetic
@@ -217,7 +220,8 @@ def test_ablation_parameters_and_defaults_unchanged():
     # a global token under the "vision" rule still takes LN_L, under the "lra" rule LN_G
     assert "dual_ln_full.weight" in subquad.build_attention("long_short", C, H, window_size=0, rank=2,
                                                             num_prefix_tokens=1).state_dict()
-    assert "dual_ln_s.weight" in subquad.build_attention("long_short", C, H, window_size=4, rank=0, layout="lra",
+    assert "dual_ln_dp.weight" in subquad.build_attention("long_short", C, H, window_size=4, rank=0,
+                                                          global_token_rule="lra",
                                                          num_prefix_tokens=1).state_dict()
     causal_keys = set(subquad.build_attention("long_short", C, H, causal=True, window_size=4, rank=2,
                                               chunk_size=2).state_dict())

@@ -10,10 +10,11 @@ from tests._tol import compare_module
 
 
 def test_conv_proj_long_short_fast_equals_reference():
-    """The long-short core behind CvT's convolutional projections (layout 'external'): SDPA path == dense
+    """The long-short core behind CvT's convolutional projections (host-projected q/k/v, conv W^P): SDPA path == dense
     reference, output and every gradient, with a class token and a non-square, non-divisible grid."""
     m = ConvProjAttention(16, 2, "long_short", num_prefix_tokens=1, window_size=3, rank=4).eval()
-    m.dp_fc.bias.requires_grad_(False)  # shift-invariant softmax: its gradient is zero in exact arithmetic
+    # shift-invariant softmax: its gradient is zero in exact arithmetic
+    m.mixer.to_dynamic_projection.bias.requires_grad_(False)
     hw = (5, 4)
     x = torch.randn(2, 1 + 20, 16)
 
@@ -21,11 +22,11 @@ def test_conv_proj_long_short_fast_equals_reference():
         return mod(x, hw)
 
     def ref(mod, x):
-        mod.ls.fused = False
+        mod.mixer.fused = False
         try:
             return mod(x, hw)
         finally:
-            mod.ls.fused = True
+            mod.mixer.fused = True
 
     for dtype in (torch.float64, torch.float32):
         compare_module(m, fast, ref, [x], dtype)
@@ -40,7 +41,7 @@ def test_softmax_baseline_uses_strided_keys():
 
 def test_long_short_projection_is_weight_standardised():
     m = ConvProjAttention(8, 2, "long_short", window_size=2, rank=2)
-    assert type(m.dp_conv).__name__ == "StdConv2d" and m.dp_conv.groups == 8
+    assert type(m.mixer.dp_conv).__name__ == "StdConv2d" and m.mixer.dp_conv.groups == 8
     assert m.conv_proj_q.conv.stride == m.conv_proj_k.conv.stride == (1, 1)
 
 
@@ -48,7 +49,7 @@ def test_hosts_are_one_keyword_apart():
     ls = subquad.create_model("cvt_ls_13", device="meta")
     sm = subquad.create_model("cvt_13", device="meta")
     extra = set(ls.state_dict()) - set(sm.state_dict())
-    assert extra and all(any(s in k for s in ("dp_conv", "dp_fc", "ls.")) for k in extra)
+    assert extra and all(".attn.mixer." in k for k in extra)
     assert "stage2.cls_token" in ls.state_dict() and "stage1.cls_token" not in ls.state_dict()
 
 

@@ -11,7 +11,7 @@ import torch
 
 import subquad
 from subquad.attention.cswin import LePEAttention
-from subquad.attention.focused_linear import FocusedLinearAttention
+from subquad.attention.focused_linear import FocusedLinearCore
 from subquad.models._builder import load_into
 from subquad.models.flatten_cswin import remap_official
 from tests._official import load_flatten
@@ -42,7 +42,7 @@ def test_checkpoint_file_roundtrip(tmp_path):
 def test_stage_configuration():
     m = subquad.create_model("flatten_cswin_tiny", device="meta")
     a = m.stage1[0].attns
-    assert len(a) == 1 and isinstance(a[0], FocusedLinearAttention) and a[0].qkv_layout == "external"
+    assert len(a) == 1 and isinstance(a[0], FocusedLinearCore) and not hasattr(a[0], "qkv")
     assert a[0].get_v is not None and a[0].pe_hw == (56, 56) and m.stage2[3].attns[0].pe_hw == (28, 28)
     s3, s4 = m.stage3[0].attns, m.stage4[0].attns
     assert [(b.idx, b.dim, b.num_heads, b.split_size) for b in s3] == [(0, 128, 4, 7), (1, 128, 4, 7)]
@@ -79,7 +79,7 @@ def test_cswin_baseline_and_bad_inputs():
     assert all(isinstance(b, LePEAttention) for b in m.stage1[0].attns)
     with torch.no_grad():
         assert torch.isfinite(m(torch.randn(1, 3, 64, 48))).all()
-    with pytest.raises(ValueError, match="stage mechanism"):
+    with pytest.raises(ValueError, match="host_qkv"):
         subquad.create_model("flatten_cswin_micro", stage_attn=("window",) * 4)
     with pytest.raises(ValueError, match="stage_attn"):
         subquad.create_model("flatten_cswin_micro", stage_attn="LLSS")

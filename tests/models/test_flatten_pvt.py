@@ -21,7 +21,8 @@ def test_focused_stages_as_released(name):
         for blk in getattr(m, f"block{i + 1}"):
             a = blk.attn
             assert a.name == "focused_linear" and a.sr_ratio == 1
-            assert hasattr(a, "q") and hasattr(a, "kv") and not hasattr(a, "qkv")
+            # one set of names: the official q + kv are concatenated into qkv by remap_official
+            assert hasattr(a, "qkv") and not hasattr(a, "q") and not hasattr(a, "kv")
             assert tuple(a.pe_hw) == m.grids[i]
     assert m.grids == [(56, 56), (28, 28), (14, 14), (7, 7)]
 

@@ -15,7 +15,7 @@ import torch
 
 import subquad
 
-from .test_remap import random_state_dict
+from .test_remap import random_state_dict, through_remap
 
 FIXTURES = Path(__file__).resolve().parents[1] / "_fixtures"
 
@@ -48,10 +48,11 @@ def test_release_by_name_through_local_file(tmp_path, tag, wrapper, real):
                           device=None if real else "meta")
     assert m.pretrained_cfg["tag"] == tag.split(".")[1]
     own = m.state_dict()
-    assert set(own) <= set(sd)
+    expected = through_remap(sd, m)  # official names -> ours (e.g. PVT's q + kv -> qkv)
+    assert set(own) == set(expected)
     if real:
         for k, v in own.items():
-            assert torch.equal(v, sd[k]), k
+            assert torch.equal(v, expected[k]), k
 
 
 def test_release_new_head_keeps_backbone(tmp_path):

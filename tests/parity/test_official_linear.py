@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from subquad.attention.enhanced_linear import EnhancedLinearAttention, LocalConcentrationModule
-from subquad.attention.focused_linear import FocusedLinearAttention
+from subquad.attention.focused_linear import FocusedLinearAttention, FocusedLinearCore, remap_q_kv
 from tests._tol import assert_close
 
 pytestmark = pytest.mark.parity
@@ -102,9 +102,9 @@ def test_focused_pvt_v2_style(official_root, sr_ratio):
     off = _load(official_root, "FLatten-Transformer/models/flatten_pvt_v2.py")
     o = off.FocusedLinearAttention(64, 14 * 14, 2, qkv_bias=True, sr_ratio=sr_ratio).eval()
     _randomise(o)
-    ours = FocusedLinearAttention(64, 2, input_size=(14, 14), qkv_layout="q_kv", sr_ratio=sr_ratio,
-                                  sr_mode="flat1d", dwc_init="pvt_v2").eval()
-    ours.load_state_dict(o.state_dict(), strict=True)
+    ours = FocusedLinearAttention(64, 2, input_size=(14, 14), sr_ratio=sr_ratio, sr_mode="flat1d",
+                                  dwc_init="pvt_v2").eval()
+    ours.load_state_dict(remap_q_kv(o.state_dict()), strict=True)  # official q + kv -> our fused qkv
     x = torch.randn(2, 196, 64)
     assert_close(ours(x, (14, 14)), o(x, 14, 14), torch.float32, "focused (pvt_v2) vs official")
 
@@ -113,7 +113,7 @@ def test_focused_cswin_style(official_root):
     off = _load(official_root, "FLatten-Transformer/models/flatten_cswin.py")
     o = off.FocusedLinearAttention(64, 14, -1, split_size=14, num_heads=2).eval()
     _randomise(o)
-    ours = FocusedLinearAttention(64, 2, input_size=(14, 14), qkv_layout="external", lepe=True)
+    ours = FocusedLinearCore(64, 2, input_size=(14, 14), lepe=True)
     ours.load_state_dict(o.state_dict(), strict=True)
     q, k, v = torch.randn(3, 2, 196, 64)
     assert_close(ours.forward_qkv(q, k, v, (14, 14)), o(torch.stack([q, k, v])), torch.float32,

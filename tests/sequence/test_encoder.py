@@ -7,6 +7,7 @@ import torch
 
 import subquad
 from subquad.attention import ATTENTION_REGISTRY, Request, check
+from subquad.attention.long_short import remap_legacy as remap_ls_official
 from subquad.sequence import create_sequence_model, list_sequence_models
 from subquad.sequence.encoder import LRAClassifier
 from tests._tol import assert_close
@@ -16,7 +17,7 @@ SEQ_MECHS = [n for n in subquad.list_attention() if not check(ATTENTION_REGISTRY
 MASK_MECHS = [n for n in SEQ_MECHS if ATTENTION_REGISTRY.get(n).builder.caps.supports_mask]
 
 # Small per-mechanism options so that windows / ranks fit the short test sequences.
-SMALL_KW = {"long_short": {"window_size": 4, "rank": 3, "layout": "lra"}}
+SMALL_KW = {"long_short": {"window_size": 4, "rank": 3, "global_token_rule": "lra"}}
 # Options for the block that sees the class token (the LRA CLS rule of long_short).
 CLS_KW = {"long_short": {"num_prefix_tokens": 1}}
 
@@ -184,9 +185,11 @@ def test_parity_official_lra_model(official_root):
             with torch.no_grad():
                 off.model.cls_embed.normal_()
             ours = LRAClassifier(vocab_size=20, num_classes=10, dim=16, depth=2, num_heads=2, mlp_dim=24, max_len=32,
-                                 attention="long_short", attn_kw={"layout": "lra", "window_size": w, "rank": r},
+                                 attention="long_short",
+                                 attn_kw={"global_token_rule": "lra", "window_size": w, "rank": r},
                                  cls_attn_kw={"num_prefix_tokens": 1}).eval()
-            ours.load_state_dict(off.state_dict(), strict=True)
+            # the LRA code's W_q/W_k/W_v/W_o/dual_ln_l/dual_ln_s/dconv_fc -> our one set of long-short names
+            ours.load_state_dict(remap_ls_official(off.state_dict(), ours), strict=True)
             tokens, mask = _batch(3, 32, (32, 20, 9))
             with torch.no_grad():
                 ref = off.seq_classifer(off.model(tokens, mask.float()))
