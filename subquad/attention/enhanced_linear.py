@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, map_to_tokens, merge_heads, tokens_to_map
 from ..errors import UserError
+from ..layers.init import init_linears_
 from ..layers.precision import fp32_island
 from .base import AttentionCaps, TokenMixer
 from .functional.linear import (
@@ -77,10 +77,7 @@ class EnhancedLinearAttention(TokenMixer):
         """Official init: trunc_normal(0.02) weights, zero biases, temperature d^-1/2."""
         if self.temperature is not None:
             nn.init.constant_(self.temperature, self._temperature_init)
-        for lin in (self.qkv, self.proj):
-            trunc_normal_(lin.weight, std=0.02)
-            if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
+        init_linears_(self.qkv, self.proj)
 
     def _qkv(self, x: torch.Tensor):
         B, N, C = x.shape

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from .._shapes import as_hw, check_heads, merge_heads, split_heads, tracing
-from . import register_attention_form
 from .base import AttentionCaps, TokenMixer
 from .cswin import CSWinAttention, LePEAttention, cswin_branches
 from .functional.softmax import softmax_attention
+from .registry import register_attention_form
 
 __all__ = ["SoftmaxCore", "CSWinStripes"]
 

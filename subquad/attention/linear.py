@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, merge_heads
+from ..layers.init import init_linears_
 from ..layers.precision import fp32_island
 from .base import AttentionCaps, TokenMixer
 from .functional.linear import (
@@ -108,10 +108,7 @@ class LinearAttention(TokenMixer):
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for lin in (self.qkv, self.proj):
-            trunc_normal_(lin.weight, std=0.02)
-            if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
+        init_linears_(self.qkv, self.proj)
 
     def _qkv(self, x: torch.Tensor):
         B, N, C = x.shape

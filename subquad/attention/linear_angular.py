@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 
 import torch
-from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, merge_heads
+from ..layers.init import init_linears_
 from .base import AttentionCaps, TokenMixer
 from .registry import register_attention
 
@@ -100,10 +100,7 @@ class LinearAngularAttention(TokenMixer):
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for lin in (self.qkv, self.proj):
-            trunc_normal_(lin.weight, std=0.02)
-            if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
+        init_linears_(self.qkv, self.proj)
         self.dconv.reset_parameters()
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

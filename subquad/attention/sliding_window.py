@@ -9,10 +9,10 @@ arXiv 2004.05150, Sec. 3.1, with a one-sided causal window).
 from __future__ import annotations
 
 import torch
-from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, merge_heads
+from ..layers.init import init_linears_
 from .base import AttentionCaps, TokenMixer
 from .functional.softmax import (
     causal_band_mask,
@@ -75,10 +75,7 @@ class SlidingWindowAttention(TokenMixer):
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for lin in (self.qkv, self.proj):
-            trunc_normal_(lin.weight, std=0.02)
-            if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
+        init_linears_(self.qkv, self.proj)
 
     def _qkv(self, x: torch.Tensor):
         B, T, C = x.shape
