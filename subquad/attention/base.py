@@ -16,6 +16,11 @@ from .._shapes import check_hw, check_mask, check_tokens
 __all__ = ["AttentionCaps", "Request", "check", "TokenMixer"]
 
 
+# Every registered mechanism class by name, filled by `registry.register_attention` (this module imports nothing
+# from the registry, which imports it): what a refusal lists as the mechanisms that would fit.
+REGISTERED: dict[str, type] = {}
+
+
 @dataclass(frozen=True)
 class AttentionCaps:
     """What a mechanism supports.
@@ -115,9 +120,7 @@ class TokenMixer(nn.Module):
         reasons = _stage_reasons(cls, stage)
         if not reasons:
             return None
-        from . import get_attention_cls, list_attention  # the registry imports this module
-
-        ok = [n for n in list_attention() if not _stage_reasons(get_attention_cls(n), stage)]
+        ok = [n for n in sorted(REGISTERED) if not _stage_reasons(REGISTERED[n], stage)]
         who = stage.get("host", "this host")
         return (f"attention {cls.name!r} cannot serve {who}: it {'; '.join(reasons)}; mechanisms that fit: "
                 f"{', '.join(ok) or 'none'}")

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..registry import Registry
-from .base import TokenMixer
+from .base import REGISTERED, TokenMixer
 
 __all__ = ["ATTENTION_REGISTRY", "register_attention", "get_attention_cls", "build_attention",
            "build_stage_attention", "list_attention", "register_attention_form", "get_attention_form", "FORMS"]
@@ -27,6 +27,7 @@ def register_attention(name: str, **meta: Any):
     def _wrap(cls):
         cls.name = name
         ATTENTION_REGISTRY.register(name, cls, **meta)
+        REGISTERED[name] = cls
         return cls
 
     return _wrap

@@ -1,0 +1,142 @@
+"""The house rules of the package, read from its source with `ast`: no import circle (module-level or inside
+functions), no library module importing the command line, no function over 80 lines, no host comparing a mechanism
+name, no `layout` parameter in a mechanism."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "subquad"
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for p in ROOT.rglob("*.py"):
+        parts = p.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = p
+    return mods
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path, everywhere: bool) -> set[str]:
+    """The package modules that `name` imports (at module level, or anywhere when `everywhere`), TYPE_CHECKING
+    blocks excluded."""
+    tree = ast.parse(path.read_text())
+    pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    nodes = list(ast.walk(tree)) if everywhere else tree.body
+    skip = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test)
+            for n in ast.walk(b)}
+    out = set()
+    for n in nodes:
+        if id(n) in skip:
+            continue
+        if isinstance(n, ast.ImportFrom):
+            if n.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - (n.level - 1)]
+                mod = ".".join(base + ([n.module] if n.module else []))
+            else:
+                mod = n.module or ""
+            for a in n.names:
+                full = f"{mod}.{a.name}"
+                out.add(full if full in MODULES else mod)
+        elif isinstance(n, ast.Import):
+            out.update(a.name for a in n.names)
+    return {m for m in out if m in MODULES and m != name}
+
+
+def _cycles(everywhere: bool) -> list[list[str]]:
+    graph = {m: _imports(m, p, everywhere) for m, p in MODULES.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("everywhere", [False, True], ids=["module-level", "with-function-imports"])
+def test_no_import_circle(everywhere):
+    assert _cycles(everywhere) == []
+
+
+def test_the_cycle_finder_finds_a_circle(monkeypatch):
+    # the check can fail: a package whose __init__ imports a module that imports the package back
+    fake = {"p": "from . import a\n", "p.a": "from . import thing\n"}
+    monkeypatch.setattr(Path, "read_text", lambda self: fake[self.name])
+    monkeypatch.setitem(globals(), "MODULES", {"p": Path("p"), "p.a": Path("p.a")})
+    assert _imports("p.a", Path("p.a"), False) == {"p"}
+
+
+def test_only_the_command_imports_the_command():
+    # subquad/__main__.py is `python -m subquad`, the command's own entry point.
+    bad = [m for m, p in MODULES.items() if not m.startswith("subquad.cli") and m != "subquad.__main__"
+           and any(i.startswith("subquad.cli") for i in _imports(m, p, True))]
+    assert bad == []
+
+
+def test_no_function_over_80_lines():
+    long = [f"{p.relative_to(ROOT)}:{n.name} ({n.end_lineno - n.lineno + 1})" for p in MODULES.values()
+            for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > 80]
+    assert long == []
+
+
+def _compared_names(path: Path, names: set[str]) -> list[str]:
+    hits = []
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Compare):
+            for c in ast.walk(n):
+                if isinstance(c, ast.Constant) and c.value in names:
+                    hits.append(f"{path.name}:{n.lineno} {c.value!r}")
+    return hits
+
+
+def test_hosts_never_compare_a_mechanism_name():
+    import subquad
+
+    names = set(subquad.list_attention())
+    files = sorted((ROOT / "models").glob("*.py")) + sorted((ROOT / "sequence").glob("*.py"))
+    assert [h for p in files for h in _compared_names(p, names)] == []
+    # and the check sees a comparison when there is one
+    probe = ROOT.parent / "tests" / "_fixtures" / "host_name_test_probe.txt"
+    assert probe.is_file()
+    assert _compared_names(probe, names) != []
+
+
+def test_no_mechanism_takes_a_layout():
+    import inspect
+
+    import subquad
+    from subquad.attention import get_attention_cls
+
+    with_layout = [n for n in subquad.list_attention()
+                   if {"layout", "qkv_layout"} & set(inspect.signature(get_attention_cls(n).__init__).parameters)]
+    assert with_layout == []
