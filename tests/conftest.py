@@ -75,3 +75,15 @@ def fashion_mnist_dir(_fashion_mnist_files, monkeypatch):
 
     monkeypatch.setenv(ENV_DIR, str(_fashion_mnist_files))
     return _fashion_mnist_files
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A small prepared byte corpus (`subquad lm prepare` of 120 generated lines) for the LM resume tests."""
+    from subquad.data.char import prepare_corpus
+
+    root = tmp_path_factory.mktemp("lmcorpus")
+    (root / "doc.txt").write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps.\n" for i in range(120)))
+    prepare_corpus(root / "doc.txt", root / "prep")
+    return root / "prep"
+

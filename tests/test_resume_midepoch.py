@@ -20,7 +20,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from subquad.data.char import prepare_corpus
 from subquad.engine.checkpoint import load_state
 from subquad.engine.classify import train
 from subquad.engine.config import TrainConfig
@@ -160,12 +159,6 @@ def test_classify_resume_without_rng_state_differs(cls_full, cls_term, tmp_path,
 
 # ---- character LM -----------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lmcorpus")
-    (root / "doc.txt").write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps.\n" for i in range(120)))
-    prepare_corpus(root / "doc.txt", root / "prep")
-    return root / "prep"
 
 
 def _lm_cfg(data: Path, out: Path, **kw) -> LMConfig:

@@ -9,7 +9,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from subquad.data.char import prepare_corpus
 from subquad.engine.checkpoint import load_state
 from subquad.engine.sequence import LM_TIMING_FIELDS, LMConfig, _phase_lr, lm_phases, train_lm
 from subquad.errors import UserError
@@ -19,12 +18,6 @@ class _Interrupt(Exception):
     pass
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lmcorpus")
-    (root / "doc.txt").write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps.\n" for i in range(120)))
-    prepare_corpus(root / "doc.txt", root / "prep")
-    return root / "prep"
 
 
 def _cfg(data, out, **kw):
