@@ -337,7 +337,7 @@ def remap_q_kv(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[st
 
 def remap_legacy(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
     """A state dict saved by subquad <= 0.1 -> the current names, for every `FocusedLinearAttention` in `model`
-    (the former `qkv_layout="q_kv"` keys `q`, `kv`; detected by key names). Current state dicts pass unchanged."""
+    (the former PVT-form keys `q`, `kv`; detected by key names). Current state dicts pass unchanged."""
     for name, m in model.named_modules():
         if isinstance(m, FocusedLinearAttention):
             state_dict = remap_q_kv(state_dict, f"{name}." if name else "")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -161,11 +160,8 @@ class LongShortCore(TokenMixer):
     @classmethod
     def resolve(cls, options: dict) -> tuple[type, dict]:
         """`build_attention`'s factory: `causal=True` builds a `ChunkedLongShortAttention`, otherwise the
-        registered class. The removed `layout` option of subquad <= 0.1 is translated with a DeprecationWarning
-        ("lra" -> `global_token_rule="lra"` and no RPE, "external" -> `host_qkv=True`, "vision" -> nothing)."""
+        registered class."""
         opts = dict(options)
-        if "layout" in opts:
-            _translate_layout(opts)
         if opts.pop("causal", False):
             if opts.get("host_qkv"):
                 raise UserError("long_short attention: the causal form projects its own q/k/v; host_qkv=True "
@@ -471,23 +467,6 @@ class LongShortAttention(LongShortCore):
 
     def _out(self, t: torch.Tensor) -> torch.Tensor:
         return self.proj_drop(self.proj(t))
-
-
-def _translate_layout(opts: dict) -> None:
-    """Map subquad <= 0.1's `layout` option (one set of parameter names per official form) onto the options that
-    remain; the names themselves are renamed by `remap_legacy` / `remap_lra_official`."""
-    layout = opts.pop("layout")
-    if layout not in ("vision", "lra", "external", "ar", None):
-        raise ValueError(f"long_short attention: layout={layout!r} was removed (one set of parameter names); "
-                         "use global_token_rule='vision'|'lra', host_qkv=True, or causal=True")
-    warnings.warn(f"long_short attention: layout={layout!r} is deprecated and ignored for names; "
-                  + {"lra": "use global_token_rule='lra'", "external": "use host_qkv=True"}.get(layout, "drop it"),
-                  DeprecationWarning, stacklevel=4)
-    if layout == "lra":
-        opts.setdefault("global_token_rule", "lra")
-        opts.setdefault("rpe", False)
-    elif layout == "external":
-        opts["host_qkv"] = True
 
 
 @dataclass
@@ -822,7 +801,7 @@ def remap_lra_official(state_dict: dict[str, torch.Tensor], prefix: str = "") ->
     `W_v`, `W_o`, `dual_ln_l`, `dual_ln_s`, `dconv_fc`) under `prefix` -> `LongShortAttention`'s: `qkv` = the
     row-wise concatenation [W_q; W_k; W_v] (weights and biases), `proj`, `dual_ln_full`, `dual_ln_dp`,
     `to_dynamic_projection`. Other keys pass unchanged; a state dict without `{prefix}W_q.weight` is returned as is.
-    subquad <= 0.1 saved its LRA-form modules (`layout="lra"`) under these same names."""
+    subquad <= 0.1 saved its LRA-form modules under these same names."""
     if prefix + "W_q.weight" not in state_dict:
         return state_dict
     sd = dict(state_dict)

@@ -14,6 +14,7 @@ from torch import nn
 from ..errors import UserError
 from ..registry import Registry
 from .base import REGISTERED, TokenMixer
+from .legacy_options import translate_removed_options
 
 __all__ = ["ATTENTION_REGISTRY", "register_attention", "get_attention_cls", "build_attention",
            "build_stage_attention", "list_attention", "register_attention_form", "get_attention_form", "FORMS"]
@@ -82,6 +83,7 @@ def build_attention(name: str, dim: int, num_heads: int, **kwargs: Any) -> nn.Mo
     """
     entry = ATTENTION_REGISTRY.get(name)
     cls = entry.builder
+    kwargs = translate_removed_options(name, kwargs)
     # A mechanism with several classes (long_short's causal form) picks one: `resolve(options) -> (class, options)`.
     resolve = getattr(cls, "resolve", None)
     if resolve is not None:
