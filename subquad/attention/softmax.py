@@ -10,6 +10,7 @@ from torch import nn
 
 from .._shapes import check_heads, check_hw, map_to_tokens, merge_heads, split_heads, tokens_to_map
 from .base import AttentionCaps, TokenMixer
+from .functional.rotary import rotary, rotary_ref
 from .functional.softmax import (
     adaptive_pool_matrix,
     patch_mean_matrix,
@@ -51,6 +52,10 @@ class MultiHeadAttention(TokenMixer):
         sr_ratio: PVT spatial-reduction ratio R (1: none, layout `qkv`; > 1: layout `q`, `kv`, `sr`, `norm`).
         linear_sr: PVTv2 pooled reduction (layout `q`, `kv`, `sr` 1x1, `norm`, `act`; `sr_ratio` is then unused).
         pool_size: output side of the PVTv2 pooling.
+        rope: rotary position embedding on q and k (RoFormer, arXiv 2104.09864; `functional/rotary.py`): scores
+            depend on relative positions only, and a host adds no absolute positions (`caps.relative_positions`).
+            Needs an even head dim; not with spatial reduction.
+        rope_base: the rotary frequency base.
     """
 
     caps = AttentionCaps(bidirectional=True, causal=True, needs_hw=False, supports_mask=True,
@@ -67,7 +72,7 @@ class MultiHeadAttention(TokenMixer):
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, input_size: tuple[int, int] | None = None, fused: bool = True,
                  causal: bool = False, sr_ratio: int = 1, linear_sr: bool = False, pool_size: int = 7,
-                 device=None, dtype=None) -> None:
+                 rope: bool = False, rope_base: float = 10000.0, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.dim = dim
@@ -87,6 +92,12 @@ class MultiHeadAttention(TokenMixer):
         if self.reduces and causal:
             raise ValueError("softmax attention: causal=True cannot be combined with spatial reduction "
                              f"(sr_ratio={sr_ratio}, linear_sr={linear_sr})")
+        self.rope, self.rope_base = bool(rope), float(rope_base)
+        if self.rope and (self.reduces or self.head_dim % 2):
+            raise ValueError(f"softmax attention: rope=True needs an even head dim and no spatial reduction, got head "
+                             f"dim {self.head_dim}, sr_ratio={sr_ratio}, linear_sr={linear_sr}")
+        if self.rope:
+            self.caps = dataclasses.replace(type(self).caps, relative_positions=True)
         if self.reduces:
             # Spatial reduction needs the grid and has neither masks nor a causal mode.
             self.caps = dataclasses.replace(type(self).caps, supports_mask=False, causal=False, needs_hw=True,
@@ -141,8 +152,11 @@ class MultiHeadAttention(TokenMixer):
             k, v = self.kv(kv_src).reshape(B, n, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
             return split_heads(self.q(x), self.num_heads), k, v
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return qkv.unbind(0)  # each (B, h, N, d)
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.rope:
+            rot = rotary_ref if explicit else rotary
+            q, k = rot(q, self.rope_base), rot(k, self.rope_base)
+        return q, k, v  # each (B, h, N, d)
 
     def _mask(self, mask: torch.Tensor | None, N: int, device: torch.device) -> torch.Tensor | None:
         """Key-padding mask (B, N) and the causal band merged into a bool mask broadcastable to (B, h, N, N)."""
