@@ -871,6 +871,8 @@ class _LMTask(_StepTask):
     def after_update(self, pos: Position) -> bool:
         cfg = self.cfg
         self.out_of_time = cfg.max_minutes > 0 and time.perf_counter() - self.t_start > cfg.max_minutes * 60.0
+        if cfg.max_minutes > 0 and self.loop.info.enabled:  # DDP: every rank stops at the same step
+            self.out_of_time = all_reduce_sum([float(self.out_of_time)], self.loop.info)[0] > 0
         return super().after_update(pos)
 
     def should_stop(self, pos: Position) -> bool:
