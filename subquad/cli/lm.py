@@ -3,6 +3,8 @@
     subquad lm prepare --corpus FILE_OR_DIR --out DIR [--variant bytes|chars] [--glob PATTERN]
     subquad lm train --data DIR|enwik8:PATH|text8:PATH --attention long_short [-c YAML] [--max-steps N] ...
     subquad lm train --resume RUN                 continue an interrupted run from its last evaluation
+    subquad lm train ... --amp [--amp-dtype bfloat16|float16]      mixed precision (autocast)
+    torchrun --nproc_per_node N -m subquad lm train ...            data-parallel (rank r: slice r of each batch)
     subquad lm eval --checkpoint RUN --split test [--data SPEC] [--eval-ctx N --eval-score N]
     subquad lm generate --checkpoint PATH --prompt TEXT --max-new 200 [--temperature T] [--top-k K]
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +95,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="mechanism option (YAML value), e.g. --attn-opt window_size=128")
     for name, typ, help_text in _FLAGS:
         t.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=help_text)
+    t.add_argument("--amp", action="store_true", default=None,
+                   help="mixed precision: autocast in training and evaluation (see --amp-dtype)")
+    t.add_argument("--amp-dtype", default=None, choices=("bfloat16", "float16"),
+                   help="autocast dtype with --amp (default bfloat16; float16 adds a grad scaler on CUDA)")
     t.add_argument("--overwrite", action="store_true",
                    help="train into --output even if it is a folder that is not empty (a run there is still refused)")
     t.set_defaults(func=run_train)
@@ -165,6 +172,9 @@ def resolve_config(args: argparse.Namespace):
         v = getattr(args, name, None)
         if v is not None:
             values[name] = v
+    for name in ("amp", "amp_dtype"):
+        if getattr(args, name, None) is not None:
+            values[name] = getattr(args, name)
     opts = dict(values.get("attn_kw", {}).get(args.attention, {}))
     for o in args.attn_opt:
         if "=" not in o:
@@ -190,7 +200,9 @@ def _resume_config(args: argparse.Namespace):
     out = Path(args.resume)
     given = [f"--{n.replace('_', '-')}" for n, _, _ in _FLAGS
              if n not in ("device", "checkpoint_every") and getattr(args, n, None) is not None]
-    given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--data", args.data)) if v]
+    given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--data", args.data),
+                             ("--amp", getattr(args, "amp", None)), ("--amp-dtype", getattr(args, "amp_dtype", None)))
+              if v]
     if given:
         raise UserError(f"--resume {out} continues the run with its own settings (args.yaml); drop {', '.join(given)}"
                         " (only --device and --checkpoint-every may be given)")
@@ -231,6 +243,8 @@ def run_train(args: argparse.Namespace) -> int:
         r = train_lm(cfg, log=print)
     except Preempted as e:  # SIGTERM / SIGINT: the state is written and its place printed
         return int(e.code)
+    if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 reports
+        return 0
     unit = r["metric"]
     label = f"{r['corpus']}" + (" (not comparable to enwik8/text8)" if r["corpus"].startswith("linuxdoc") else "")
     print(f"{label}: valid {r['valid_bpc']:.3f} {unit}, test {r['test_bpc']:.3f} {unit} "

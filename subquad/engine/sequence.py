@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..bench.memory import peak_memory_mb, rss_mb
 from ..errors import UserError
 from .checkpoint import read_json, save_weights, write_json
-from .distributed import DistInfo
+from .distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
 from .loop import Loop, Position, Precision, TrainTask
 from .rng import seed_everything, step_seed
 from .runfiles import read_csv, write_args, write_csv
@@ -136,6 +136,9 @@ class LMConfig:
     # False: the final evaluation scores the valid split only (test_bpc is null), for calibrating a recipe without
     # looking at the test split.
     final_test: bool = True
+    # Mixed precision: autocast in training and evaluation (bfloat16, or float16 with a grad scaler on CUDA).
+    amp: bool = False
+    amp_dtype: str = "bfloat16"
     seed: int = 0
     device: str = ""
     output: str = ""
@@ -481,10 +484,11 @@ class _StepTask(TrainTask):
         self.model.train()
         self.row, sidecar, better = self.record(pos.step, ev)
         self.rows.append(self.row)
-        for tag in ("last", "best") if better else ("last",):
-            save_weights(self.model, self.out / f"{tag}.safetensors", {"arch": self.ARCH, "step": str(pos.step)})
-            write_json(sidecar, self.out / f"{tag}.json")
-        write_csv(self.out / "summary.csv", self.rows)
+        if self.loop.info.is_main:  # DDP: rank 0 writes the files
+            for tag in ("last", "best") if better else ("last",):
+                save_weights(self.model, self.out / f"{tag}.safetensors", {"arch": self.ARCH, "step": str(pos.step)})
+                write_json(sidecar, self.out / f"{tag}.json")
+            write_csv(self.out / "summary.csv", self.rows)
         self.sums = self.zero_sums()
         # The next interval's draws depend on (seed, step) only; the state file is the resume point.
         seed_everything(step_seed(self.cfg.seed, pos.step))
@@ -643,12 +647,15 @@ def _lm_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate_bpc(model: nn.Module, data: np.ndarray, ctx: int, score: int, batch_size: int = 8,
-                 max_tokens: int = 0, device: torch.device | None = None) -> dict[str, float]:
+                 max_tokens: int = 0, device: torch.device | None = None,
+                 amp: Callable[[], contextlib.AbstractContextManager] | None = None) -> dict[str, float]:
     """Bits per character with sliding windows: context `ctx`, each window scores only its last `score` targets.
 
     The first window scores all of its targets; every later window advances by `score` tokens, so every target
     (data[1:]) is scored exactly once and, except in the first window, with at least ctx - score tokens of context
     (the paper's protocol: next 512 given the previous ones).
+
+    `amp`: the autocast context of the forward (the log-softmax is taken in float32).
 
     Shapes: data (N,) uint8 ids.
     Returns: {"bpc", "nll" (nats per char), "tokens"}.
@@ -678,7 +685,9 @@ def evaluate_bpc(model: nn.Module, data: np.ndarray, ctx: int, score: int, batch
         es, ss = ends[i:i + batch_size], scored[i:i + batch_size]
         x = torch.from_numpy(np.stack([data[e - L:e] for e in es]).astype(np.int64)).to(device)
         y = torch.from_numpy(np.stack([data[e - L + 1:e + 1] for e in es]).astype(np.int64)).to(device)
-        logp = F.log_softmax(_lm_logits(model, x).float(), dim=-1)
+        with amp() if amp else contextlib.nullcontext():
+            logits = _lm_logits(model, x)
+        logp = F.log_softmax(logits.float(), dim=-1)
         nll = -logp.gather(-1, y[..., None])[..., 0]  # (b, L)
         keep = torch.arange(L, device=device)[None] >= (L - torch.tensor(ss, device=device))[:, None]
         nll_sum += nll[keep].sum().item()
@@ -717,12 +726,37 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
     on valid and test (`final_eval_tokens`, 0 = whole splits). `on_eval(row)` follows each periodic evaluation, its
     files written, with the summary.csv row plus `steps`; an exception there stops the run with those files intact.
     `on_update(position)` follows every step (tests).
+
+    `cfg.amp`: autocast (`amp_dtype` bfloat16 or float16; a grad scaler for float16 on CUDA) in training and
+    evaluation. Under torchrun (`torchrun --nproc_per_node N -m subquad lm train ...`; gloo on CPU, nccl on CUDA)
+    each step draws one global batch of N * batch_size windows from the sampler RNG, exactly the draw of one process
+    with batch N * batch_size, and rank r trains on slice r of it in a DistributedDataParallel model; the train loss
+    is averaged over ranks, every rank scores the same evaluation windows (so the results equal one process's) and
+    rank 0 alone writes files.
     """
+    info = init_distributed(cfg.device)
+    if not info.enabled:  # one process: the device as named (results.json records it)
+        info = DistInfo(device=_device(cfg.device))
+    if not info.is_main:
+        log = lambda line: None  # noqa: E731
+    try:
+        return _train_lm(cfg, info, log, model_fn, on_eval, on_update)
+    finally:
+        cleanup(info)
+
+
+def _train_lm(cfg: LMConfig, info: DistInfo, log: Callable[[str], None] | None,
+              model_fn: Callable[[int, LMConfig], nn.Module] | None, on_eval: Callable[[dict[str, Any]], None] | None,
+              on_update: Callable[[Position], None] | None) -> dict[str, Any]:
     from ..data.char import open_corpus
 
     log = log or _logger.info
     torch.manual_seed(cfg.seed)
-    device = _device(cfg.device)
+    device = info.device
+    if cfg.amp_dtype not in ("bfloat16", "float16"):
+        raise UserError(f"--amp-dtype must be bfloat16 or float16, got {cfg.amp_dtype!r}")
+    if cfg.amp and cfg.amp_dtype == "float16" and device.type == "cpu":
+        _logger.warning("--amp-dtype float16 on CPU is slow and has no grad scaler; bfloat16 is the usual choice")
     if cfg.eval_every < 1:
         raise UserError(f"--eval-every must be >= 1, got {cfg.eval_every}")
     if not cfg.phases and (cfg.max_steps < 1 or cfg.batch_size < 1 or cfg.seq_len < 2):
@@ -736,27 +770,34 @@ def train_lm(cfg: LMConfig, log: Callable[[str], None] | None = None,
                         f"{max(ph['seq_len'] for ph in phases) + 1}")
     out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lm-{cfg.attention}")
     state, done = _start_or_resume(out, cfg, total, log)
+    barrier(info)  # every rank has checked `out` before rank 0 writes into it
     if done is not None:
         return done
     model = (model_fn or build_lm)(int(meta["vocab_size"]), cfg).to(device)
+    fwd: nn.Module = model
+    if info.enabled:
+        fwd = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=phases[0]["lr"], weight_decay=cfg.weight_decay)
-    out.mkdir(parents=True, exist_ok=True)
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
     clip = (lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)) if cfg.clip_grad > 0 else None
-    loop = Loop(model, optimizer, Precision(device, False), out / "last_state.pth", DistInfo(device=device),
+    loop = Loop(model, optimizer, Precision(device, cfg.amp, cfg.amp_dtype), out / "last_state.pth", info,
                 clip=clip, checkpoint_every=cfg.checkpoint_every, sync_cuda=True)
     task = _LMTask(cfg, loop, phases, meta, data, out, log, on_eval, on_update)
+    task.fwd = fwd
     if state is not None:
-        task.load(state)
+        task.load(loop.for_rank(state))
         loop.load_state_dict(state, Position(**state["position"]) if "position" in state else
                              Position(0, int(state["step"]), int(state["step"])))
         log(f"resuming {out} after step {loop.pos.step} of {total}")
-    else:
+    elif info.is_main:
         _write_args(out, cfg)
     note = " (not comparable to enwik8/text8)" if meta.get("name") not in ("enwik8", "text8") else ""
     log(f"lm: attention={cfg.attention} params={task.n_params} vocab={meta['vocab_size']} "
         f"train_tokens={len(data['train'])} "
         f"phases={[(p['seq_len'], p['batch_size'], p['last'] - p['first'] + 1) for p in phases]} device={device} "
-        f"(corpus {meta.get('name', '?')}{note})")
+        + (f"ranks={info.world_size} " if info.enabled else "") + (f"amp={cfg.amp_dtype} " if cfg.amp else "")
+        + f"(corpus {meta.get('name', '?')}{note})")
     task.wall0 = time.perf_counter() - task.tot["wall_seconds"]
     loop.fit(task)
     return _lm_results(cfg, task, loop.pos.step, device)
@@ -779,6 +820,7 @@ class _LMTask(_StepTask):
         self.rss0 = rss_mb()
         self.best_bpc, self.best_step = float("inf"), 0
         self.rng = np.random.default_rng(cfg.seed)
+        self.fwd: nn.Module = self.model  # the training forward (DistributedDataParallel under torchrun)
 
     def zero_sums(self) -> dict[str, Any]:
         return {"loss_sum": 0.0, "k": 0}
@@ -795,8 +837,12 @@ class _LMTask(_StepTask):
     def batches(self, epoch: int, skip: int) -> Iterator[torch.Tensor]:
         for step in itertools.count(skip + 1):
             ph = self.phases[_phase_lr(self.phases, step)[0]]
-            yield torch.from_numpy(_lm_batch(self.data["train"], self.rng, ph["seq_len"], ph["batch_size"])
-                                   ).to(self.device)
+            b, info = ph["batch_size"], self.loop.info
+            # One global batch (the draw of one process with batch world * b); rank r takes slice r.
+            xy = _lm_batch(self.data["train"], self.rng, ph["seq_len"], b * info.world_size)
+            if info.enabled:
+                xy = xy[info.rank * b:(info.rank + 1) * b]
+            yield torch.from_numpy(xy).to(self.device)
 
     def before_update(self, pos: Position) -> None:
         step = pos.step + 1
@@ -813,7 +859,7 @@ class _LMTask(_StepTask):
             g["lr"] = self.lr
 
     def loss(self, xy: torch.Tensor) -> torch.Tensor:
-        logits = _lm_logits(self.model, xy[:, :-1])
+        logits = _lm_logits(self.fwd, xy[:, :-1])
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
 
     def after_batch(self, pos: Position, loss: torch.Tensor, batch: Any, seconds: float, cpu: float) -> None:
@@ -825,6 +871,8 @@ class _LMTask(_StepTask):
     def after_update(self, pos: Position) -> bool:
         cfg = self.cfg
         self.out_of_time = cfg.max_minutes > 0 and time.perf_counter() - self.t_start > cfg.max_minutes * 60.0
+        if cfg.max_minutes > 0 and self.loop.info.enabled:  # DDP: every rank stops at the same step
+            self.out_of_time = all_reduce_sum([float(self.out_of_time)], self.loop.info)[0] > 0
         return super().after_update(pos)
 
     def should_stop(self, pos: Position) -> bool:
@@ -834,12 +882,16 @@ class _LMTask(_StepTask):
 
     def evaluate(self) -> dict[str, Any]:
         cfg = self.cfg
+        # Every rank scores the same windows with the same weights: the result of one process.
         ev = evaluate_bpc(self.model, self.data["valid"], cfg.eval_ctx, cfg.eval_score, cfg.eval_batch,
-                          cfg.eval_tokens, self.device)
+                          cfg.eval_tokens, self.device, self.loop.precision.autocast)
         return {**ev, "n": ev["tokens"]}
 
     def record(self, step: int, ev: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:
         loss_sum, k = self.sums["loss_sum"], self.sums["k"]
+        info = self.loop.info
+        if info.enabled:  # each rank's loss is the mean over its equal slice: average the ranks
+            loss_sum = all_reduce_sum([loss_sum], info)[0] / info.world_size
         ph = self.phases[self.pi]
         row = {"step": step, "phase": self.pi + 1, "seq_len": ph["seq_len"], "train_loss": loss_sum / k,
                "train_bpc": loss_sum / k / math.log(2), "valid_bpc": ev["bpc"], "valid_tokens": ev["tokens"],
@@ -857,14 +909,16 @@ def _lm_results(cfg: LMConfig, task: _LMTask, step: int, device: torch.device) -
     from safetensors.torch import load_file
 
     model, meta, phases, tot = task.model, task.meta, task.phases, task.tot
+    info, amp = task.loop.info, task.loop.precision.autocast
     peak = peak_memory_mb(device, task.rss0)
+    barrier(info)  # rank 0 has written best.safetensors
     model.load_state_dict(load_file(task.out / "best.safetensors"))
     ft = cfg.final_eval_tokens
-    v = evaluate_bpc(model, task.data["valid"], cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
-    t = (evaluate_bpc(model, task.data["test"], cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device)
+    v = evaluate_bpc(model, task.data["valid"], cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device, amp)
+    t = (evaluate_bpc(model, task.data["test"], cfg.eval_ctx, cfg.eval_score, cfg.eval_batch, ft, device, amp)
          if cfg.final_test else {"bpc": None, "tokens": 0})
     metric = "bpc" if meta.get("variant") == "chars" else "bpb"
-    train_tokens = sum((min(step, p["last"]) - p["first"] + 1) * p["batch_size"] * p["seq_len"]
+    train_tokens = sum((min(step, p["last"]) - p["first"] + 1) * p["batch_size"] * info.world_size * p["seq_len"]
                        for p in phases if step >= p["first"])
     tot["wall_seconds"] = time.perf_counter() - task.wall0
     results = {"corpus": meta.get("name", ""), "variant": meta.get("variant", ""), "metric": metric,
@@ -876,7 +930,8 @@ def _lm_results(cfg: LMConfig, task: _LMTask, step: int, device: torch.device) -
                "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss_growth",
                "device": str(device), "output": os.fspath(task.out),
                "checkpoint": os.fspath(task.out / "best.safetensors")}
-    write_json(results, task.out / "results.json")
+    if info.is_main:
+        write_json(results, task.out / "results.json")
     return results
 
 
