@@ -88,17 +88,17 @@ def test_accumulation_and_clipping_match_a_hand_written_loop(tmp_path):
         assert torch.equal(a, b)
 
 
-def test_sigterm_inside_an_epoch_resumes_to_the_uninterrupted_weights(tmp_path, capsys):
+def test_sigterm_inside_an_epoch_resumes_to_the_uninterrupted_weights(tmp_path, caplog):
     full = _model()
     _loop(full, tmp_path / "full.pth").fit(_Toy(full))
 
     part = _model()
     handler = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(Preempted) as e:
+    with caplog.at_level("WARNING", logger="subquad.engine.loop"), pytest.raises(Preempted) as e:
         _loop(part, tmp_path / "part.pth").fit(_Toy(part, stop_at=8))  # epoch 2, batch 2
     assert e.value.code == 143 and e.value.position == Position(1, 2, 8)
     assert signal.getsignal(signal.SIGTERM) is handler  # the loop's handler is gone again
-    err = capsys.readouterr().err.strip().splitlines()
+    err = [r.getMessage() for r in caplog.records if r.name == "subquad.engine.loop"]
     assert len(err) == 1 and "SIGTERM" in err[0] and str(tmp_path / "part.pth") in err[0]
     state = load_state(tmp_path / "part.pth")
     assert state["position"] == {"epoch": 1, "batch": 2, "step": 8} and "model" in state

@@ -19,8 +19,8 @@ A step in the shape of timm's train.py `train_one_epoch` and Lightning's fit loo
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -36,6 +36,8 @@ from .distributed import DistInfo, all_reduce_sum
 from .rng import rng_state, set_rng_state
 
 __all__ = ["Loop", "TrainTask", "Position", "Precision", "Preempted", "StopSignals"]
+
+_logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -337,6 +339,6 @@ class Loop:
     def _preempt(self, signum: int) -> None:
         pos = self.pos
         if self.info.is_main:
-            print(f"{signal.Signals(signum).name}: stopped after update {pos.step} (epoch {pos.epoch + 1}, batch "
-                  f"{pos.batch}); resumable state written to {self.state_path}", file=sys.stderr, flush=True)
+            _logger.warning("%s: stopped after update %d (epoch %d, batch %d); resumable state written to %s",
+                            signal.Signals(signum).name, pos.step, pos.epoch + 1, pos.batch, self.state_path)
         raise Preempted(signum, self.state_path, pos)
