@@ -140,3 +140,15 @@ def test_no_mechanism_takes_a_layout():
     with_layout = [n for n in subquad.list_attention()
                    if {"layout", "qkv_layout"} & set(inspect.signature(get_attention_cls(n).__init__).parameters)]
     assert with_layout == []
+
+
+def _prints(path: Path) -> list[str]:
+    return [f"{path.name}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("print", "breakpoint")]
+
+
+def test_library_code_never_prints():
+    # the command prints; the library logs or returns (subquad/__main__.py only hands over to the command)
+    lib = [p for m, p in MODULES.items() if not m.startswith("subquad.cli")]
+    assert [h for p in lib for h in _prints(p)] == []
+    assert _prints(ROOT / "cli" / "dense_run.py")  # the check sees a print where there is one

@@ -118,12 +118,12 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from subquad.dense.cli_run import evaluate_run
+    from subquad.cli.dense_run import evaluate_run
 
     return evaluate_run(args)
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from subquad.dense.cli_run import predict_run
+    from subquad.cli.dense_run import predict_run
 
     return predict_run(args)

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..dense.data import detection_transforms, open_dense_source, read_rgb, segmentation_transforms
+from ..dense.engine import _subset, evaluate_detection, evaluate_segmentation, load_dense_run
 from ..engine.checkpoint import check_output_file, refuse_existing_output, sidecar_path, write_json
 from ..engine.distributed import cleanup, init_distributed
 from ..errors import UserError
-from .data import detection_transforms, open_dense_source, read_rgb, segmentation_transforms
-from .engine import _subset, evaluate_detection, evaluate_segmentation, load_dense_run
 
 __all__ = ["evaluate_run", "predict_run", "RESULT_KEYS", "palette"]
 
