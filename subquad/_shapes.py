@@ -206,10 +206,10 @@ def pad_to_multiple(x: torch.Tensor, multiple: Sequence[int],
     """
     H, W = x.shape[-2:]
     mh, mw = multiple
-    ph, pw = (-H) % mh, (-W) % mw
-    # A branch: under torch.export the sides are multiples of the total stride, so the guard it adds (no padding) is
-    # implied by the export's size constraint; every other padding in the library is index- or mask-based.
-    if ph or pw:
+    ph, pw = round_up(H, mh) - H, round_up(W, mw) - W
+    # A traced program (torch.export with symbolic sides) always pads, possibly by zero: a branch on the amount would
+    # tie the program to the example's remainder.
+    if tracing() or ph or pw:
         x = F.pad(x, (0, pw, 0, ph), value=value)
     return x, (ph, pw)
 

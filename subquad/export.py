@@ -1,10 +1,11 @@
 """Export a model for deployment: ONNX (`torch.onnx.export(dynamo=True)`) or a `torch.export` program (`.pt2`).
 
 `export_model` traces the model once with `torch.export`, with the batch and, when `dynamic`, the image height and
-width symbolic over every size the model admits: multiples of its total stride from its minimum input size up to
-2048. It writes the file next to its destination, checks the written program against eager PyTorch at the export
-size (and at a second, non-square size when dynamic), and only then moves it into place. A file that disagrees with
-eager is never left behind.
+width symbolic over every size the model admits in eager: any side from its minimum input size (its total stride)
+up to 2048, padded inside the program exactly as eager pads it. It writes the file next to its destination, checks the
+written program against eager PyTorch at the export size (and, when dynamic, at a second, non-square size that is not
+a multiple of the total stride, so that every padding path runs), and only then moves it into place. A file that
+disagrees with eager is never left behind.
 
 The ONNX path needs the `export` extra (`pip install "subquad[export]"`: onnx, onnxscript, onnxruntime); the `.pt2`
 path needs only torch. The check runs the `.onnx` file in ONNX Runtime and the `.pt2` file through
@@ -49,42 +50,40 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def admissible(model: nn.Module) -> tuple[int, int]:
-    """(stride, minimum side) of the image sizes a model takes: sides are multiples of `stride` in [min, 2048]."""
+    """(stride, minimum side) of the image sizes a model takes: any side in [min, 2048] (eager pads a side that is
+    not a multiple of `stride`, the total stride, and so does an exported program)."""
     stride = int(getattr(model, "total_stride", 0) or 0)
     if stride <= 0:
         raise UserError(f"{type(model).__name__} does not declare its total stride; only subquad image backbones "
                         "can be exported by `subquad export`")
     cfg = getattr(model, "pretrained_cfg", None) or {}
     low = max(stride, int((cfg.get("min_input_size") or (0, 0, 0))[-1]))
-    low = -(-low // stride) * stride
     return stride, low
 
 
-def _check_size(model: nn.Module, size: tuple[int, int], dynamic: bool, name: str) -> None:
-    stride, low = admissible(model)
+def _check_size(model: nn.Module, size: tuple[int, int], name: str) -> None:
+    _, low = admissible(model)
     h, w = size
     if min(h, w) < low or max(h, w) > MAX_SIDE:
         raise UserError(f"{name} takes sides from {low} to {MAX_SIDE}, got {h}x{w}")
-    if dynamic and (h % stride or w % stride):
-        raise UserError(f"--dynamic exports {name} over sides that are multiples of its total stride {stride} "
-                        f"(from {low} to {MAX_SIDE}); {h}x{w} is not, e.g. use "
-                        f"{-(-h // stride) * stride}x{-(-w // stride) * stride}")
 
 
 def _second_size(size: tuple[int, int], stride: int, low: int, covered=None) -> tuple[int, int]:
-    """Another admissible, non-square size to check a dynamic export at: one stride taller, two strides wider (or
-    smaller where that would leave the covered range)."""
+    """Another admissible, non-square size to check a dynamic export at, neither side a multiple of the total
+    stride (so that the program's padding runs): about one stride taller and two wider (or smaller where that would
+    leave the covered range)."""
     (h0, h1), (w0, w1) = covered or ((low, MAX_SIDE), (low, MAX_SIDE))
     h, w = size
-    h2 = h + stride if h + stride <= h1 else h - stride
-    w2 = w + 2 * stride if w + 2 * stride <= w1 else w - 2 * stride
-    return max(h2, h0, low), max(w2, w0, low)
+    h2 = h + stride + 3 if h + stride + 3 <= h1 else h - stride + 3
+    w2 = w + 2 * stride - 5 if w + 2 * stride - 5 <= w1 else w - 2 * stride + 5
+    return min(max(h2, h0, low), h1), min(max(w2, w0, low), w1)
 
 
 def _generic_size(size: tuple[int, int], stride: int) -> tuple[int, int]:
-    """A non-square trace size with at least 8 tokens a side at the last stage."""
-    h = min(MAX_SIDE - stride, max(size[0], 8 * stride))
-    return h, min(MAX_SIDE, max(size[1], h) + stride)
+    """A non-square trace size with at least 8 tokens a side at the last stage, neither side a multiple of the
+    stride (a program traced at a multiple could keep a branch that only multiples take)."""
+    h = min(MAX_SIDE - 2 * stride, -(-max(size[0], 8 * stride) // stride) * stride)
+    return h + 3, h + stride + 5
 
 
 def covered_sides(prog) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -151,8 +150,10 @@ def _dynamic_shapes(stride: int, low: int, dynamic: bool) -> dict[str, Any]:
 
     shapes: dict[int, Any] = {0: Dim("batch", min=1, max=1024)}
     if dynamic:
-        shapes[2] = stride * Dim("h", min=low // stride, max=MAX_SIDE // stride)
-        shapes[3] = stride * Dim("w", min=low // stride, max=MAX_SIDE // stride)
+        # Dim.DYNAMIC, not a named Dim: PyTorch may narrow the range where the model's code needs it (a last stage
+        # of one token behaves differently), and `covered_sides` reports what the program really takes.
+        shapes[2] = Dim.DYNAMIC(min=low, max=MAX_SIDE)
+        shapes[3] = Dim.DYNAMIC(min=low, max=MAX_SIDE)
     return {"x": shapes}
 
 
@@ -199,7 +200,7 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
     if img_size is None:
         img_size = tuple(cfg.get("input_size", (3, 224, 224))[1:])
     size = (int(img_size[0]), int(img_size[-1]))
-    _check_size(model, size, dynamic, name)
+    _check_size(model, size, name)
     stride, low = admissible(model)
     model = model.eval()
     chans = int(getattr(model, "in_chans", 3))
@@ -217,8 +218,8 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
     if dynamic:
         (h0, h1), (w0, w1) = covered
         if not (h0 <= size[0] <= h1 and w0 <= size[1] <= w1):
-            raise UserError(f"the dynamic program of {name} covers H {h0}-{h1} and W {w0}-{w1} (multiples of "
-                            f"{stride}); {size[0]}x{size[1]} is outside: export dynamic at a size in that range, or "
+            raise UserError(f"the dynamic program of {name} covers H {h0}-{h1} and W {w0}-{w1}; "
+                            f"{size[0]}x{size[1]} is outside: export dynamic at a size in that range, or "
                             "export this size without --dynamic (nothing was written)")
     tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}{dest.suffix}")
     try:
@@ -228,7 +229,7 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
         if not dynamic and any(s != size for s in sizes):
             raise UserError(f"a static export runs at {size[0]}x{size[1]} only; pass dynamic=True to check others")
         for s in sizes:
-            _check_size(model, s, dynamic, name)
+            _check_size(model, s, name)
         checks = _check_program(model, tmp, fmt, sizes, size, chans, gen, name, rtol, log)
         os.replace(tmp, dest)
     finally:

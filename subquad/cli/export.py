@@ -19,7 +19,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--img-size", type=int, nargs="+", default=None, metavar="N",
                    help="export size: H W, or one side for a square (default: the checkpoint's or the model's)")
     p.add_argument("--dynamic", action="store_true",
-                   help="symbolic H and W over the sizes the model admits (multiples of its total stride up to 2048)")
+                   help="symbolic H and W over every size the model admits, up to 2048 (the program pads like eager)")
     p.add_argument("--out", required=True, help="output file (.onnx or .pt2)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out")
     p.set_defaults(func=run)
@@ -62,7 +62,9 @@ def _export(args: argparse.Namespace, size) -> int:
     res = export_model(model, args.format, args.out, size, dynamic=args.dynamic, overwrite=args.overwrite,
                        name=name, protect=(args.checkpoint,))
     worst = max(c["rel_err"] for c in res["checks"])
-    kind = "dynamic H x W" if args.dynamic else "static size"
+    cov = res["covers"]
+    kind = (f"dynamic: H {cov['H'][0]}-{cov['H'][1]}, W {cov['W'][0]}-{cov['W'][1]}" if args.dynamic
+            else "static size")
     print(f"wrote {res['file']} ({args.format}, {kind}; largest relative error {worst:.1e}; "
           f"{time.perf_counter() - t0:.0f} s)")
     return 0

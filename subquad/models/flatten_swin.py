@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, PatchEmbed, register_notrace_module
 from torch import nn
 
-from .._shapes import as_hw
+from .._shapes import as_hw, round_up, tracing
 from ..attention import build_stage_attention, get_attention_cls
 from ..attention.functional.window import window_geometry, window_partition, window_reverse
 from ..errors import UserError
@@ -129,8 +129,9 @@ class PatchMerging(nn.Module):
         B, N, C = x.shape
         H, W = hw
         xm = x.view(B, H, W, C)
-        if H % 2 or W % 2:
-            xm = F.pad(xm, (0, 0, 0, W % 2, 0, H % 2))
+        ph, pw = round_up(H, 2) - H, round_up(W, 2) - W
+        if tracing() or ph or pw:  # a traced program always pads (by zero at even sides): no branch on the parity
+            xm = F.pad(xm, (0, 0, 0, pw, 0, ph))
         xm = torch.cat([xm[:, 0::2, 0::2], xm[:, 1::2, 0::2], xm[:, 0::2, 1::2], xm[:, 1::2, 1::2]], dim=-1)
         h2, w2 = xm.shape[1:3]
         return self.reduction(self.norm(xm.reshape(B, h2 * w2, 4 * C))), (h2, w2)

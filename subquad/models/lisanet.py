@@ -28,7 +28,7 @@ import torch.utils.checkpoint
 from timm.layers import DropPath, register_notrace_module
 from torch import nn
 
-from .._shapes import as_hw
+from .._shapes import as_hw, pad_to_multiple
 from ..attention import build_stage_attention
 from ..attention.functional.structure_aware import inflate_kernel, resize_kernel
 from ..errors import UserError
@@ -89,11 +89,8 @@ class _Embed(nn.Module):
         self.norm = LayerNormChannels(out_chs, eps=1e-6, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        H, W = x.shape[-2:]
         sh, sw = self.stride[-2:]
-        ph, pw = (-H) % sh, (-W) % sw
-        if ph or pw:
-            x = F.pad(x, (0, pw, 0, ph))
+        x, _ = pad_to_multiple(x, (sh, sw))  # the last two dims: an image (B, C, H, W) or a clip (B, C, T, H, W)
         return self.norm(self.proj(x))
 
 
