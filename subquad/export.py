@@ -223,7 +223,7 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
                             "export this size without --dynamic (nothing was written)")
     tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}{dest.suffix}")
     try:
-        _write_program(prog, ex, fmt, tmp)
+        _write_program(prog, ex, fmt, tmp, covered)
         sizes = [tuple(c) for c in check_sizes] if check_sizes else \
             [size] + ([_second_size(size, stride, low, covered)] if dynamic else [])
         if not dynamic and any(s != size for s in sizes):
@@ -239,13 +239,19 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
             "covers": {"H": list(covered[0]), "W": list(covered[1])}}
 
 
-def _write_program(prog: Any, ex: torch.Tensor, fmt: str, path: Path) -> None:
-    """Save the exported program `prog` (traced on `ex`) to `path` as a .pt2 archive or an ONNX file."""
+def _write_program(prog: Any, ex: torch.Tensor, fmt: str, path: Path, covered) -> None:
+    """Save the exported program `prog` (traced on `ex`) to `path` as a .pt2 archive or an ONNX file.
+
+    A .pt2 program refuses a size outside `covered` itself (its range constraints). An ONNX graph has no such
+    check, so the file says in its metadata which sides it was checked for: `subquad.input_height` and
+    `subquad.input_width`, "MIN-MAX" (ONNX Runtime: `session.get_modelmeta().custom_metadata_map`)."""
     if fmt == "pt2":
         torch.export.save(prog, str(path))
-    else:
-        onnx_prog = torch.onnx.export(prog, (ex,), dynamo=True, verbose=False)
-        onnx_prog.save(str(path))
+        return
+    onnx_prog = torch.onnx.export(prog, (ex,), dynamo=True, verbose=False)
+    onnx_prog.model.metadata_props.update({"subquad.input_height": f"{covered[0][0]}-{covered[0][1]}",
+                                           "subquad.input_width": f"{covered[1][0]}-{covered[1][1]}"})
+    onnx_prog.save(str(path))
 
 
 def _check_program(model: nn.Module, path: Path, fmt: str, sizes: list[tuple[int, int]], size: tuple[int, int],
