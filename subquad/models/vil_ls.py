@@ -307,6 +307,9 @@ class ViLLS(Backbone):
         for s in range(num_levels, self.num_stages):
             delattr(self, f"layer{s + 1}")
         self.num_stages = num_levels
+        # the features now end at stage num_levels - 1, with that stage's global tokens (if any) in front
+        self.num_prefix_tokens = self.nglos[num_levels - 1]
+        self.output_fmt = "NLC" if self.num_prefix_tokens else "NHWC"
 
 
 def remap_official(state_dict: dict, model: nn.Module) -> dict:

@@ -128,6 +128,38 @@ def test_timm_contract_full(name):
     _contract(name, _small(name))
 
 
+@pytest.mark.parametrize("name", MICRO)
+def test_prune_contract(name):
+    """timm's test_prune_intermediate_layers_contract: a model pruned at level i gives level i's tap, its features
+    (without the final norm) end at that tap in their own format, and every kept parameter trains. ViL-LS once
+    failed it: a pruned model kept the last stage's prefix-token count and output format."""
+    import copy
+
+    size = _small(name)
+    model = timm.create_model(name).eval()
+    x = torch.randn(2, *size)
+    last = len(model.feature_info) - 1
+    with torch.no_grad():
+        expected = model(x)
+        taps = model.forward_intermediates(x, intermediates_only=True)
+        keep = copy.deepcopy(model)
+        keep.prune_intermediate_layers([last], prune_head=False)
+        torch.testing.assert_close(keep(x), expected)
+    for i in range(last + 1):
+        pruned = copy.deepcopy(model)
+        take = pruned.prune_intermediate_layers([i], prune_norm=True)
+        with torch.no_grad():
+            torch.testing.assert_close(pruned.forward_intermediates(x, indices=take, intermediates_only=True)[0],
+                                       taps[i])
+            feats = pruned.forward_features(x)
+        if i < last and feats.ndim == 4:
+            torch.testing.assert_close(feats if feats.shape == taps[i].shape else feats.permute(0, 3, 1, 2), taps[i])
+        pruned.train()
+        sel = pruned.forward_intermediates(x, indices=take, intermediates_only=True)
+        (sum(t.sum() for t in sel) + pruned.forward_features(x).sum()).backward()
+        assert [n for n, p in pruned.named_parameters() if p.grad is None] == [], (name, i)
+
+
 def _fx(model, train: bool):
     from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
