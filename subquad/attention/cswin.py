@@ -99,7 +99,9 @@ def cswin_branches(attns: Sequence[nn.Module], qkv: torch.Tensor, hw: tuple[int,
                 else a(qkv[:, :, 0, sl], qkv[:, :, 1, sl], qkv[:, :, 2, sl], hw) for a, sl in zip(attns, parts)]
         return torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
     qmap = qkv.view(B, H, W, 3, C)
-    outs = [a.forward_packed(qmap[..., sl]) for a, sl in zip(attns, parts)]  # each (B, H, W, C_b)
+    # every caller (the module and the hosts' projection-free form): a traced stripe count is not specialised at 1
+    with size_oblivious():
+        outs = [a.forward_packed(qmap[..., sl]) for a, sl in zip(attns, parts)]  # each (B, H, W, C_b)
     return (torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]).reshape(B, N, C)
 
 
@@ -166,8 +168,7 @@ class CSWinAttention(TokenMixer):
     def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         H, W = self._check_input(x, hw, mask)
-        with size_oblivious():
-            return self.proj_drop(self.proj(cswin_branches(self.attns, self._qkv(x), (H, W))))
+        return self.proj_drop(self.proj(cswin_branches(self.attns, self._qkv(x), (H, W))))
 
     def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                     mask: torch.Tensor | None = None) -> torch.Tensor:
