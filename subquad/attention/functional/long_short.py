@@ -25,7 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..._shapes import ceil_div, crop_index, known_equal
+from ..._shapes import ceil_div, crop_index, known_equal, tracing
 from ...layers.precision import compute_dtype as _softmax_dtype  # every LS softmax in fp32 (official); fp64 stays
 
 __all__ = [
@@ -335,11 +335,16 @@ def long_short_2d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: to
     def keyset(t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         # (B, h, H, W, d) -> tile-major (B, T, h, G + kw*kw, d): [global ; neighbourhood], zero outside the map,
         # written into one buffer (the unfolded tiles are never materialised separately)
+        t = F.pad(t, (0, 0, ext, Wp - W + ext, ext, Hp - H + ext))
+        u = t.unfold(2, kw, w).unfold(3, kw, w).permute(0, 2, 3, 1, 5, 6, 4)  # (B, ny, nx, h, kw, kw, d)
+        if tracing():
+            # the same values without the in-place copy, whose traced broadcast check would specialise the
+            # program to at least two tiles a side
+            u = u.reshape(B, ny, nx, h, kw * kw, d)
+            return torch.cat([g[:, None, None].expand(B, ny, nx, h, G, d), u], dim=4).reshape(B, T, h, K, d)
         out = t.new_empty(B, ny, nx, h, K, d)
         out[..., :G, :] = g[:, None, None]
-        t = F.pad(t, (0, 0, ext, Wp - W + ext, ext, Hp - H + ext))
-        u = t.unfold(2, kw, w).unfold(3, kw, w)  # (B, h, ny, nx, d, kw, kw)
-        out[..., G:, :].view(B, ny, nx, h, kw, kw, d).copy_(u.permute(0, 2, 3, 1, 5, 6, 4))
+        out[..., G:, :].view(B, ny, nx, h, kw, kw, d).copy_(u)
         return out.view(B, T, h, K, d)
 
     keys = keyset(k.reshape(B, h, H, W, d), kg)
