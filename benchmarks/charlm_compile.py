@@ -57,7 +57,7 @@ def one(mech: str, steps: int, warmup: int) -> dict:
         fwd = torch.compile(model) if mode == "compiled" else model
         x = torch.randint(0, 256, (B, T + 1))
 
-        def step():
+        def step(fwd=fwd, x=x, opt=opt):
             loss = torch.nn.functional.cross_entropy(fwd(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -23,7 +23,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from timm.layers import DropPath, register_notrace_module
 from torch import nn

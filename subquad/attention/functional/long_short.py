@@ -25,7 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..._shapes import ceil_div, crop_index, known_equal, tracing
+from ..._shapes import ceil_div, crop_index, known_equal
 from ...layers.precision import compute_dtype as _softmax_dtype  # every LS softmax in fp32 (official); fp64 stays
 
 __all__ = [
@@ -337,9 +337,9 @@ def long_short_2d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: to
         # written into one buffer (the unfolded tiles are never materialised separately)
         t = F.pad(t, (0, 0, ext, Wp - W + ext, ext, Hp - H + ext))
         u = t.unfold(2, kw, w).unfold(3, kw, w).permute(0, 2, 3, 1, 5, 6, 4)  # (B, ny, nx, h, kw, kw, d)
-        if tracing():
-            # the same values without the in-place copy, whose traced broadcast check would specialise the
-            # program to at least two tiles a side
+        if torch.compiler.is_exporting():
+            # the same values without the in-place copy, whose traced broadcast check would specialise an exported
+            # program to at least two tiles a side (torch.compile keeps the buffer: its backward expects it)
             u = u.reshape(B, ny, nx, h, kw * kw, d)
             return torch.cat([g[:, None, None].expand(B, ny, nx, h, G, d), u], dim=4).reshape(B, T, h, K, d)
         out = t.new_empty(B, ny, nx, h, K, d)
