@@ -73,7 +73,7 @@ def _second_size(size: tuple[int, int], stride: int, low: int, covered=None) -> 
     stride (so that the program's padding runs): about one stride taller and two wider (or smaller where that would
     leave the covered range)."""
     (h0, h1), (w0, w1) = covered or ((low, MAX_SIDE), (low, MAX_SIDE))
-    h, w = size
+    h, w = (-(-s // stride) * stride for s in size)  # from the multiples at or above the export size
     h2 = h + stride + 3 if h + stride + 3 <= h1 else h - stride + 3
     w2 = w + 2 * stride - 5 if w + 2 * stride - 5 <= w1 else w - 2 * stride + 5
     return min(max(h2, h0, low), h1), min(max(w2, w0, low), w1)

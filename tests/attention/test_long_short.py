@@ -80,6 +80,18 @@ CASES_2D = [
 ]
 
 
+@pytest.mark.parametrize("w,r,hw,prefix,rpe,masked", [c for c in CASES_2D if not hasattr(c, "marks")])
+def test_2d_export_keyset_form_equals_reference(w, r, hw, prefix, rpe, masked, monkeypatch):
+    """The tile key sets an exported program builds (concatenation instead of the in-place copy) run eagerly here:
+    outputs and every gradient against the float64 reference, on odd, non-square maps."""
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    m = _build(window_size=w, rank=r, dims=2, num_prefix_tokens=prefix, rpe=rpe)
+    N = prefix + hw[0] * hw[1]
+    x = torch.randn(2, N, C)
+    mask = _mask(2, N, prefix) if masked else None
+    compare_module(m, lambda m, x: m(x, hw, mask), lambda m, x: m.forward_ref(x, hw, mask), [x], torch.float64)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("w,r,hw,prefix,rpe,masked", CASES_2D)
 def test_2d_fast_equals_reference(w, r, hw, prefix, rpe, masked, dtype):

@@ -111,6 +111,16 @@ def test_dynamic_window_model_takes_single_window_stages(tmp_path):
         assert ex.relative_error(prog(x), m(x)) < ex.RTOL
 
 
+def test_dynamic_long_short_model_takes_single_tile_stages(tmp_path):
+    """cvt_ls_micro's long-short stages: the program once required two tiles a side (it covered 35-2048); now it
+    runs at 40 x 40, where a stage holds a single tile, and at odd, non-square sizes."""
+    m = timm.create_model("cvt_ls_micro").eval()
+    res = ex.export_model(m, "pt2", tmp_path / "m.pt2", (64, 64), dynamic=True,
+                          check_sizes=[(64, 64), (40, 40), (57, 75)], log=lambda *a: None)
+    assert res["covers"]["H"][0] < 35 and res["covers"]["W"][0] < 35
+    assert all(c["rel_err"] < ex.RTOL for c in res["checks"]), res["checks"]
+
+
 def test_a_disagreeing_file_is_removed(tmp_path, monkeypatch):
     m = timm.create_model("vit_attn_micro").eval()
     monkeypatch.setattr(ex, "_run_file", lambda path, fmt, x: m(x) + 1.0)
