@@ -46,7 +46,7 @@ __all__ = ["TASKS", "CONFIG_DIR", "ARENA_FILE", "Task", "load_task", "task_names
 ARENA_FILE = "arena.json"
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "arena"
-KINDS = ("image", "lra", "lm")
+KINDS = ("image", "lra", "lm", "recall")
 CLAIM_TESTS = ("superior", "noninferior")
 METRIC_GOALS = ("max", "min")
 DEFAULT_METRIC = {"name": "acc", "goal": "max"}
@@ -87,6 +87,7 @@ class Task:
     @property
     def name_key(self) -> str:
         return "attn" if self.kind == "image" else "attention"
+
 
     def recipe(self, budget: str) -> dict[str, Any]:
         """The `train` mapping with the budget's overrides applied."""
