@@ -61,6 +61,9 @@ __all__ = ["prepare_data", "refusal", "run_cell", "depends_on", "RecallConfig", 
            "distance_bins"]
 
 MECH_KEYS = ("attention", "attn_kw", "dim")
+# Leaderboard columns beyond the common ones: means over seeds of these cell.json keys, and the learning rate(s).
+REPORT_COLUMNS = ("mean_acc_inside", "mean_acc_beyond", "mean_acc_len2x", "mean_acc_len4x", "mean_acc_kv2x",
+                  "mean_step_ms_train_len", "mean_step_ms_4096", "lr")
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,7 @@ def time_step(model, cfg: RecallConfig, seq_len: int) -> tuple[float, float]:
     from ..bench.memory import peak_memory
     from ..data.recall import make_recall
 
-    kv = max(1, min(cfg.kv, seq_len // (4 if cfg.causal else 3)))
+    kv = max(1, min(cfg.kv, seq_len // 4))
     b = make_recall(cfg.task, 1, seq_len, kv, cfg.vocab, 0, "test")
 
     def step() -> None:

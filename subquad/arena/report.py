@@ -118,6 +118,9 @@ def write_leaderboard(out: Path, task: Any, labels: list[str], seeds: list[int],
     from .tasks import options_text
 
     best = min if task.lower_is_better else max
+    from .runner import kind_module
+
+    extra_keys = list(getattr(kind_module(task.kind), "REPORT_COLUMNS", ()))
     for label in labels:
         cells = sorted(by_label.get(label, []), key=lambda r: r["seed"])
         entry = task.mechanism(label)
@@ -138,11 +141,15 @@ def write_leaderboard(out: Path, task: Any, labels: list[str], seeds: list[int],
                "mean_val_acc": _r(_mean([c["best_val_acc"] for c in cells]), 3),
                "train_per_wall_sec": _r(_mean([c.get("train_per_wall_sec") for c in cells]), 2),
                "metric": task.metric["name"]}
+        for key in extra_keys:
+            row[key] = _r(_mean([c.get(key.removeprefix("mean_")) for c in cells]), 3)
+        if "lr" in extra_keys:
+            row["lr"] = ";".join(sorted({f"{c['lr']:g}" for c in cells if c.get("lr") is not None}))
         board.append(row)
 
     def _w(tmp: str) -> None:
         with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=LEADERBOARD_COLUMNS + EXTRA_COLUMNS)
+            w = csv.DictWriter(f, fieldnames=LEADERBOARD_COLUMNS + EXTRA_COLUMNS + extra_keys)
             w.writeheader()
             w.writerows(board)
 
@@ -347,18 +354,21 @@ def holm(ps: list[float], alpha: float = HOLM_ALPHA) -> tuple[list[float], list[
 def check_claims(out: str | Path, task: Any) -> list[dict[str, Any]]:
     """Each claim of `task` on the cells in `out`: both means, the paired difference a - b with its 95 % interval,
     the raw verdict, the one-sided p-values and the Holm-adjusted verdict (see the module docstring)."""
-    by: dict[str, dict[int, float]] = {}
-    for r in cell_rows(Path(out)):
-        by.setdefault(r["attention"], {})[int(r["seed"])] = float(r["test_acc"])
+    rows = cell_rows(Path(out))
     sign = -1.0 if getattr(task, "lower_is_better", False) else 1.0
     results = []
     for claim in task.claims:
         a, b = claim["a"], claim["b"]
+        score = claim.get("score", "test_acc")
+        by: dict[str, dict[int, float]] = {}
+        for r in rows:
+            if r.get(score) is not None:
+                by.setdefault(r["attention"], {})[int(r["seed"])] = float(r[score])
         test = claim.get("test", "superior")
         margin = float(claim.get("margin", 0.0)) if test == "noninferior" else 0.0
         common = sorted(set(by.get(a, {})) & set(by.get(b, {})))
         res: dict[str, Any] = {"id": claim.get("id", f"{a} vs {b}"), "source": claim.get("source", ""), "a": a,
-                               "b": b, "test": test, "margin": margin, "lower_is_better": sign < 0,
+                               "b": b, "score": score, "test": test, "margin": margin, "lower_is_better": sign < 0,
                                "n": len(common), "mean_a": _mean(list(by.get(a, {}).values())),
                                "mean_b": _mean(list(by.get(b, {}).values())), "diff": None, "lo": None, "hi": None,
                                "p_hold": None, "p_not": None, "p": None, "p_holm": None}
@@ -396,7 +406,8 @@ def _claim_head(r: dict[str, Any]) -> str:
         rel = f"{r['a']} < {r['b']}" if lt else f"{r['a']} > {r['b']}"
     ma = "-" if r["mean_a"] is None else f"{r['mean_a']:.2f}"
     mb = "-" if r["mean_b"] is None else f"{r['mean_b']:.2f}"
-    return f"{r['source']}: {rel}: {ma} vs {mb}"
+    on = "" if r.get("score", "test_acc") == "test_acc" else f" on {r['score']}"
+    return f"{r['source']}: {rel}{on}: {ma} vs {mb}"
 
 
 def claims_text(results: list[dict[str, Any]]) -> str:

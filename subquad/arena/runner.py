@@ -46,6 +46,10 @@ def kind_module(kind: str):
         from . import lm
 
         return lm
+    if kind == "recall":
+        from . import recall
+
+        return recall
     from . import lra
 
     return lra
@@ -201,7 +205,7 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
     task = load_task(task_name)
     device = resolve_device(task, device)
     labels = task.resolve(attention)
-    seeds = list(task.seeds if seeds is None else seeds)
+    seeds = list(task.budget_seeds(budget) if seeds is None else seeds)
     if not seeds:
         raise UserError("--seeds is empty")
     train = task.recipe(budget)
@@ -283,8 +287,7 @@ def _run_pool(task: Task, pending: list[Cell], out: Path, budget: str, n_workers
     old = signal.signal(signal.SIGTERM, stop_all)
     try:
         while queue or running:
-            while queue and len(running) < n_workers:
-                c = queue.pop(0)
+            while len(running) < n_workers and (c := _next_ready(task, queue, running, budget)) is not None:
                 _start_cell(c, out, env)
                 running.append(c)
                 log(f"[{task.name}] start {c.label} seed {c.seed}" + (" (resuming)" if c.progress else ""))
@@ -307,6 +310,19 @@ def _run_pool(task: Task, pending: list[Cell], out: Path, budget: str, n_workers
     finally:
         signal.signal(signal.SIGTERM, old)
     return failed
+
+
+def _next_ready(task: Task, queue: list[Cell], running: list[Cell], budget: str) -> Cell | None:
+    """Take the first queued cell that may start now: one whose kind names no cell it depends on (`depends_on`, e.g.
+    the recall tasks' learning-rate sweep on seed 0), or whose dependency has finished, or is neither queued nor
+    running in this run (the cell then refuses in one line if it needs what is missing)."""
+    depends = getattr(kind_module(task.kind), "depends_on", None)
+    waiting = {(c.label, c.seed) for c in queue + running}
+    for i, c in enumerate(queue):
+        dep = depends(task.recipe(budget), c.label, c.seed) if depends else None
+        if dep is None or dep not in waiting or (c.dir.parent / f"seed{dep[1]}" / "cell.json").is_file():
+            return queue.pop(i)
+    return None
 
 
 def _start_cell(c: Cell, out: Path, env: dict[str, str]) -> None:

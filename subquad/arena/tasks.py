@@ -3,14 +3,15 @@
 A task file holds, fixed before any run:
 
     task: fmnist                 # the name `--task` takes (the file is <task>.yaml)
-    kind: image | lra | lm       # which trainer runs a cell (subquad.arena.image / .lra / .lm)
+    kind: image | lra | lm | recall   # which trainer runs a cell (subquad.arena.image / .lra / .lm / .recall)
     description: ...             # one line, with the papers' tables it is the analogue of
     seeds: [0, 1, 2]
     data: {...}                  # lra: the generator and its settings; lm: the corpus (image tasks name their data
                                  # in `train`)
     train: {...}                 # the recipe: TrainConfig keys (image) or LRAConfig keys (lra)
     host: {...}                  # image: model keyword arguments shared by every cell
-    budgets: {default: {...}, quick: {...}}   # overrides of `train` per budget
+    budgets: {default: {...}, quick: {...}}   # overrides of `train` per budget (and `seeds`: the seeds a run of
+                                              # that budget trains unless --seeds is given)
     mechanisms: {label: {...}}   # label -> entry; the label is what the leaderboard shows
     default_mechanisms: [...]    # what `--attention all` runs
     claims: [...]                # what `subquad arena check` tests (see subquad.arena.report)
@@ -23,7 +24,8 @@ Keys that change no cell's numbers and no verdict, outside the fingerprint:
     requires: gpu                      # `arena run` refuses the task without CUDA unless `--device cuda`
 
 A claim is `{id, source, a, b}` plus `test: superior` (the default: a beats b) or `test: noninferior` with a
-positive `margin` in the metric's units (a is at most `margin` worse than b).
+positive `margin` in the metric's units (a is at most `margin` worse than b), and optionally `score`: the cell.json
+key it compares (default `test_acc`; e.g. the recall tasks' `acc_beyond`, accuracy on queries beyond the window).
 
 A mechanism entry names a registered mechanism (`attn` for image tasks, `attention` for lra tasks) and its options;
 `options` in the leaderboard is the entry without that name.
@@ -90,10 +92,16 @@ class Task:
 
 
     def recipe(self, budget: str) -> dict[str, Any]:
-        """The `train` mapping with the budget's overrides applied."""
+        """The `train` mapping with the budget's overrides applied (a budget's `seeds` is not a train setting)."""
         if budget not in self.budgets:
             raise UserError(f"task {self.name!r} has no budget {budget!r}; allowed: {', '.join(self.budgets)}")
-        return {**self.train, **self.budgets[budget]}
+        return {**self.train, **{k: v for k, v in self.budgets[budget].items() if k != "seeds"}}
+
+    def budget_seeds(self, budget: str) -> list[int]:
+        """The seeds a run of `budget` trains by default: the budget's own `seeds` (e.g. one seed for a smoke test),
+        else the task's."""
+        self.recipe(budget)  # an unknown budget: one line
+        return [int(s) for s in self.budgets[budget].get("seeds", self.seeds)]
 
     def mechanism(self, label: str) -> dict[str, Any]:
         """The entry of `label`: a listed label, or any registered mechanism under its own name with defaults."""
@@ -220,6 +228,10 @@ def _check_claim(claim: Any, path: Path) -> None:
     test = claim.get("test", "superior")
     if test not in CLAIM_TESTS:
         raise UserError(f"{path}: claim {name!r} has test {test!r}; allowed: {', '.join(CLAIM_TESTS)}")
+    score = claim.get("score", "test_acc")
+    if not isinstance(score, str) or not score:
+        raise UserError(f"{path}: claim {name!r} has score {score!r}; give the cell.json key it compares (e.g. "
+                        "test_acc)")
     margin = claim.get("margin")
     if test == "noninferior":
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
