@@ -71,14 +71,18 @@ def test_quick_run_writes_the_leaderboard(tmp_path, capsys):
 
 
 def _run_processes(out: Path) -> list[int]:
-    """Processes whose command line names `out`: the cells of that run still alive."""
+    """This process's children that are cells of the run in `out` (their command line names it; one read in the
+    instant of its exec may come back empty, and counts too): cells a run left behind."""
     pids = []
     for d in Path("/proc").iterdir():
         try:
-            if d.name.isdigit() and os.fsencode(out) in (d / "cmdline").read_bytes().split(b"\0"):
-                pids.append(int(d.name))
+            if not d.name.isdigit() or int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) != os.getpid():
+                continue
+            args = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
+        if os.fsencode(out) in args or args == [b""]:
+            pids.append(int(d.name))
     return pids
 
 
