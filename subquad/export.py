@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,18 +158,29 @@ def _dynamic_shapes(stride: int, low: int, dynamic: bool) -> dict[str, Any]:
     return {"x": shapes}
 
 
-def _run_file(path: Path, fmt: str, x: torch.Tensor) -> torch.Tensor:
+def _load_file(path: Path, fmt: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The written file as a function of the input, loaded once for every check: loading a dynamic .pt2 program
+    rebuilds its symbolic shapes, several seconds for a micro model."""
     if fmt == "pt2":
-        prog = torch.export.load(str(path))
-        with torch.no_grad():
-            return prog.module()(x)
+        prog = torch.export.load(str(path)).module()
+
+        def run_pt2(x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return prog(x)
+
+        return run_pt2
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = max(1, torch.get_num_threads())
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    (out,) = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
-    return torch.from_numpy(out)
+    name = sess.get_inputs()[0].name
+
+    def run_onnx(x: torch.Tensor) -> torch.Tensor:
+        (out,) = sess.run(None, {name: x.numpy()})
+        return torch.from_numpy(out)
+
+    return run_onnx
 
 
 def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: tuple[int, int] | None = None,
@@ -259,12 +271,17 @@ def _check_program(model: nn.Module, path: Path, fmt: str, sizes: list[tuple[int
     """Run the file at `path` at each of `sizes` (batch 2 at the export `size`, else 1; inputs drawn from `gen`) and
     compare it with eager; an error above `rtol`, or a file that does not run, raises ExportCheckError."""
     checks = []
+    try:
+        run = _load_file(path, fmt)
+    except Exception as e:  # noqa: BLE001 - re-raised, the file is removed
+        raise ExportCheckError(f"{name}: the written {fmt} file does not load ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0][:300] if str(e) else ''}); nothing was written") from e
     for s in sizes:
         xs = torch.randn(2 if s == size else 1, chans, *s, generator=gen)
         with torch.no_grad():
             ref = model(xs)
         try:
-            got = _run_file(path, fmt, xs)
+            got = run(xs)
         except Exception as e:  # noqa: BLE001 - re-raised with the size, the file is removed
             raise ExportCheckError(f"{name}: the {fmt} program does not run at {s[0]}x{s[1]} ({type(e).__name__}: "
                                    f"{str(e).splitlines()[0][:300]}); nothing was written") from e

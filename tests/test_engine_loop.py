@@ -192,3 +192,28 @@ def test_sigterm_during_the_epoch_end_stops_after_it(tmp_path):
     loop.fit(_Toy(resumed))
     for a, b in zip(full.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_second_signal_of_the_other_kind_does_not_cut_the_stop_short():
+    """A terminal's Ctrl-C reaches a trainer and the process that started it (the arena runner), which then stops it
+    with SIGTERM: the trainer keeps the SIGINT it recorded and still writes its state. SIGINT twice acts as usual."""
+    from subquad.engine.loop import StopSignals
+
+    class Escalated(Exception):
+        pass
+
+    def escalate(signum, frame):
+        raise Escalated(signum)
+
+    old = {s: signal.signal(s, escalate) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with StopSignals() as stop:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)
+            assert stop.signum == signal.SIGINT
+            with pytest.raises(Escalated) as e:
+                signal.raise_signal(signal.SIGINT)
+            assert e.value.args == (signal.SIGINT,)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -71,15 +71,18 @@ def _curve(out: Path) -> list[dict[str, float]]:
 
 
 def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: Path,
-             progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Train (or resume, or just read) the cell in `out`; returns its measured numbers."""
+             progress: Callable[[dict[str, Any]], None],
+             on_update: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """Train (or resume, or just read) the cell in `out`; returns its measured numbers. `progress` follows every
+    epoch, `on_update(position)` every optimizer update."""
     from ..engine.classify import train as train_image
 
     if not (out / "results.json").is_file():
         cfg = cell_config(train, mech, seed, out)
         epochs = cfg.epochs
         train_image(cfg, on_epoch_end=lambda e, row: progress({"epoch": int(row["epoch"]), "epochs": epochs,
-                                                                "val_acc": float(row["eval_top1"])}))
+                                                                "val_acc": float(row["eval_top1"])}),
+                    on_update=on_update)
     res = json.loads((out / "results.json").read_text())
     return {"test_acc": res["top1"], "best_val_acc": res["best_val_top1"], "params": res["params"],
             "gmacs": gmacs(train, mech), "train_per_sec": res["train_images_per_cpu_sec"],

@@ -7,7 +7,7 @@ The arena runner (`subquad arena run`) calls, per task YAML (`subquad/configs/ar
                                           concatenated, split contiguously 90/5/5) -> the folder for train["data"]
     refusal(train, mech)                  why a mechanism cannot run (None: it can): no causal 1-D form in its
                                           declared caps, or options the host refuses at build time
-    run_cell(train, mech, seed, out, progress)
+    run_cell(train, mech, seed, out, progress, on_update)
                                           train one (mechanism, seed) cell in `out` -> the cell's metrics
 
 `data:` names the corpus: `corpus` (a text file or folder), `glob`, `variant` (bytes | chars), `limit_bytes`
@@ -222,12 +222,13 @@ def _curve(out: Path) -> list[dict[str, Any]]:
 
 
 def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | os.PathLike,
-             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[dict[str, Any]], None] | None = None,
+             on_update: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Train one cell in `out` (train_lm's layout) and return its metrics (`CELL_KEYS`, bpc in the accuracy keys).
 
     A finished run there (results.json) is returned without training; a partial one (a killed cell) is cleared and
     trained again from the start. `progress({"step", "steps", "val_acc"})` follows every periodic evaluation
-    (`val_acc` = valid bpc).
+    (`val_acc` = valid bpc); `on_update(position)` every optimizer update.
     """
     from ..engine.sequence import train_lm
 
@@ -245,7 +246,7 @@ def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | 
             if progress is not None:
                 progress({"step": int(row["step"]), "steps": int(row["steps"]), "val_acc": float(row["valid_bpc"])})
 
-        train_lm(cfg, log=lambda s: None, on_eval=on_eval)
+        train_lm(cfg, log=lambda s: None, on_eval=on_eval, on_update=on_update)
     res = json.loads((out / "results.json").read_text())
 
     def per(n: float, sec: float) -> float:

@@ -5,7 +5,7 @@ The arena runner (`subquad arena run`) calls, per task YAML (`subquad/configs/ar
     prepare_data(task, root, budget)      generate the task's data once -> the folder for train["data"]
     refusal(train, mech)                  why a mechanism cannot run on the task (None: it can); caps and a meta
                                           build only, nothing trained
-    run_cell(train, mech, seed, out, progress)
+    run_cell(train, mech, seed, out, progress, on_update)
                                           train one (mechanism, seed) cell in `out` (resuming a partial run,
                                           returning a finished one) -> the cell's metrics
 
@@ -247,14 +247,15 @@ def _cell_result(cfg, res: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | os.PathLike,
-             progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[dict[str, Any]], None] | None = None,
+             on_update: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Train one arena cell in `out` and return its metrics (`CELL_KEYS`).
 
     `out` gets train_lra's layout (args.yaml, summary.csv, last/best.safetensors + sidecars, last_state.pth,
     results.json). A finished run there is returned without training; a partial one is resumed from its last
     evaluation (same numbers as an uninterrupted run); a run directory without a state file (killed before its
     first evaluation) is cleared and started over. `progress({"step", "steps", "val_acc"})` follows every
-    evaluation.
+    evaluation, `on_update(position)` every optimizer update.
 
     Returns: test_acc (% on the test split, once, for the best-on-val checkpoint), best_val_acc, params, gmacs
     (forward, per example), train_per_sec (training examples per second of process CPU time), train_per_wall_sec,
@@ -278,7 +279,7 @@ def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | 
         if progress is not None:
             progress({"step": int(row["step"]), "steps": int(row["steps"]), "val_acc": float(row["eval_acc"])})
 
-    res = train_lra(cfg, log=lambda s: None, on_eval=on_eval)
+    res = train_lra(cfg, log=lambda s: None, on_eval=on_eval, on_update=on_update)
     if "train_cpu_seconds" not in res or "test_seconds" not in res:
         raise UserError(f"{out} holds a run of an older subquad without the arena's timings; use another --out")
     return _cell_result(cfg, res, out)

@@ -8,7 +8,7 @@ The arena runner calls, per task YAML (`kind: recall`):
                                           direction in its caps, or options the host refuses (a meta build)
     depends_on(train, label, seed)        the cell whose learning rate this one uses: (label, sweep seed) for every
                                           other seed, None for the sweep seed itself
-    run_cell(train, mech, seed, out, progress, label=...)
+    run_cell(train, mech, seed, out, progress, on_update)
                                           train one cell -> its metrics
 
 `train` (the YAML's `train:` with the budget's overrides):
@@ -228,7 +228,8 @@ def time_step(model, cfg: RecallConfig, seq_len: int) -> tuple[float, float]:
 
 
 def train_recall(cfg: RecallConfig, seed: int, lr: float,
-                 on_eval: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                 on_eval: Callable[[dict[str, Any]], None] | None = None,
+                 on_update: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Train one model at learning rate `lr` (model init and training stream from `seed`); returns the best
     validation accuracy, its step, the curve and the model with the selected weights (key "model")."""
     from ..data.recall import make_recall
@@ -254,6 +255,8 @@ def train_recall(cfg: RecallConfig, seed: int, lr: float,
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+        if on_update is not None:
+            on_update(step)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             val = evaluate(model, cfg, "val", cfg.val_examples)["acc"]
             curve.append({"step": step, "val_acc": val, "loss": float(loss.detach())})
@@ -291,13 +294,14 @@ def test_metrics(model, cfg: RecallConfig) -> dict[str, Any]:
 
 
 def _sweep_lr(out: Path, cfg: RecallConfig, seed: int, lr: float,
-              progress: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+              progress: Callable[[dict[str, Any]], None] | None,
+              on_update: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """One run of the sweep (or the one run of another seed), its record kept in `out/lr-<lr>.json` so a restarted
     cell skips finished runs; returns the record with the model when it trained now."""
     path = out / f"lr-{lr:g}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    res = train_recall(cfg, seed, lr, progress)
+    res = train_recall(cfg, seed, lr, progress, on_update)
     res.update(test_metrics(res["model"], cfg))
     record = {k: v for k, v in res.items() if k != "model"}
     atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n"))
@@ -305,9 +309,11 @@ def _sweep_lr(out: Path, cfg: RecallConfig, seed: int, lr: float,
 
 
 def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | os.PathLike,
-             progress: Callable[[dict[str, Any]], None] | None = None, label: str | None = None) -> dict[str, Any]:
+             progress: Callable[[dict[str, Any]], None] | None = None,
+             on_update: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Train one cell: on the sweep seed every learning rate of `lrs`, keeping the best on validation; on any other
-    seed the learning rate the sweep seed's cell (`out/../seed<sweep>/cell.json`) chose."""
+    seed the learning rate the sweep seed's cell (`out/../seed<sweep>/cell.json`) chose. `on_update(step)` follows
+    every optimizer update. A killed cell restarts with the learning rates whose runs have not finished."""
     from ..bench.flops import count_module_macs
 
     out = Path(out)
@@ -319,7 +325,7 @@ def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | 
     t0 = time.perf_counter()
     torch.set_num_threads(1)
     if seed == cfg.sweep_seed:
-        runs = [_sweep_lr(out, cfg, seed, float(lr), progress) for lr in cfg.lrs]
+        runs = [_sweep_lr(out, cfg, seed, float(lr), progress, on_update) for lr in cfg.lrs]
         chosen = max(runs, key=lambda r: (r["best_val_acc"], -r["lr"]))
         sweep = {f"{r['lr']:g}": r["best_val_acc"] for r in runs}
     else:
@@ -328,7 +334,7 @@ def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | 
             raise UserError(f"{out}: seed {seed} trains with the learning rate the sweep on seed {cfg.sweep_seed} "
                             f"chose, and {src} does not exist yet; run seed {cfg.sweep_seed} first")
         lr = float(json.loads(src.read_text())["lr"])
-        chosen, sweep = _sweep_lr(out, cfg, seed, lr, progress), {}
+        chosen, sweep = _sweep_lr(out, cfg, seed, lr, progress, on_update), {}
     model = chosen.get("model") or build_model(cfg)  # timings need only the architecture
     ms_train, _ = time_step(model, cfg, cfg.seq_len)
     ms_long, peak_mb = time_step(model, cfg, cfg.time_len)

@@ -13,17 +13,24 @@ Layout of `--out DIR`:
 A rerun of the same command skips every cell with a cell.json and resumes the others from their last checkpoint
 (the trainers restore data order and RNG, so the numbers equal those of an uninterrupted run). Each cell runs in its
 own process with one thread; at most as many processes as this process may use cores.
+
+Ctrl-C (SIGINT) or SIGTERM stops the run at any moment with exit status 130, however the process was started (a
+background job of a script inherits SIGINT ignored; the runner handles it all the same): each running cell gets
+SIGTERM, finishes its current update, writes its resumable state and exits; a second Ctrl-C kills them. A cell's
+cell.json is written to a temporary name and renamed, so it is complete or absent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +39,67 @@ from ..engine.checkpoint import write_json
 from ..errors import UserError
 from .tasks import ARENA_FILE, Task, load_task, options_text, task_of_run
 
-__all__ = ["run_arena", "kind_module", "Cell", "plan_cells", "available_cores"]
+__all__ = ["run_arena", "kind_module", "Cell", "plan_cells", "available_cores", "INTERRUPT_ENV"]
 
+# Seconds between two looks at the running cells.
+POLL_S = 2.0
+
+# Test hook: "<point>:<label>/seed<k>" sends the runner SIGINT, as a user's Ctrl-C would, when the run reaches that
+# point of that cell, so that tests interrupt at a named point rather than after a wait:
+#   start    the runner, just before the cell's process starts (before any cell, or between two cells);
+#   started  the runner, just after the cell's process started, before the runner tracks it;
+#   update   the cell, after its first optimizer update; it then waits for the runner to stop it;
+#   written  the cell, after it wrote its cell.json, as its process ends.
+INTERRUPT_ENV = "SUBQUAD_ARENA_INTERRUPT"
+
+
+def _interrupt_at(point: str, label: str, seed: int, pid: int) -> bool:
+    """The test hook above: send `pid` SIGINT when $SUBQUAD_ARENA_INTERRUPT names this point; whether it did."""
+    if os.environ.get(INTERRUPT_ENV) != f"{point}:{label}/seed{seed}":
+        return False
+    os.kill(pid, signal.SIGINT)
+    return True
+
+
+class _Interrupts:
+    """While active (in the main thread), SIGINT and SIGTERM raise KeyboardInterrupt, whatever handler the process
+    inherited (a background job of a script starts with SIGINT ignored). Inside `deferred()` the exception is held
+    until the block ends, so that a cell's process is never started without being tracked."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self._old: dict[int, Any] = {}
+        self._deferring = False
+        self._pending = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._deferring:
+            self._pending = True
+            return
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old = {}
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self._pending:
+            self._pending = False
+            raise KeyboardInterrupt
 
 
 def kind_module(kind: str):
@@ -192,7 +258,8 @@ def resolve_device(task: Task, device: str | None) -> str | None:
 
 def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = None, budget: str = "default",
               out: str | os.PathLike = "runs/arena", workers: int | None = None,
-              log: Callable[[str], None] = print, poll: float = 2.0, device: str | None = None) -> dict[str, Any]:
+              log: Callable[[str], None] = print, poll: float | None = None, device: str | None = None
+              ) -> dict[str, Any]:
     """Train the cells that are not finished, then write the leaderboard; returns a summary.
 
     Cells a mechanism cannot run (a causal-only mechanism on an image task, a 2-D one on a 1-D sequence) are
@@ -241,18 +308,19 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
     pending = [c for c in cells if not c.done]
     log(f"[{task.name}] {len(cells)} cells ({len(runnable)} mechanisms x {len(seeds)} seeds, budget {budget}): "
         f"{len(cells) - len(pending)} done, {len(pending)} to train")
-    if pending:
-        mod.prepare_data(task.as_dict(), out / "data", budget)
-    n_workers = max(1, min(workers or available_cores(), available_cores(), len(pending) or 1))
-    failed = _run_pool(task, pending, out, budget, n_workers, log, poll)
-    board = write_leaderboard(out, task, labels, seeds, skipped)
+    with _Interrupts() as interrupts:
+        if pending:
+            mod.prepare_data(task.as_dict(), out / "data", budget)
+        n_workers = max(1, min(workers or available_cores(), available_cores(), len(pending) or 1))
+        failed = _run_pool(task, pending, out, budget, n_workers, log, POLL_S if poll is None else poll, interrupts)
+        board = write_leaderboard(out, task, labels, seeds, skipped)
     log(f"[{task.name}] leaderboard: {out / 'leaderboard.csv'}")
     return {"cells": len(cells), "trained": len(pending) - len(failed), "failed": failed, "skipped": skipped,
             "leaderboard": board}
 
 
 def _run_pool(task: Task, pending: list[Cell], out: Path, budget: str, n_workers: int,
-              log: Callable[[str], None], poll: float) -> list[str]:
+              log: Callable[[str], None], poll: float, interrupts: _Interrupts) -> list[str]:
     queue = list(pending)
     running: list[Cell] = []
     finished_walls: list[float] = []
@@ -272,24 +340,13 @@ def _run_pool(task: Task, pending: list[Cell], out: Path, budget: str, n_workers
         left = sum(max(0.0, 1 - c.fraction()) for c in running) + len(queue)
         return mean * left / n_workers
 
-    def stop_all(signum=None, frame=None) -> None:
-        for c in running:
-            if c.proc and c.proc.poll() is None:
-                c.proc.terminate()
-        for c in running:
-            if c.proc:
-                try:
-                    c.proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    c.proc.kill()
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, stop_all)
     try:
         while queue or running:
             while len(running) < n_workers and (c := _next_ready(task, queue, running, budget)) is not None:
-                _start_cell(c, out, env)
-                running.append(c)
+                _interrupt_at("start", c.label, c.seed, os.getpid())
+                with interrupts.deferred():  # started and tracked, or neither
+                    _start_cell(c, out, env)
+                    running.append(c)
                 log(f"[{task.name}] start {c.label} seed {c.seed}" + (" (resuming)" if c.progress else ""))
             time.sleep(poll)
             for c in list(running):
@@ -300,15 +357,10 @@ def _run_pool(task: Task, pending: list[Cell], out: Path, budget: str, n_workers
                 running.remove(c)
                 _log_finished(task, c, rc, finished_walls, failed, len(pending), log, run_eta)
     except KeyboardInterrupt:
-        for c in running:
-            if c.proc and c.proc.poll() is None:
-                c.proc.terminate()
-                c.proc.wait()
+        _stop_cells(running)
         log(f"[{task.name}] interrupted after {_fmt_time(time.perf_counter() - t_start)}; run the same command "
             "again to resume (finished cells are kept)")
         raise
-    finally:
-        signal.signal(signal.SIGTERM, old)
     return failed
 
 
@@ -325,12 +377,37 @@ def _next_ready(task: Task, queue: list[Cell], running: list[Cell], budget: str)
     return None
 
 
+def _stop_cells(cells: list[Cell], timeout: float = 120.0) -> None:
+    """SIGTERM to every cell still running (its trainer finishes the current update, writes its resumable state and
+    exits), then wait for them; a cell still running after `timeout` s, or a second interrupt while waiting, kills
+    them."""
+    live = [c.proc for c in cells if c.proc is not None and c.proc.poll() is None]
+    for p in live:
+        p.terminate()
+    try:
+        deadline = time.monotonic() + timeout
+        for p in live:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    except KeyboardInterrupt:
+        for p in live:
+            if p.poll() is None:
+                p.kill()
+        for p in live:
+            p.wait()
+        raise
+
+
 def _start_cell(c: Cell, out: Path, env: dict[str, str]) -> None:
     """Start cell `c` as a `python -m subquad.arena._cell` process appending to its cell.log."""
     c.dir.mkdir(parents=True, exist_ok=True)
     logf = open(c.dir / "cell.log", "a")
     c.proc = subprocess.Popen([sys.executable, "-m", "subquad.arena._cell", os.fspath(out), c.label,
                                str(c.seed)], stdout=logf, stderr=subprocess.STDOUT, env=env)
+    _interrupt_at("started", c.label, c.seed, os.getpid())
     logf.close()
     c.started = time.perf_counter()
     c.progress = _read_json(c.dir / "progress.json") or {}
@@ -387,8 +464,39 @@ def run_one_cell(out: Path, label: str, seed: int) -> dict[str, Any]:
     def progress(p: dict[str, Any]) -> None:
         write_json(p, cell_dir / "progress.json")
 
-    res = mod.run_cell(train, mech_entry(task, label), seed, cell_dir, progress)
+    first_update = [True]
+
+    def on_update(pos: Any) -> None:
+        if first_update[0] and os.environ.get(INTERRUPT_ENV) == f"update:{label}/seed{seed}":
+            first_update[0] = False
+            _interrupt_runner_and_wait()
+
+    res = mod.run_cell(train, mech_entry(task, label), seed, cell_dir, progress,
+                       on_update if os.environ.get(INTERRUPT_ENV) else None)
     row = {"task": task.name, "attention": label, "mechanism": entry[task.name_key],
            "options": options_text(entry, task.name_key), "seed": seed, **res, **source}
     write_json(row, cell_dir / "cell.json")
+    _interrupt_at("written", label, seed, os.getppid())
     return row
+
+
+def _interrupt_runner_and_wait(timeout: float = 300.0) -> None:
+    """The `update` test hook, in a cell: send the runner (this process's parent) SIGINT, then wait until the
+    SIGTERM with which the runner stops this cell has reached the handler in place (the training loop's, which
+    stops after this update), so that the cell is stopped in the middle of its training, never after it."""
+    prev = signal.getsignal(signal.SIGTERM)
+    got: list[int] = []
+
+    def note(signum: int, frame: Any) -> None:
+        got.append(signum)
+        signal.signal(signum, prev)
+        if callable(prev):
+            prev(signum, frame)
+        else:
+            signal.raise_signal(signum)
+
+    signal.signal(signal.SIGTERM, note)
+    os.kill(os.getppid(), signal.SIGINT)
+    deadline = time.monotonic() + timeout
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -62,7 +62,8 @@ class Preempted(SystemExit):
 
 class StopSignals:
     """While active (main thread only), the first SIGTERM / SIGINT is recorded instead of stopping the process;
-    a second one of the same kind acts as usual."""
+    a second one of the same kind acts as usual, one of the other kind is ignored (a terminal's Ctrl-C reaches a
+    process and its parent, which may then stop it with SIGTERM: it already is stopping)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -71,11 +72,11 @@ class StopSignals:
         self._old: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum:
+        if signum == self.signum:
             signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
             signal.raise_signal(signum)
             return
-        self.signum = signum
+        self.signum = self.signum or signum
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
