@@ -1,0 +1,81 @@
+"""Mistakes a new user makes (issue 34): each one gets one line and exit status 2 (or a clear exception in Python),
+and nothing the user made is lost."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from subquad.cli.__main__ import build_parser, main
+
+
+def _err_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("subquad")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# ----- item 1: --device a machine lacks -----
+
+def _device_commands() -> list[list[str]]:
+    """argv of every (sub)command that takes --device, with a placeholder for each required argument (the device is
+    checked before a command runs, so the placeholders are never read)."""
+    out = []
+
+    def walk(prefix, p):
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if any("--device" in a.option_strings for a in p._actions):
+            argv = list(prefix)
+            for a in p._actions:
+                if a.option_strings and a.required:
+                    argv += [a.option_strings[-1], "x"]
+                elif not a.option_strings and not isinstance(a, argparse._SubParsersAction) and a.nargs != "?":
+                    argv.append("x")
+            out.append(argv)
+        for a in subs:
+            for name, sp in a.choices.items():
+                walk([*prefix, name], sp)
+
+    walk([], build_parser())
+    return out
+
+
+def test_every_device_command_is_covered():
+    names = {" ".join(w for w in a if w.isidentifier() and w != "x") for a in _device_commands()}
+    assert {"train", "eval", "predict", "bench model", "bench attention", "analyze", "lm train", "lm eval",
+            "lm generate", "lra train", "detect eval", "detect predict", "segment eval", "segment predict",
+            "arena run"} <= names, names
+
+
+@pytest.mark.parametrize("argv", _device_commands(), ids=lambda a: " ".join(x for x in a if x != "x"))
+def test_device_without_cuda_is_one_line(argv, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main([*argv, "--device", "cuda"]) == 2
+    assert "no CUDA device here; use --device cpu" in _err_line(capsys)
+    assert main([*argv, "--device", "gpu"]) == 2
+    assert "--device 'gpu' is not a device; use cpu, cuda" in _err_line(capsys)
+
+
+def test_device_checked_by_the_real_command(tmp_path):
+    """This machine's own CUDA answer, no monkeypatch: `--device cuda` without a GPU (on a machine with one, an index
+    it does not have)."""
+    missing = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
+    r = subprocess.run([sys.executable, "-m", "subquad", "eval", "--checkpoint", str(tmp_path / "none"), "--device",
+                        missing], capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert lines[0].startswith(f"subquad eval: error: --device {missing}: ") and "CUDA device" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_device_in_a_recipe_is_checked_too(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    y = tmp_path / "r.yaml"
+    y.write_text("model: vit_attn_micro\ndevice: cuda\n")
+    assert main(["train", "-c", str(y), "--img-size", "16", "--train-limit", "32", "--dry-run"]) == 2
+    assert "no CUDA device here" in _err_line(capsys)
