@@ -117,21 +117,15 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     Raises:
         UserError: the file is missing, or holds anything else (a pickle that would run code is refused unrun).
     """
-    import pickle
-
     import torch
 
-    from ..errors import UserError, unsafe_pickle
+    from ..errors import UserError
+    from ..models._builder import torch_read
 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"training state not found: {path}")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise unsafe_pickle(path, e) from None
-    except (RuntimeError, EOFError, ValueError) as e:
-        raise UserError(f"cannot read training state {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+    obj = torch_read(path, "training state", lambda p: torch.load(p, map_location="cpu", weights_only=True))
     if not isinstance(obj, dict):
         raise UserError(f"training state {path} is not a dict")
     return obj
@@ -245,10 +239,9 @@ def read_checkpoint(path: str | os.PathLike, prefer_ema: bool = False) -> tuple[
             (refused unrun), or `prefer_ema` for a timm checkpoint without EMA weights.
     """
     import argparse
-    import pickle
 
-    from ..errors import UserError, unsafe_pickle
-    from ..models._builder import read_state_dict, torch_load_weights, unwrap_state_dict
+    from ..errors import UserError
+    from ..models._builder import read_state_dict, torch_read, unwrap_state_dict
 
     path = Path(path)
     if not path.is_file():
@@ -256,13 +249,7 @@ def read_checkpoint(path: str | os.PathLike, prefer_ema: bool = False) -> tuple[
     if path.suffix == ".safetensors":
         return read_state_dict(path), {}
     refuse_exported_program(path)
-    try:
-        obj = torch_load_weights(path)
-    except pickle.UnpicklingError as e:
-        raise unsafe_pickle(path, e) from None
-    except (RuntimeError, EOFError, ValueError) as e:
-        raise UserError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
-            from None
+    obj = torch_read(path)
     if not is_timm_checkpoint(obj):
         return unwrap_state_dict(obj, prefer_ema=prefer_ema), {}
     from timm.models import clean_state_dict

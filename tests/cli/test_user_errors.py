@@ -79,3 +79,56 @@ def test_device_in_a_recipe_is_checked_too(tmp_path, monkeypatch, capsys):
     y.write_text("model: vit_attn_micro\ndevice: cuda\n")
     assert main(["train", "-c", str(y), "--img-size", "16", "--train-limit", "32", "--dry-run"]) == 2
     assert "no CUDA device here" in _err_line(capsys)
+
+
+# ----- item 2: a file that is not a readable checkpoint -----
+
+def _saved_state_dict(path):
+    torch.save({"w": torch.randn(64, 64), "b": torch.randn(64)}, path)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("cut", ["junk", "head", "half", "tail"])
+def test_unreadable_checkpoint_names_the_file(tmp_path, capsys, cut):
+    import subquad
+    from subquad.engine.checkpoint import load_state
+
+    data = _saved_state_dict(tmp_path / "full.pth")
+    bad = tmp_path / "bad.pth"
+    bad.write_bytes({"junk": b"junk", "head": data[:100], "half": data[: len(data) // 2], "tail": data[:-10]}[cut])
+    assert main(["eval", "--checkpoint", str(bad), "--model", "vit_attn_micro", "--data", "digits"]) == 2
+    line = _err_line(capsys)
+    assert f"{bad} is not a readable checkpoint (truncated or corrupt" in line, line
+    for call in (lambda: subquad.create_model("vit_attn_micro", pretrained=True,
+                                              pretrained_cfg_overlay=dict(file=str(bad))),
+                 lambda: load_state(bad)):
+        with pytest.raises(subquad.UserError, match="is not a readable") as e:
+            call()
+        assert str(bad) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unreadable_safetensors_names_the_file(tmp_path, capsys):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"junk")
+    assert main(["eval", "--checkpoint", str(bad), "--model", "vit_attn_micro", "--data", "digits"]) == 2
+    assert f"{bad} is not a readable safetensors checkpoint (truncated or corrupt" in _err_line(capsys)
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("unpickled",))
+
+
+def test_malicious_pickle_refused_without_torch_warnings(tmp_path, capsys, recwarn):
+    """Item 14: a plain pickle (protocol 4) made torch print two UserWarning lines before the refusal."""
+    import pickle
+
+    evil = tmp_path / "evil.pth"
+    with open(evil, "wb") as f:
+        pickle.dump({"w": _RunsCode()}, f, protocol=4)
+    assert main(["eval", "--checkpoint", str(evil), "--model", "vit_attn_micro", "--data", "digits"]) == 2
+    out, err = capsys.readouterr()
+    assert "unpickled" not in out
+    assert err.strip().count("\n") == 0 and "UserWarning" not in err, err
+    assert err.startswith(f"subquad eval: error: refusing to load {evil}: it cannot be loaded safely")
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)], [str(w.message)[:80] for w in recwarn]
