@@ -132,3 +132,27 @@ def test_malicious_pickle_refused_without_torch_warnings(tmp_path, capsys, recwa
     assert err.strip().count("\n") == 0 and "UserWarning" not in err, err
     assert err.startswith(f"subquad eval: error: refusing to load {evil}: it cannot be loaded safely")
     assert not [w for w in recwarn if issubclass(w.category, UserWarning)], [str(w.message)[:80] for w in recwarn]
+
+
+# ----- item 3: count_macs sizes and integer inputs -----
+
+@pytest.mark.parametrize("kw", [dict(img_size=-224), dict(img_size=0), dict(img_size=(32,)), dict(img_size=(32, 0)),
+                                dict(img_size=3.5), dict(img_size=(32, 32), batch_size=0),
+                                dict(img_size=32, in_chans=0)], ids=str)
+def test_count_macs_refuses_bad_sizes(kw):
+    import subquad
+
+    with pytest.raises(subquad.UserError, match="count_macs: (img_size|batch_size|in_chans) must be") as e:
+        subquad.count_macs("l2vit_tiny", **kw)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["l2vit_micro", "flatten_swin_micro", "lisanet_micro", "vil_ls_micro",
+                                  "vit_attn_micro", "hylisanet_micro_video"])
+def test_integer_input_is_refused(name):
+    import subquad
+    from subquad.models._base import InputShapeError
+
+    model = subquad.create_model(name, device="meta")
+    with pytest.raises(InputShapeError, match="expected a floating-point input .* got torch.uint8"):
+        model(torch.zeros(1, 3, 64, 64, dtype=torch.uint8, device="meta"))
