@@ -194,6 +194,7 @@ def resolve_config(args: argparse.Namespace):
 
 def _resume_config(args: argparse.Namespace):
     """--resume RUN: the run's own args.yaml with resume on (and --device when given)."""
+    from subquad.engine.runfiles import refuse_resume_changes
     from subquad.engine.sequence import LMConfig
     from subquad.errors import UserError
 
@@ -203,9 +204,7 @@ def _resume_config(args: argparse.Namespace):
     given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--data", args.data),
                              ("--amp", getattr(args, "amp", None)), ("--amp-dtype", getattr(args, "amp_dtype", None)))
               if v]
-    if given:
-        raise UserError(f"--resume {out} continues the run with its own settings (args.yaml); drop {', '.join(given)}"
-                        " (only --device and --checkpoint-every may be given)")
+    refuse_resume_changes(out, given, ["--device", "--checkpoint-every"])
     if not (out / "args.yaml").is_file():
         raise UserError(f"--resume {out}: no args.yaml there (not a `subquad lm train` run directory)")
     values = yaml.safe_load((out / "args.yaml").read_text()) or {}

@@ -188,6 +188,7 @@ def _parse_opt(text: str) -> tuple[str, Any]:
 
 def _resume_config(args: argparse.Namespace):
     """--resume DIR: the run's own args.yaml, with resume on (and --device / --workers when given)."""
+    from subquad.engine.runfiles import refuse_resume_changes
     from subquad.engine.sequence import LRAConfig
     from subquad.errors import UserError
 
@@ -196,9 +197,7 @@ def _resume_config(args: argparse.Namespace):
              and getattr(args, n, None) is not None]
     given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--grid", args.grid),
                              ("--window-size", args.window_size), ("--rank", args.rank)) if v]
-    if given:
-        raise UserError(f"--resume {out} continues the run with its own settings (args.yaml); drop {', '.join(given)}"
-                        " (only --device, --workers and --checkpoint-every may be given)")
+    refuse_resume_changes(out, given, ["--device", "--workers", "--checkpoint-every"])
     if not (out / "args.yaml").is_file():
         raise UserError(f"--resume {out}: no args.yaml there (not a `subquad lra train` run directory)")
     values = yaml.safe_load((out / "args.yaml").read_text()) or {}

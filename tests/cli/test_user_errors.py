@@ -156,3 +156,29 @@ def test_integer_input_is_refused(name):
     model = subquad.create_model(name, device="meta")
     with pytest.raises(InputShapeError, match="expected a floating-point input .* got torch.uint8"):
         model(torch.zeros(1, 3, 64, 64, dtype=torch.uint8, device="meta"))
+
+
+# ----- item 4: train --resume with a flag that would change the run -----
+
+TINY = ["--model", "vit_attn_micro", "--data", "digits", "--img-size", "16", "--train-limit", "64",
+        "--eval-limit", "32", "--test-limit", "32", "-b", "32", "--log-interval", "0", "--device", "cpu"]
+
+
+def test_resume_refuses_a_changed_flag(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--epochs", "1", "--output", str(run)]) == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    capsys.readouterr()
+    for flags, shown in ((["--lr", "0.5"], "--lr 0.5 (the run has 0.002)"),
+                         (["--train-limit", "32", "--amp"], "--train-limit 32 (the run has 64), --amp True"),
+                         (["--epochs", "2", "--resume-schedule", "continue", "--min-lr", "0.1"], "--min-lr 0.1")):
+        assert main(["train", "--resume", str(run), *flags]) == 2
+        line = _err_line(capsys)
+        assert f"continues the run with its own settings (args.yaml); drop {shown}" in line, line
+        assert "only --device, --workers" in line
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # args.yaml still says lr: 0.002
+    # The run's own values, a device, and an extension whose new cosine starts from --lr are accepted.
+    assert main(["train", "--resume", str(run), *TINY, "--epochs", "1", "--output", str(run)]) == 0
+    assert "is complete" in capsys.readouterr().out
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--lr", "0.001", "--dry-run"]) == 0
+    assert "lr: 0.001" in capsys.readouterr().out
