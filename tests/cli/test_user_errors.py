@@ -182,3 +182,16 @@ def test_resume_refuses_a_changed_flag(tmp_path, capsys):
     assert "is complete" in capsys.readouterr().out
     assert main(["train", "--resume", str(run), "--epochs", "2", "--lr", "0.001", "--dry-run"]) == 0
     assert "lr: 0.001" in capsys.readouterr().out
+
+
+# ----- item 5: train with no model -----
+
+def test_train_without_model_prints_usage_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for argv in (["train"], ["train", "--data", "digits", "--epochs", "1"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("usage: subquad train (--model NAME | -c RECIPE)"), err
+        assert err.strip().splitlines()[-1] == ("subquad train: error: --model or -c is required (or --resume DIR to "
+                                                "continue a run); see `subquad train --help`")
+    assert list(tmp_path.iterdir()) == []  # no runs/ folder
