@@ -237,10 +237,11 @@ def run_attention(args: argparse.Namespace) -> int:
 
 
 def run_model(args: argparse.Namespace) -> int:
-    from subquad.bench.sweep import check_model_names
+    from subquad.bench.sweep import check_model_names, check_model_sizes
 
     _check(args)
     check_model_names(_name_list(args.model))
+    check_model_sizes(_name_list(args.model), args.img_size)
     with _pinned_threads(args):
         return _run_model(args)
 

@@ -195,3 +195,19 @@ def test_train_without_model_prints_usage_and_starts_nothing(tmp_path, monkeypat
         assert err.strip().splitlines()[-1] == ("subquad train: error: --model or -c is required (or --resume DIR to "
                                                 "continue a run); see `subquad train --help`")
     assert list(tmp_path.iterdir()) == []  # no runs/ folder
+
+
+# ----- item 6: bench model at a size below the model's stride -----
+
+def test_bench_refuses_too_small_sizes_up_front(tmp_path, capsys):
+    import subquad
+    from subquad.bench.sweep import bench_models
+
+    out = tmp_path / "b.csv"
+    assert main(["bench", "model", "--model", "l2vit_micro", "--img-size", "32,7", "--repeats", "1", "--out",
+                 str(out)]) == 2
+    line = _err_line(capsys)
+    assert "--img-size 7 is too small for l2vit_micro" in line and "use at least 16x16" in line
+    assert list(tmp_path.iterdir()) == []  # no CSV, no empty plot
+    with pytest.raises(subquad.UserError, match="too small"):
+        bench_models(["l2vit_micro"], [7], repeats=1)
