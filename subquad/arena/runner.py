@@ -192,7 +192,8 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
     """Train the cells that are not finished, then write the leaderboard; returns a summary.
 
     Cells a mechanism cannot run (a causal-only mechanism on an image task, a 2-D one on a 1-D sequence) are
-    skipped with their reason, on screen and in the leaderboard. A cell that fails is reported and the others go on.
+    skipped with their reason, on screen and in the leaderboard; when no cell can run, nothing is written (UserError).
+    A cell that fails is reported and the others go on.
     `device` ("cpu" or "cuda") overrides the recipe's device for every cell of the run (recorded in arena.json; a
     run keeps the device it started with); a task marked `requires: gpu` needs it on a machine without CUDA.
     """
@@ -205,6 +206,12 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
     if not seeds:
         raise UserError("--seeds is empty")
     train = task.recipe(budget)
+    mod = kind_module(task.kind)
+    skipped = {label: reason for label in labels if (reason := mod.refusal(train, mech_entry(task, label)))}
+    if len(skipped) == len(labels):
+        raise UserError(f"--task {task.name}: no cell can run: "
+                        + "; ".join(f"{label} {reason}" for label, reason in skipped.items())
+                        + f" (nothing written; the task's mechanisms: {', '.join(task.default_mechanisms)})")
     out = Path(out)
     _check_out(out, task, budget)
     out.mkdir(parents=True, exist_ok=True)
@@ -225,13 +232,8 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
         changed = True
     if changed:
         write_json(meta, out / ARENA_FILE)
-    mod = kind_module(task.kind)
-    skipped: dict[str, str] = {}
-    for label in labels:
-        reason = mod.refusal(train, mech_entry(task, label))
-        if reason:
-            skipped[label] = reason
-            log(f"[{task.name}] skip {label}: {reason}")
+    for label, reason in skipped.items():
+        log(f"[{task.name}] skip {label}: {reason}")
     runnable = [lb for lb in labels if lb not in skipped]
     cells = plan_cells(task, runnable, seeds, out)
     pending = [c for c in cells if not c.done]

@@ -211,3 +211,14 @@ def test_bench_refuses_too_small_sizes_up_front(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []  # no CSV, no empty plot
     with pytest.raises(subquad.UserError, match="too small"):
         bench_models(["l2vit_micro"], [7], repeats=1)
+
+
+# ----- item 7: an arena run in which no cell can run -----
+
+def test_arena_run_with_no_runnable_cell_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "arena"
+    assert main(["arena", "run", "--task", "charlm", "--attention", "focused_linear", "--budget", "quick", "--out",
+                 str(out)]) == 2
+    line = _err_line(capsys)
+    assert "no cell can run: focused_linear has no causal mode" in line and "nothing written" in line
+    assert not out.exists()
