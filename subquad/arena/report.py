@@ -359,6 +359,7 @@ def check_claims(out: str | Path, task: Any) -> list[dict[str, Any]]:
         common = sorted(set(by.get(a, {})) & set(by.get(b, {})))
         res: dict[str, Any] = {"id": claim.get("id", f"{a} vs {b}"), "source": claim.get("source", ""), "a": a,
                                "b": b, "test": test, "margin": margin, "lower_is_better": sign < 0,
+                               "metric": (getattr(task, "metric", None) or {}).get("name", "acc"),
                                "n": len(common), "mean_a": _mean(list(by.get(a, {}).values())),
                                "mean_b": _mean(list(by.get(b, {}).values())), "diff": None, "lo": None, "hi": None,
                                "p_hold": None, "p_not": None, "p": None, "p_holm": None}
@@ -394,9 +395,10 @@ def _claim_head(r: dict[str, Any]) -> str:
         rel = f"{r['a']} <= {r['b']} + {r['margin']:g}" if lt else f"{r['a']} >= {r['b']} - {r['margin']:g}"
     else:
         rel = f"{r['a']} < {r['b']}" if lt else f"{r['a']} > {r['b']}"
-    ma = "-" if r["mean_a"] is None else f"{r['mean_a']:.2f}"
-    mb = "-" if r["mean_b"] is None else f"{r['mean_b']:.2f}"
-    return f"{r['source']}: {rel}: {ma} vs {mb}"
+    from .tasks import metric_text
+
+    metric = r.get("metric", "acc")
+    return f"{r['source']}: {rel}: {metric_text(r['mean_a'], metric)} vs {metric_text(r['mean_b'], metric)}"
 
 
 def claims_text(results: list[dict[str, Any]]) -> str:

@@ -323,14 +323,15 @@ def _start_cell(c: Cell, out: Path, env: dict[str, str]) -> None:
 
 
 def _log_progress(task: Task, c: Cell, log: Callable[[str], None], run_eta: Callable[[], float | None]) -> None:
-    """Log a running cell's progress.json when it changed (epoch or step, validation accuracy, ETAs)."""
+    """Log a running cell's progress.json when it changed (epoch or step, the validation score in the task's unit,
+    ETAs)."""
     p = _read_json(c.dir / "progress.json") or {}
     if p and p != c.progress:
         c.progress = p
         f = c.fraction()
         where = (f"epoch {p['epoch']}/{p['epochs']}" if "epoch" in p else f"step {p['step']}/{p['steps']}")
         cell_eta = (time.perf_counter() - c.started) * (1 - f) / f if f > 0 else None
-        log(f"[{task.name}] {c.label} seed {c.seed}: {where}, val {p['val_acc']:.2f} %, cell ETA "
+        log(f"[{task.name}] {c.label} seed {c.seed}: {where}, val {task.score(p['val_acc'])}, cell ETA "
             f"{_fmt_time(cell_eta)} | run ETA {_fmt_time(run_eta())}")
 
 
@@ -341,7 +342,7 @@ def _log_finished(task: Task, c: Cell, rc: int, finished_walls: list[float], fai
     if rc == 0 and c.done:
         finished_walls.append(wall)
         res = _read_json(c.dir / "cell.json") or {}
-        log(f"[{task.name}] done {c.label} seed {c.seed}: test {res.get('test_acc', float('nan')):.2f} % "
+        log(f"[{task.name}] done {c.label} seed {c.seed}: test {task.score(res.get('test_acc'))} "
             f"({_fmt_time(wall)}) | {len(finished_walls)}/{total} trained, run ETA {_fmt_time(run_eta())}")
     else:
         tail = (c.dir / "cell.log").read_text(errors="replace").strip().splitlines()[-1:] or ["?"]

@@ -321,7 +321,9 @@ def test_requires_gpu_refuses_without_cuda(tmp_path, capsys, monkeypatch):
     assert "no CUDA device" in _err_line(capsys)
     assert main(["arena", "run", "--task", "pathfinder32", "--budget", "quick", "--device", "tpu",
                  "--out", str(out)]) == 2
-    assert "--device must be one of cpu, cuda" in _err_line(capsys)
+    assert "--device 'tpu' is not a device" in _err_line(capsys)  # the command checks every --device first
+    with pytest.raises(UserError, match="--device must be one of cpu, cuda"):
+        runner.resolve_device(load_task("pathfinder32"), "mps")
     # With CUDA, a requires-gpu task trains on it without being asked; other tasks keep their recipe's device.
     monkeypatch.setattr(runner, "_cuda_available", lambda: True)
     assert runner.resolve_device(load_task("pathfinder32"), None) == "cuda"
@@ -337,6 +339,7 @@ def test_a_run_keeps_its_device(tmp_path, capsys, monkeypatch):
     (out / "arena.json").write_text(json.dumps({"task": "listops", "source": "listops", "budget": "quick",
                                                 "fingerprint": task.fingerprint("quick"), "device": "cpu"}))
     monkeypatch.setattr(runner, "_cuda_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # the command's own --device check
     assert main(["arena", "run", "--task", "listops", "--budget", "quick", "--device", "cuda",
                  "--out", str(out)]) == 2
     assert "was started with --device cpu" in _err_line(capsys)

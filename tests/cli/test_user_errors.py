@@ -222,3 +222,31 @@ def test_arena_run_with_no_runnable_cell_writes_nothing(tmp_path, capsys):
     line = _err_line(capsys)
     assert "no cell can run: focused_linear has no causal mode" in line and "nothing written" in line
     assert not out.exists()
+
+
+# ----- item 8: each arena metric with its own unit -----
+
+def test_arena_lines_print_each_metric_with_its_unit(tmp_path):
+    import json
+
+    from subquad.arena import load_task
+    from subquad.arena.report import claims_text
+    from subquad.arena.runner import Cell, _log_finished, _log_progress
+
+    lines: list[str] = []
+    for name, val, test, unit in (("charlm", 7.8812, 2.3361, "bpc"), ("fmnist", 88.123, 87.5, "%")):
+        task = load_task(name)
+        cell = Cell("softmax", 0, tmp_path / name)
+        cell.dir.mkdir()
+        (cell.dir / "progress.json").write_text(json.dumps({"step": 5, "steps": 10, "val_acc": val}))
+        (cell.dir / "cell.json").write_text(json.dumps({"test_acc": test}))
+        _log_progress(task, cell, lines.append, lambda: None)
+        _log_finished(task, cell, 0, [], [], 1, lines.append, lambda: None)
+        if unit == "bpc":
+            assert "val 7.881 bpc," in lines[-2] and "test 2.336 bpc " in lines[-1], lines
+            assert "%" not in lines[-2] + lines[-1]
+        else:
+            assert "val 88.12 %," in lines[-2] and "test 87.50 % " in lines[-1], lines
+    claim = {"source": "Tab. 4", "a": "long_short", "b": "softmax", "test": "superior", "lower_is_better": True,
+             "metric": "bpc", "mean_a": 2.4, "mean_b": 2.336, "diff": None, "verdict": "inconclusive", "why": "x"}
+    assert "2.400 bpc vs 2.336 bpc" in claims_text([claim])
