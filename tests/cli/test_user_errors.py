@@ -250,3 +250,39 @@ def test_arena_lines_print_each_metric_with_its_unit(tmp_path):
     claim = {"source": "Tab. 4", "a": "long_short", "b": "softmax", "test": "superior", "lower_is_better": True,
              "metric": "bpc", "mean_a": 2.4, "mean_b": 2.336, "diff": None, "verdict": "inconclusive", "why": "x"}
     assert "2.400 bpc vs 2.336 bpc" in claims_text([claim])
+
+
+# ----- item 9: eval again -----
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("image") / "run"
+    assert main(["train", *TINY, "--epochs", "1", "--output", str(run)]) == 0
+    return run
+
+
+def test_eval_again_prints_the_numbers_and_keeps_every_result(image_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(image_run, run)
+    ev = ["eval", "--checkpoint", str(run), "--device", "cpu"]
+    first, second = run / "best.eval-test.json", run / "best.eval-test-2.json"
+    capsys.readouterr()
+    assert main(ev) == 0
+    assert f"results: {first}\n" in capsys.readouterr().out
+    before = first.read_bytes()
+    # The same result again: the numbers are printed, the file is left as it is.
+    assert main(ev) == 0
+    out = capsys.readouterr().out
+    assert "top-1" in out and f"results: {first} (unchanged" in out and first.read_bytes() == before
+    # A different result (a subset): printed, and written beside the earlier one, which is kept.
+    assert main([*ev, "--limit", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "[test, 50 images]: top-1" in out and f"results: {second} (a new file: {first.name} holds" in out
+    assert first.read_bytes() == before and '"images": 50' in second.read_text()
+    assert main([*ev, "--limit", "50"]) == 0 and f"results: {second} (unchanged" in capsys.readouterr().out
+    assert sorted(p.name for p in run.glob("*.eval-*")) == sorted([first.name, second.name])
+    # A named --results-file is still refused up front when it exists.
+    assert main([*ev, "--results-file", str(first)]) == 2
+    assert "exists; pass --overwrite" in _err_line(capsys)
