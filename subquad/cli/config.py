@@ -86,6 +86,9 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
     resume = explicit.get("resume") or cfg.resume
     if not resume:
         return merge_config(cfg, explicit, origin="command line")
+    from subquad.engine.checkpoint import refuse_other_run
+
+    refuse_other_run(resume)
     run = merge_config(cfg, load_run_args(resume), origin=str(Path(resume) / "args.yaml"))
     new = merge_config(run, explicit, origin="command line")
     _refuse_changes(resume, run, new, list(explicit))

@@ -286,3 +286,94 @@ def test_eval_again_prints_the_numbers_and_keeps_every_result(image_run, tmp_pat
     # A named --results-file is still refused up front when it exists.
     assert main([*ev, "--results-file", str(first)]) == 2
     assert "exists; pass --overwrite" in _err_line(capsys)
+
+
+# ----- item 10: a run of another trainer handed to the image commands -----
+
+# The sidecar fields each trainer writes (subquad.engine.sequence, subquad.dense.engine) and an args.yaml key of its
+# config; test_other_runs_of_real_trainers (slow) checks them against real runs.
+OTHER_RUNS = {
+    "lm": ({"arch": "char_lm", "model_args": {"vocab_size": 256}}, {"attention": "softmax", "eval_ctx": 1024},
+           "an `lm train` run", "`subquad lm eval`"),
+    "lra": ({"arch": "lra_encoder", "task": "listops", "attention": "softmax"},
+            {"task": "listops", "attention": "softmax", "encoding": "learned"}, "an `lra train` run",
+            "`subquad lra train --resume`"),
+    "detect": ({"task": "detect", "kind": "fasterrcnn", "arch": "l2vit_micro"},
+               {"kind": "fasterrcnn", "model": "l2vit_micro", "fpn_channels": 16}, "a `detect train` run",
+               "`subquad detect eval`"),
+    "segment": ({"task": "segment", "kind": "semantic_fpn", "arch": "l2vit_micro"},
+                {"kind": "semantic_fpn", "model": "l2vit_micro", "fpn_channels": 16}, "a `segment train` run",
+                "`subquad segment eval`"),
+}
+
+
+def _image_commands(run, tmp_path) -> list[list[str]]:
+    img = tmp_path / "d.png"
+    if not img.exists():
+        from subquad.data.small import save_digits_image
+
+        save_digits_image(img, 0)
+    return [["eval", "--checkpoint", str(run)], ["predict", "--checkpoint", str(run), str(img)],
+            ["export", "--checkpoint", str(run), "--format", "onnx", "--out", str(tmp_path / "m.onnx")],
+            ["analyze", "--checkpoint", str(run), "--out", str(tmp_path / "an")], ["train", "--resume", str(run)]]
+
+
+def _assert_refused(run, what, hint, tmp_path, capsys):
+    for argv in _image_commands(run, tmp_path):
+        assert main(argv) == 2, argv
+        line = _err_line(capsys)
+        assert f"{run} is {what}, not a `subquad train` run; " in line and hint in line, (argv, line)
+    assert main(["predict", "--checkpoint", str(run / "best.safetensors"), str(tmp_path / "d.png")]) == 2
+    assert f"holds the weights of {what}" in _err_line(capsys)
+
+
+@pytest.mark.parametrize("kind", sorted(OTHER_RUNS))
+def test_other_runs_are_named_with_their_commands(kind, tmp_path, capsys):
+    import json
+
+    import yaml
+    from safetensors.torch import save_file
+
+    side, args, what, hint = OTHER_RUNS[kind]
+    run = tmp_path / kind
+    run.mkdir()
+    save_file({"w": torch.zeros(1)}, run / "best.safetensors")
+    (run / "args.yaml").write_text(yaml.safe_dump(args))
+    (run / "best.json").write_text(json.dumps(side))
+    _assert_refused(run, what, hint, tmp_path, capsys)
+    # A run stopped before its first sidecar: args.yaml tells.
+    (run / "best.json").unlink()
+    assert main(["train", "--resume", str(run)]) == 2 and what in _err_line(capsys)
+    assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "an").exists()
+
+
+@pytest.mark.slow
+def test_other_runs_of_real_trainers(tmp_path, capsys):
+    from subquad.data.lra.listops import write_listops
+    from subquad.dense.synthetic import generate_synthetic
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "doc.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 60)
+    assert main(["lm", "prepare", "--corpus", str(tmp_path / "src"), "--out", str(tmp_path / "prep")]) == 0
+    write_listops(tmp_path / "lo", num_train=24, num_val=8, num_test=8, seed=1, min_len=10, max_len=60)
+    syn = generate_synthetic(tmp_path / "syn", seed=1, n_train=4, n_val=2, size=(40, 56), min_r=5, max_r=10)
+    dense = ["--data", f"synthetic:{syn}", "--model", "l2vit_micro", "--epochs", "1", "--fpn-channels", "16", "-b", "2",
+             "--log-interval", "0"]
+    trains = {
+        "lm": ["lm", "train", "--data", str(tmp_path / "prep"), "--attention", "softmax", "--dim", "16", "--depth",
+               "1", "--num-heads", "2", "--seq-len", "16", "--batch-size", "2", "--max-steps", "2", "--eval-every",
+               "2", "--eval-ctx", "16", "--eval-score", "8", "--eval-tokens", "32", "--final-eval-tokens", "32"],
+        "lra": ["lra", "train", "--task", "listops", "--data", str(tmp_path / "lo"), "--attention", "softmax",
+                "--max-steps", "2", "--eval-every", "2", "--batch-size", "4", "--max-len", "64"],
+        "detect": ["detect", "train", *dense, "--kind", "fasterrcnn", "--representation-size", "32",
+                   "--rpn-proposals", "32", "--box-batch-size-per-image", "16", "--rpn-batch-size-per-image", "16",
+                   "--min-size", "48", "--max-size", "64"],
+        "segment": ["segment", "train", *dense, "--kind", "semantic_fpn", "--head-channels", "16", "--scale", "40",
+                    "56", "--crop-size", "32", "32"],
+    }
+    for kind, argv in trains.items():
+        run = tmp_path / kind
+        assert main([*argv, "--output", str(run)]) == 0, kind
+        capsys.readouterr()
+        _, _, what, hint = OTHER_RUNS[kind]
+        _assert_refused(run, what, hint, tmp_path, capsys)
