@@ -20,7 +20,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import yaml
+from subquad.config import load_yaml, parse_yaml
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "lra"
@@ -183,7 +183,7 @@ def _parse_opt(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise UserError(f"--attn-opt expects KEY=VALUE, got {text!r}")
     k, v = text.split("=", 1)
-    return k.strip(), yaml.safe_load(v)
+    return k.strip(), parse_yaml(v, f"--attn-opt {text}")
 
 
 def _resume_config(args: argparse.Namespace):
@@ -200,7 +200,7 @@ def _resume_config(args: argparse.Namespace):
     refuse_resume_changes(out, given, ["--device", "--workers", "--checkpoint-every"])
     if not (out / "args.yaml").is_file():
         raise UserError(f"--resume {out}: no args.yaml there (not a `subquad lra train` run directory)")
-    values = yaml.safe_load((out / "args.yaml").read_text()) or {}
+    values = load_yaml(out / "args.yaml")
     fields = {f.name for f in dataclasses.fields(LRAConfig)}
     unknown = sorted(set(values) - fields)
     if unknown:
@@ -233,7 +233,7 @@ def resolve_config(args: argparse.Namespace):
         if path is None:
             continue
         path = find_config(path, ("lra",))
-        values.update(yaml.safe_load(path.read_text()) or {})
+        values.update(load_yaml(path))
     fields = {f.name for f in dataclasses.fields(LRAConfig)}
     unknown = sorted(set(values) - fields)
     if unknown:

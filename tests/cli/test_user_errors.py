@@ -377,3 +377,39 @@ def test_other_runs_of_real_trainers(tmp_path, capsys):
         capsys.readouterr()
         _, _, what, hint = OTHER_RUNS[kind]
         _assert_refused(run, what, hint, tmp_path, capsys)
+
+
+# ----- item 11 (and 14: a YAML parse error's line): numbers written 1e-3 -----
+
+def test_recipe_numbers_in_exponent_notation(tmp_path, capsys):
+    from subquad.config import load_yaml
+
+    y = tmp_path / "r.yaml"
+    y.write_text("model: vit_attn_micro\nlr: 1e-3\nwarmup_lr: 5E-6\nweight_decay: -2.5e+1\nmodel_ema_decay: 1.0e-3\n"
+                 "output: 1e3x\n")
+    assert load_yaml(y) == {"model": "vit_attn_micro", "lr": 0.001, "warmup_lr": 5e-6, "weight_decay": -25.0,
+                            "model_ema_decay": 0.001, "output": "1e3x"}
+    assert main(["train", "-c", str(y), *TINY[2:], "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "lr: 0.001" in out and "warmup_lr: 5.0e-06" in out
+
+
+def test_lm_recipe_numbers_in_exponent_notation(tmp_path, monkeypatch):
+    import argparse
+
+    from subquad.cli.lm import resolve_config
+
+    y = tmp_path / "lm.yaml"
+    y.write_text("lr: 3e-4\nweight_decay: 1e-2\n")
+    args = argparse.Namespace(resume=None, data="enwik8:x", attention="long_short", config=str(y), attn_opt=[],
+                              amp=None, amp_dtype=None)
+    cfg = resolve_config(args)
+    assert (cfg.lr, cfg.weight_decay) == (3e-4, 1e-2)
+
+
+def test_yaml_parse_error_names_the_line(tmp_path, capsys):
+    y = tmp_path / "r.yaml"
+    y.write_text("model: vit_attn_micro\nlr: [0.1\nepochs: 3\n")
+    assert main(["train", "-c", str(y), "--dry-run"]) == 2
+    line = _err_line(capsys)
+    assert f"cannot parse {y}, line 3, column" in line, line
