@@ -46,7 +46,8 @@ from ..errors import UserError
 from ..files import atomic_write
 
 __all__ = ["LEADERBOARD_COLUMNS", "write_leaderboard", "read_leaderboard", "leaderboard_markdown", "check_claims",
-           "claims_text", "method_text", "check_run_claims", "cell_rows", "replot", "SERIES_STYLES", "HOLM_ALPHA"]
+           "claims_text", "method_text", "check_run_claims", "cell_rows", "replot", "SERIES_STYLES", "HOLM_ALPHA",
+           "smoke_note"]
 
 LEADERBOARD_COLUMNS = ["task", "attention", "options", "seeds", "n_seeds", "mean_acc", "std_acc", "best_acc",
                        "params", "gmacs", "train_per_sec", "eval_per_sec", "peak_mem_mb", "wall_s", "subquad",
@@ -101,6 +102,14 @@ def _run_meta(out: Path) -> dict[str, Any]:
         return json.loads((Path(out) / "arena.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def smoke_note(out: str | Path, markdown: bool = True) -> str | None:
+    """The smoke-test caveat of a `--budget quick` run (None for any other budget): `report` puts it above the
+    leaderboard, `check` above the verdicts."""
+    if _run_meta(Path(out)).get("budget") != "quick":
+        return None
+    return SMOKE_LINE if markdown else SMOKE_LINE.replace("**", "")
 
 
 def write_leaderboard(out: Path, task: Any, labels: list[str], seeds: list[int],
@@ -286,7 +295,7 @@ def leaderboard_markdown(out: str | Path, task: Any = None) -> str:
                              else math.inf))
     col = "test acc (%)" if metric == "acc" else f"test {metric} ({'lower' if lower else 'higher'} is better)"
     lines = []
-    if _run_meta(Path(out)).get("budget") == "quick":
+    if smoke_note(out):
         lines += [SMOKE_LINE, ""]
     lines += [f"| attention | options | {col} | best | seeds | params | GMACs | train/s | eval/s | peak MiB | status |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -242,6 +242,22 @@ def test_check_refuses_claims_edited_after_the_run_began(tmp_path, capsys):
     assert "claims" in _err_line(capsys)
 
 
+def test_check_of_a_quick_run_says_it_is_a_smoke_test(tmp_path, capsys):
+    """Issue 34 item 13: `check` on a `--budget quick` run carries the caveat `report` has; a default run does not."""
+    raw = yaml.safe_load((CONFIG_DIR / "fmnist.yaml").read_text())
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    for budget in ("quick", "default"):
+        (tmp_path / budget).mkdir()
+        out = _run_dir(tmp_path / budget, path, budget)
+        _fake_cells(out, {"softmax": [81.0, 82.0, 80.0], "linear_relu": [82.0, 82.5, 82.2]})
+        assert main(["arena", "check", str(out)]) == 0
+        printed = capsys.readouterr().out
+        smoke = "Smoke test (budget `quick`: a few steps on a tiny subset): these numbers check that the cells run"
+        assert (printed.splitlines()[0].startswith(smoke) if budget == "quick" else smoke not in printed), printed
+        assert "Holm:" in printed
+
+
 def test_check_of_a_run_that_predates_recorded_claims_says_so(tmp_path, capsys):
     out = tmp_path / "old"
     out.mkdir()
