@@ -49,7 +49,12 @@ def find_config(text: str | os.PathLike, subdirs: tuple[str, ...]) -> Path:
     shipped = sorted(f"{d}/{q.stem}" for d in subdirs for q in (CONFIG_ROOT / d).glob("*.yaml"))
     if found:
         raise UserError(f"config {text!r} is ambiguous: {', '.join(f'{q.parent.name}/{q.stem}' for q in found)}")
-    raise UserError(f"config file not found: {text} (a YAML file, or a shipped recipe by name: "
+    from .errors import closest
+
+    stems = {s.split("/")[-1]: s for s in shipped}
+    near = closest(name.split("/")[-1], stems) if shipped else []
+    hint = f"; did you mean {', '.join(stems[n] for n in near)}?" if near else ""
+    raise UserError(f"config file not found: {text}{hint} (a YAML file, or a shipped recipe by name: "
                     f"{', '.join(shipped) or 'none'})")
 
 

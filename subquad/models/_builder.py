@@ -132,8 +132,10 @@ def download_pretrained(url: str | None, variant: str, cfg: dict) -> tuple[Path,
     raise a one-line `UserError` naming the URL and how to load a file downloaded by hand; nothing is kept.
     """
     if not url:
-        raise UserError(f"{variant}: no released weights exist ({cfg.get('notes') or 'none published'}); pass "
-                        "checkpoint_path=... or pretrained_cfg_overlay=dict(file=...)")
+        notes = [n for n in (cfg.get("notes") or "").split("; ") if n and n != "no released weights"]
+        why = f" ({'; '.join(notes)})" if notes else ""
+        raise UserError(f"{variant}: no released weights exist{why}; pass checkpoint_path=... or "
+                        "pretrained_cfg_overlay=dict(file=...)")
     if not isinstance(url, str):  # timm allows (url, filename) pairs; no subquad cfg uses them
         raise UserError(f"{variant}: unsupported pretrained url {url!r} (expected one https URL)")
     tag = cfg.get("tag")

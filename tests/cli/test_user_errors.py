@@ -413,3 +413,58 @@ def test_yaml_parse_error_names_the_line(tmp_path, capsys):
     assert main(["train", "-c", str(y), "--dry-run"]) == 2
     line = _err_line(capsys)
     assert f"cannot parse {y}, line 3, column" in line, line
+
+
+# ----- item 14: the small ones -----
+
+def test_did_you_mean_has_no_duplicates(capsys):
+    from subquad.errors import closest, unknown_name
+
+    assert closest("l2vit_tinny", ["l2vit_tiny", "l2vit_tiny", "l2vit_deit_tiny"]) == ["l2vit_tiny", "l2vit_deit_tiny"]
+    assert "'l2vit_tiny', 'l2vit_tiny'" not in str(unknown_name("model", "l2vit_tinny", ["l2vit_tiny"] * 2))
+    assert main(["flops", "--model", "l2vit_tinny"]) == 2  # subquad's models are in timm's list as well
+    line = _err_line(capsys)
+    suggested = line.split("did you mean ")[1].split("?")[0].split(", ")
+    assert suggested[0] == "'l2vit_tiny'" and len(suggested) == len(set(suggested)), line
+
+
+def test_no_released_weights_said_once():
+    import subquad
+
+    for name, rest in (("l2vit_micro", "; pass checkpoint_path"), ("lisanet_micro", " (unofficial configuration;")):
+        with pytest.raises(subquad.UserError) as e:
+            subquad.create_model(name, pretrained=True, device="meta")
+        assert str(e.value).startswith(f"{name}: no released weights exist{rest}"), str(e.value)
+        assert str(e.value).count("no released weights") == 1
+
+
+@pytest.mark.filterwarnings("ignore:PlateauLRScheduler is deprecated")
+def test_unknown_scheduler_and_optimizer_list_the_valid_ones(capsys):
+    import dataclasses
+
+    from subquad.engine.config import TrainConfig
+    from subquad.engine.optim import SCHEDULERS, build_scheduler
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    for name in SCHEDULERS:  # every listed name is one the installed timm builds
+        cfg = dataclasses.replace(TrainConfig(), sched=name, epochs=4, sched_on_updates=name != "plateau")
+        assert build_scheduler(opt, cfg, 2) is not None, name
+    base = ["train", "--model", "vit_attn_micro", "--img-size", "16", "--train-limit", "64", "--dry-run"]
+    assert main([*base, "--sched", "cosin"]) == 2
+    line = _err_line(capsys)
+    assert "unknown --sched 'cosin'; did you mean cosine? allowed: cosine, tanh, step" in line, line
+    assert main([*base, "--opt", "adamww"]) == 2
+    assert "unknown --opt 'adamww'; did you mean adamw" in _err_line(capsys)
+
+
+def test_misspelt_recipe_suggests_one(capsys):
+    assert main(["train", "-c", "l2vit_tinny", "--dry-run"]) == 2
+    assert "config file not found: l2vit_tinny; did you mean imagenet/l2vit_tiny" in _err_line(capsys)
+
+
+def test_bench_load_warning_with_one_thread():
+    from subquad.bench import machine
+
+    one = machine.load_warning(1, load=3.0)
+    assert "--threads 1" not in one and "quieter" in one
+    assert "--threads 1" in machine.load_warning(2, load=3.0)
