@@ -468,3 +468,28 @@ def test_bench_load_warning_with_one_thread():
     one = machine.load_warning(1, load=3.0)
     assert "--threads 1" not in one and "quieter" in one
     assert "--threads 1" in machine.load_warning(2, load=3.0)
+
+
+# ----- item 15: predict over a folder with an unreadable image -----
+
+def test_predict_folder_skips_and_reports_unreadable_images(image_run, tmp_path, capsys):
+    import json
+
+    from subquad.data.small import save_digits_image
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    save_digits_image(folder / "a.png", 0)
+    (folder / "b.png").write_bytes(b"\x89PNG broken")
+    save_digits_image(folder / "c.png", 1)
+    (folder / "d.jpg").write_bytes(b"")
+    capsys.readouterr()
+    res = tmp_path / "p.json"
+    assert main(["predict", "--checkpoint", str(image_run), str(folder), "--json", str(res), "--device", "cpu"]) == 2
+    out, err = capsys.readouterr()
+    assert f"{folder / 'a.png'}: " in out and f"{folder / 'c.png'}: " in out and "2 image(s) in" in out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"subquad predict: error: skipped 2 of 4 image(s) that cannot be read: {folder / 'b.png'} ("), lines
+    assert lines[0].endswith(", and 1 more; the others were predicted")
+    assert [r["image"] for r in json.loads(res.read_text())] == [str(folder / "a.png"), str(folder / "c.png")]
