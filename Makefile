@@ -1,17 +1,35 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two installs: the library alone for the demo (BASE_STAMP), and with the dev extra (tests, docs, ONNX, PyAV, ruff)
+# for everything else (STAMP).
+BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
+
+# Where torch and torchvision come from. Off by default: PyPI, with the rest (on Linux that build brings CUDA and
+# Triton, about 4.3 GB). CPU=1, or TORCH_INDEX=URL, installs them from PyTorch's wheel index first, e.g. the CPU build:
+#   make demo CPU=1      (= make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu)
+# It applies when the install runs: on a fresh clone, or after `make clean`.
+CPU ?= 0
+TORCH_INDEX ?= $(if $(filter 1,$(CPU)),https://download.pytorch.org/whl/cpu,)
+INSTALL_TORCH = $(if $(TORCH_INDEX),$(BIN)/python -m pip install -q torch torchvision --index-url $(TORCH_INDEX),)
 
 .PHONY: test test-all demo lint readme bench clean docs docs-serve wheel
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
+$(BASE_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(INSTALL_TORCH)
+	$(BIN)/python -m pip install -q -e .
+	touch $(BASE_STAMP)
+
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(INSTALL_TORCH)
 	$(BIN)/python -m pip install -q -e ".[dev]"
-	touch $(STAMP)
+	touch $(STAMP) $(BASE_STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -26,11 +44,14 @@ DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 # One thread: for a model this small per-op overhead dominates, and two OpenMP threads on a shared 2-core machine
 # ran 5x slower than one.
 demo: export OMP_NUM_THREADS = 1
-demo: $(STAMP)
+# The library alone; a checkout that has the dev install (make test) uses that one.
+demo: $(if $(wildcard $(STAMP)),$(STAMP),$(BASE_STAMP))
 	$(BIN)/subquad train --model $(DEMO_MODEL) --data digits --img-size 32 --epochs 10 --log-interval 0 --output $(DEMO_OUT)
 	$(BIN)/subquad eval --model $(DEMO_MODEL) --checkpoint $(DEMO_OUT)/best.safetensors
 	@$(BIN)/python -c "from subquad.data.small import save_digits_image as s; print('true label of digit.png:', s('$(DEMO_OUT)/digit.png'))"
 	$(BIN)/subquad predict --model $(DEMO_MODEL) --checkpoint $(DEMO_OUT)/best.safetensors $(DEMO_OUT)/digit.png
+	@echo "next: . $(BIN)/activate, then e.g. subquad predict --checkpoint $(DEMO_OUT) YOUR.png, subquad models,"
+	@echo "      subquad train --model flatten_swin_micro --data digits --img-size 32 --epochs 3 (see README: After make demo)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -7,6 +7,7 @@ functions. Bad input (a missing or unparsable file, an ambiguous name) is a `Use
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import yaml
 
 from .errors import UserError
 
-__all__ = ["CONFIG_ROOT", "find_config", "load_yaml", "load_run_args"]
+__all__ = ["CONFIG_ROOT", "find_config", "load_yaml", "load_run_args", "parse_yaml"]
 
 #: The shipped recipes (package data): subquad/configs/<dir>/<name>.yaml.
 CONFIG_ROOT = Path(__file__).resolve().parent / "configs"
@@ -48,8 +49,34 @@ def find_config(text: str | os.PathLike, subdirs: tuple[str, ...]) -> Path:
     shipped = sorted(f"{d}/{q.stem}" for d in subdirs for q in (CONFIG_ROOT / d).glob("*.yaml"))
     if found:
         raise UserError(f"config {text!r} is ambiguous: {', '.join(f'{q.parent.name}/{q.stem}' for q in found)}")
-    raise UserError(f"config file not found: {text} (a YAML file, or a shipped recipe by name: "
+    from .errors import closest
+
+    stems = {s.split("/")[-1]: s for s in shipped}
+    near = closest(name.split("/")[-1], stems) if shipped else []
+    hint = f"; did you mean {', '.join(stems[n] for n in near)}?" if near else ""
+    raise UserError(f"config file not found: {text}{hint} (a YAML file, or a shipped recipe by name: "
                     f"{', '.join(shipped) or 'none'})")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader that also reads a number in exponent notation without a dot (`1e-3`, `5E+4`) as a float,
+    as YAML 1.2 does; PyYAML (YAML 1.1) reads it as a string."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
+
+
+def parse_yaml(text: str, where: str = "YAML") -> Any:
+    """`text` read by the recipes' YAML loader (`1e-3` is a float); a parse error is a UserError naming `where` and
+    the line and column."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"cannot parse {where}{at}: {what}") from None
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
@@ -57,10 +84,7 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserError(f"cannot parse {path}: {str(e).splitlines()[0]}") from None
+    data = parse_yaml(path.read_text(), str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):

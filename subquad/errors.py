@@ -17,8 +17,8 @@ class UserError(ValueError):
 
 
 def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
-    """Return up to `n` names from `choices` closest to `name` (difflib ratio, then substring matches)."""
-    choices = list(choices)
+    """Return up to `n` distinct names from `choices` closest to `name` (difflib ratio, then substring matches)."""
+    choices = list(dict.fromkeys(choices))  # e.g. subquad's models are in timm's list too
     found = difflib.get_close_matches(name, choices, n=n, cutoff=0.5)
     if len(found) < n:
         extra = [c for c in choices if name and (name in c or c in name) and c not in found]
@@ -28,7 +28,7 @@ def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
 
 def unknown_name(kind: str, name: str, choices: Iterable[str]) -> UserError:
     """Build the standard 'unknown X' error with the closest names as suggestions."""
-    choices = sorted(choices)
+    choices = sorted(set(choices))
     near = closest(name, choices)
     hint = f"did you mean {', '.join(repr(c) for c in near)}?" if near else f"{len(choices)} are registered"
     return UserError(f"unknown {kind} {name!r}; {hint} (list them with `subquad models` / subquad.list_{kind}s())"

@@ -46,7 +46,8 @@ from ..errors import UserError
 from ..files import atomic_write
 
 __all__ = ["LEADERBOARD_COLUMNS", "write_leaderboard", "read_leaderboard", "leaderboard_markdown", "check_claims",
-           "claims_text", "method_text", "check_run_claims", "cell_rows", "replot", "SERIES_STYLES", "HOLM_ALPHA"]
+           "claims_text", "method_text", "check_run_claims", "cell_rows", "replot", "SERIES_STYLES", "HOLM_ALPHA",
+           "smoke_note"]
 
 LEADERBOARD_COLUMNS = ["task", "attention", "options", "seeds", "n_seeds", "mean_acc", "std_acc", "best_acc",
                        "params", "gmacs", "train_per_sec", "eval_per_sec", "peak_mem_mb", "wall_s", "subquad",
@@ -101,6 +102,14 @@ def _run_meta(out: Path) -> dict[str, Any]:
         return json.loads((Path(out) / "arena.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def smoke_note(out: str | Path, markdown: bool = True) -> str | None:
+    """The smoke-test caveat of a `--budget quick` run (None for any other budget): `report` puts it above the
+    leaderboard, `check` above the verdicts."""
+    if _run_meta(Path(out)).get("budget") != "quick":
+        return None
+    return SMOKE_LINE if markdown else SMOKE_LINE.replace("**", "")
 
 
 def write_leaderboard(out: Path, task: Any, labels: list[str], seeds: list[int],
@@ -293,7 +302,7 @@ def leaderboard_markdown(out: str | Path, task: Any = None) -> str:
                              else math.inf))
     col = "test acc (%)" if metric == "acc" else f"test {metric} ({'lower' if lower else 'higher'} is better)"
     lines = []
-    if _run_meta(Path(out)).get("budget") == "quick":
+    if smoke_note(out):
         lines += [SMOKE_LINE, ""]
     lines += [f"| attention | options | {col} | best | seeds | params | GMACs | train/s | eval/s | peak MiB | status |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -369,6 +378,7 @@ def check_claims(out: str | Path, task: Any) -> list[dict[str, Any]]:
         common = sorted(set(by.get(a, {})) & set(by.get(b, {})))
         res: dict[str, Any] = {"id": claim.get("id", f"{a} vs {b}"), "source": claim.get("source", ""), "a": a,
                                "b": b, "score": score, "test": test, "margin": margin, "lower_is_better": sign < 0,
+                               "metric": (getattr(task, "metric", None) or {}).get("name", "acc"),
                                "n": len(common), "mean_a": _mean(list(by.get(a, {}).values())),
                                "mean_b": _mean(list(by.get(b, {}).values())), "diff": None, "lo": None, "hi": None,
                                "p_hold": None, "p_not": None, "p": None, "p_holm": None}
@@ -404,10 +414,12 @@ def _claim_head(r: dict[str, Any]) -> str:
         rel = f"{r['a']} <= {r['b']} + {r['margin']:g}" if lt else f"{r['a']} >= {r['b']} - {r['margin']:g}"
     else:
         rel = f"{r['a']} < {r['b']}" if lt else f"{r['a']} > {r['b']}"
-    ma = "-" if r["mean_a"] is None else f"{r['mean_a']:.2f}"
-    mb = "-" if r["mean_b"] is None else f"{r['mean_b']:.2f}"
+    from .tasks import metric_text
+
+    metric = r.get("metric", "acc")
     on = "" if r.get("score", "test_acc") == "test_acc" else f" on {r['score']}"
-    return f"{r['source']}: {rel}{on}: {ma} vs {mb}"
+    return (f"{r['source']}: {rel}{on}: {metric_text(r['mean_a'], metric)} vs "
+            f"{metric_text(r['mean_b'], metric)}")
 
 
 def claims_text(results: list[dict[str, Any]]) -> str:

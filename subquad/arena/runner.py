@@ -263,7 +263,8 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
     """Train the cells that are not finished, then write the leaderboard; returns a summary.
 
     Cells a mechanism cannot run (a causal-only mechanism on an image task, a 2-D one on a 1-D sequence) are
-    skipped with their reason, on screen and in the leaderboard. A cell that fails is reported and the others go on.
+    skipped with their reason, on screen and in the leaderboard; when no cell can run, nothing is written (UserError).
+    A cell that fails is reported and the others go on.
     `device` ("cpu" or "cuda") overrides the recipe's device for every cell of the run (recorded in arena.json; a
     run keeps the device it started with); a task marked `requires: gpu` needs it on a machine without CUDA.
     """
@@ -276,6 +277,12 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
     if not seeds:
         raise UserError("--seeds is empty")
     train = task.recipe(budget)
+    mod = kind_module(task.kind)
+    skipped = {label: reason for label in labels if (reason := mod.refusal(train, mech_entry(task, label)))}
+    if len(skipped) == len(labels):
+        raise UserError(f"--task {task.name}: no cell can run: "
+                        + "; ".join(f"{label} {reason}" for label, reason in skipped.items())
+                        + f" (nothing written; the task's mechanisms: {', '.join(task.default_mechanisms)})")
     out = Path(out)
     _check_out(out, task, budget)
     out.mkdir(parents=True, exist_ok=True)
@@ -296,13 +303,8 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
         changed = True
     if changed:
         write_json(meta, out / ARENA_FILE)
-    mod = kind_module(task.kind)
-    skipped: dict[str, str] = {}
-    for label in labels:
-        reason = mod.refusal(train, mech_entry(task, label))
-        if reason:
-            skipped[label] = reason
-            log(f"[{task.name}] skip {label}: {reason}")
+    for label, reason in skipped.items():
+        log(f"[{task.name}] skip {label}: {reason}")
     runnable = [lb for lb in labels if lb not in skipped]
     cells = plan_cells(task, runnable, seeds, out)
     pending = [c for c in cells if not c.done]
@@ -414,14 +416,15 @@ def _start_cell(c: Cell, out: Path, env: dict[str, str]) -> None:
 
 
 def _log_progress(task: Task, c: Cell, log: Callable[[str], None], run_eta: Callable[[], float | None]) -> None:
-    """Log a running cell's progress.json when it changed (epoch or step, validation accuracy, ETAs)."""
+    """Log a running cell's progress.json when it changed (epoch or step, the validation score in the task's unit,
+    ETAs)."""
     p = _read_json(c.dir / "progress.json") or {}
     if p and p != c.progress:
         c.progress = p
         f = c.fraction()
         where = (f"epoch {p['epoch']}/{p['epochs']}" if "epoch" in p else f"step {p['step']}/{p['steps']}")
         cell_eta = (time.perf_counter() - c.started) * (1 - f) / f if f > 0 else None
-        log(f"[{task.name}] {c.label} seed {c.seed}: {where}, val {p['val_acc']:.2f} %, cell ETA "
+        log(f"[{task.name}] {c.label} seed {c.seed}: {where}, val {task.score(p['val_acc'])}, cell ETA "
             f"{_fmt_time(cell_eta)} | run ETA {_fmt_time(run_eta())}")
 
 
@@ -432,7 +435,7 @@ def _log_finished(task: Task, c: Cell, rc: int, finished_walls: list[float], fai
     if rc == 0 and c.done:
         finished_walls.append(wall)
         res = _read_json(c.dir / "cell.json") or {}
-        log(f"[{task.name}] done {c.label} seed {c.seed}: test {res.get('test_acc', float('nan')):.2f} % "
+        log(f"[{task.name}] done {c.label} seed {c.seed}: test {task.score(res.get('test_acc'))} "
             f"({_fmt_time(wall)}) | {len(finished_walls)}/{total} trained, run ETA {_fmt_time(run_eta())}")
     else:
         tail = (c.dir / "cell.log").read_text(errors="replace").strip().splitlines()[-1:] or ["?"]

@@ -86,6 +86,11 @@ class Task:
     def lower_is_better(self) -> bool:
         return self.metric.get("goal") == "min"
 
+    def score(self, value: float | None) -> str:
+        """`value` of the task's metric with its own unit: '97.10 %' for accuracy, '2.412 bpc' for bits per
+        byte (what progress lines, results and claims print)."""
+        return metric_text(value, self.metric["name"])
+
     @property
     def name_key(self) -> str:
         return "attn" if self.kind == "image" else "attention"
@@ -144,6 +149,13 @@ class Task:
         if self.metric != DEFAULT_METRIC:
             fp["metric"] = self.metric
         return json.dumps(fp, sort_keys=True, default=str)
+
+
+def metric_text(value: float | None, name: str = "acc") -> str:
+    """A score with its unit: accuracy in % with two decimals, any other metric (bpc) with three and its name."""
+    if value is None or value != value:
+        return "-"
+    return f"{value:.2f} %" if name == "acc" else f"{value:.3f} {name}"
 
 
 def options_text(entry: dict[str, Any], name_key: str) -> str:

@@ -105,11 +105,19 @@ def count_macs(model: str | nn.Module, img_size: int | Sequence[int] = 224, in_c
     Returns:
         {'params': int, 'gmacs': float, 'img_size': (H, W), 'breakdown': {...} when asked}.
     """
+    from ..errors import UserError
     from ..models import create_model
 
+    sides = [img_size] * 2 if isinstance(img_size, int) else list(img_size) if isinstance(img_size, (list, tuple)) \
+        else []
+    if len(sides) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sides):
+        raise UserError(f"count_macs: img_size must be a positive int H or a pair (H, W), got {img_size!r}")
+    for name, v in (("batch_size", batch_size), ("in_chans", in_chans)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise UserError(f"count_macs: {name} must be a positive int, got {v!r}")
     if isinstance(model, str):
         model = create_model(model, device="meta", **model_kwargs)
-    H, W = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    H, W = sides
     if in_chans is None:
         in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
     params = sum(p.numel() for p in model.parameters())

@@ -78,9 +78,10 @@ def load_warning(threads: int, load: float | None = None) -> str | None:
     load = load_average() if load is None else load
     if load is None or load <= threads:
         return None
+    advice = ("fewer threads compete less (--threads 1, or OMP_NUM_THREADS=1)" if threads > 1 else
+              "rerun when the machine is quieter")
     return (f"warning: the machine is loaded (1-minute load average {load:.2f} > {threads} thread(s) in use): other "
-            "processes compete for the cores, so times are slower and noisier than on a quiet machine; fewer "
-            "threads compete less (--threads 1, or OMP_NUM_THREADS=1)")
+            f"processes compete for the cores, so times are slower and noisier than on a quiet machine; {advice}")
 
 
 def spread_warning(spreads: Iterable[tuple[str, float]]) -> str | None:

@@ -32,8 +32,8 @@ from .memory import peak_memory
 from .timing import time_fn
 
 __all__ = ["ATTN_COLUMNS", "MODEL_COLUMNS", "attention_candidates", "sweep_attention", "bench_models",
-           "device_tag", "default_result_path", "new_result_path", "write_csv", "read_csv", "plot_attention",
-           "plot_models"]
+           "check_model_sizes", "device_tag", "default_result_path", "new_result_path", "write_csv", "read_csv",
+           "plot_attention", "plot_models"]
 
 _log = logging.getLogger(__name__)
 
@@ -382,6 +382,25 @@ def check_model_names(models: Sequence[str]) -> None:
             raise unknown_name("model", m, list_models() + timm.list_models())
 
 
+def check_model_sizes(models: Sequence[str], img_sizes: Sequence[int]) -> None:
+    """Refuse (one-line UserError) a size below what a subquad model takes (its total stride), found by a forward on
+    the meta device at the smallest size, before anything is measured or written."""
+    from ..models import create_model
+    from ..models._base import InputShapeError
+
+    size = min(int(s) for s in img_sizes)
+    for name in models:
+        if not _is_subquad(name):
+            continue
+        model = create_model(name, device="meta")
+        in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
+        try:
+            with torch.no_grad():
+                model.eval()(torch.empty(1, in_chans, size, size, device="meta"))
+        except InputShapeError as e:
+            raise UserError(f"--img-size {size} is too small for {name}: {e}") from None
+
+
 def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch_size: int = 1,
                  backward: bool = False, device: str | torch.device = "cpu", max_mem_mb: float | None = 8192.0,
                  max_time_s: float | None = 300.0, warmup: int = 1, repeats: int = 5, force: bool = False,
@@ -402,6 +421,7 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
     check_model_names(models)
     if any(int(s) < 1 for s in img_sizes) or batch_size < 1:
         raise UserError(f"need positive --img-size and --batch-size, got {list(img_sizes)} and {batch_size}")
+    check_model_sizes(models, img_sizes)
     sweep = _Sweep(device, max_mem_mb, max_time_s, warmup, repeats, force, batch_size)
     rows: list[dict] = []
     for name in models:

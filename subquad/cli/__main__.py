@@ -7,6 +7,8 @@ before `func` runs, unless the parser sets `lazy=True` (then `func` imports what
 
 A user error (`subquad.errors.UserError`, or an OSError naming a file) prints one line `subquad <cmd>: error: ...`
 and exits 2; anything else is a bug and keeps its traceback. Set SUBQUAD_DEBUG=1 for the traceback of a user error.
+Every command's `--device` is checked here, before its subcommand runs (`engine.distributed.check_device`): a device
+this machine lacks is one line, not the traceback of the first tensor moved to it.
 """
 
 from __future__ import annotations
@@ -117,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
             import subquad
 
             subquad._load()
+        if getattr(args, "device", None):
+            from subquad.engine.distributed import check_device
+
+            check_device(args.device)
         result = args.func(args)
     except (UserError, OSError) as e:
         if os.environ.get("SUBQUAD_DEBUG"):

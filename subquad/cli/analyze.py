@@ -52,8 +52,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     import subquad
     from subquad.analysis.report import analyze_model
     from subquad.engine.checkpoint import load_checkpointed_model, refuse_existing_output
@@ -68,8 +66,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--img-size must be at least 8, got {args.img_size}")
     if args.locality_k < 1 or args.locality_k % 2 == 0:
         raise UserError(f"--locality-k must be a positive odd number, got {args.locality_k}")
-    if args.device != "cpu" and not torch.cuda.is_available():
-        raise UserError(f"--device {args.device}: CUDA is not available here; use --device cpu")
     transform = dcfg = classes = None
     if args.checkpoint is not None:
         name, model, side, dcfg, _ = load_checkpointed_model(args.checkpoint, args.model, args.img_size,

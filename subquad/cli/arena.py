@@ -93,7 +93,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     from subquad.arena import check_claims
-    from subquad.arena.report import check_run_claims, claims_text, method_text
+    from subquad.arena.report import check_run_claims, claims_text, method_text, smoke_note
 
     task = _task_of(args.dir)
     note = check_run_claims(args.dir, task)  # refuses claims edited since the run began
@@ -101,6 +101,8 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"arena {task.name}: the task states no claims")
         return 0
     results = check_claims(args.dir, task)
+    if smoke_note(args.dir):
+        print(smoke_note(args.dir, markdown=False))
     if note:
         print(note)
     print(method_text(results))

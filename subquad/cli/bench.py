@@ -108,9 +108,7 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     import torch
 
-    dev = torch.device(args.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    dev = torch.device(args.device)  # a device this machine lacks was refused before the command ran
     if dev.type not in ("cpu", "cuda"):
         raise UserError(f"--device must be cpu or cuda[:i], got {args.device!r}")
 
@@ -239,10 +237,11 @@ def run_attention(args: argparse.Namespace) -> int:
 
 
 def run_model(args: argparse.Namespace) -> int:
-    from subquad.bench.sweep import check_model_names
+    from subquad.bench.sweep import check_model_names, check_model_sizes
 
     _check(args)
     check_model_names(_name_list(args.model))
+    check_model_sizes(_name_list(args.model), args.img_size)
     with _pinned_threads(args):
         return _run_model(args)
 

@@ -68,8 +68,15 @@ def add_config_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = 
             p.add_argument(alias, dest=f.name, type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
+# What `train --resume` may change: where and how the run computes and reports, and how far it goes (--epochs above
+# the run's extends it; see --resume-schedule). Any other flag that differs from the run's args.yaml is refused.
+RESUME_FREE = ("device", "workers", "pin_mem", "checkpoint_every", "log_interval", "epochs", "resume_schedule",
+               "dry_run", "resume")
+
+
 def resolve_config(args: argparse.Namespace) -> TrainConfig:
-    """defaults < --config YAML < (--resume DIR)/args.yaml < explicit flags."""
+    """defaults < --config YAML < (--resume DIR)/args.yaml < explicit flags; with --resume, a flag that would change
+    the run is refused (`RESUME_FREE` lists those that may change)."""
     fields = {f.name for f in config_fields()}
     explicit = {k: v for k, v in vars(args).items() if k in fields}
     cfg = TrainConfig()
@@ -77,9 +84,30 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
         path = find_config(args.config, TRAIN_CONFIG_DIRS)
         cfg = merge_config(cfg, load_yaml(path), origin=str(path))
     resume = explicit.get("resume") or cfg.resume
-    if resume:
-        cfg = merge_config(cfg, load_run_args(resume), origin=str(Path(resume) / "args.yaml"))
-    return merge_config(cfg, explicit, origin="command line")
+    if not resume:
+        return merge_config(cfg, explicit, origin="command line")
+    from subquad.engine.checkpoint import refuse_other_run
+
+    refuse_other_run(resume)
+    run = merge_config(cfg, load_run_args(resume), origin=str(Path(resume) / "args.yaml"))
+    new = merge_config(run, explicit, origin="command line")
+    _refuse_changes(resume, run, new, list(explicit))
+    return new
+
+
+def _refuse_changes(resume: str, run: TrainConfig, new: TrainConfig, flags: list[str]) -> None:
+    """Refuse the typed `flags` whose value differs from the run's."""
+    from subquad.engine.runfiles import refuse_resume_changes
+
+    free = set(RESUME_FREE)
+    if new.epochs > run.epochs and new.resume_schedule == "restart":
+        free |= {"lr", "min_lr"}  # the extension's new cosine runs from --lr to --min-lr
+    if new.output and Path(new.output).resolve() == Path(resume).resolve():
+        free.add("output")
+    changed = [f"--{k.replace('_', '-')} {getattr(new, k)!r} (the run has {getattr(run, k)!r})" for k in flags
+               if k not in free and getattr(new, k) != getattr(run, k)]
+    refuse_resume_changes(resume, changed, [f"--{k.replace('_', '-')}" for k in RESUME_FREE if k != "resume"],
+                          verb="change")
 
 
 def shipped_configs() -> list[Path]:

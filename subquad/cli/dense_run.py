@@ -101,11 +101,16 @@ def palette(n: int) -> np.ndarray:
     return pal
 
 
-def _outputs(args: argparse.Namespace, weights: Path) -> Path:
-    out = Path(args.out_dir) if args.out_dir else weights.parent / "predict"
-    refuse_existing_output(out, "--out-dir", getattr(args, "overwrite", False), folder=True)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+def _check_out_dir(out: Path, files: list[str], overwrite: bool) -> None:
+    """Refuse an --out-dir that is a file, or that holds one of the prediction `files` unless --overwrite: only what
+    would actually be replaced is refused (a second predict of other images into the same folder is fine)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out-dir {out} is a file, not a folder; choose another --out-dir (nothing was written)")
+    there = [f for f in files if (out / f).exists()]
+    if there and not overwrite:
+        more = f" (and {len(there) - 1} more)" if len(there) > 1 else ""
+        raise UserError(f"--out-dir {out} already holds {there[0]}{more}, a prediction of an image of the same name; "
+                        "pass --overwrite to replace it, or choose another --out-dir (nothing was written)")
 
 
 def _save_png(arr: np.ndarray, path: Path, protect: tuple) -> None:
@@ -123,17 +128,27 @@ def predict_run(args: argparse.Namespace) -> int:
     from ..engine.distributed import resolve_device
 
     task, device = args.task, resolve_device(args.device)
+    inputs = [Path(p) for p in args.images]
+    seen: dict[str, Path] = {}
+    for path in inputs:  # every input before anything is loaded or written
+        if not path.is_file():
+            raise UserError(f"image not found: {path}")
+        if path.stem in seen:
+            raise UserError(f"{seen[path.stem]} and {path} would write the same predictions ({path.stem}.pred.png); "
+                            "predict them into separate --out-dir folders")
+        seen[path.stem] = path
+    files = [f"{p.stem}{s}" for p in inputs for s in (".pred.png", ".pred.json" if task == "detect" else ".label.png")]
+    overwrite = getattr(args, "overwrite", False)
     if args.out_dir:  # before the model is loaded
-        refuse_existing_output(args.out_dir, "--out-dir", getattr(args, "overwrite", False), folder=True)
+        _check_out_dir(Path(args.out_dir), files, overwrite)
     model, side, cfg, weights = load_dense_run(args.checkpoint, task, device)
     classes = list(side.get("classes") or [])
-    out = _outputs(args, weights)
-    inputs = [Path(p) for p in args.images]
+    out = Path(args.out_dir) if args.out_dir else weights.parent / "predict"
+    _check_out_dir(out, files, overwrite)
+    out.mkdir(parents=True, exist_ok=True)
     protect = tuple(inputs) + (weights, sidecar_path(weights))
     pal = palette(max(len(classes), int(side["num_classes"])) + 1)
     for path in inputs:
-        if not path.is_file():
-            raise UserError(f"image not found: {path}")
         img = read_rgb(path)
         if task == "detect":
             from pycocotools import mask as mask_utils

@@ -62,10 +62,10 @@ def add_task_parser(sub, task: str) -> argparse.ArgumentParser:
                                       "indices)") + " to --out-dir."))
     pr.add_argument("images", nargs="+", help="image files")
     pr.add_argument("--checkpoint", required=True, help="run directory or .safetensors")
-    pr.add_argument("--out-dir", default=None, help="output folder (default: <run>/predict); refused if not empty, "
-                    "unless --overwrite")
+    pr.add_argument("--out-dir", default=None, help="output folder (default: <run>/predict); refused when it holds a "
+                    "prediction file this run would write, unless --overwrite")
     pr.add_argument("--overwrite", action="store_true",
-                    help="write into --out-dir even if it is not empty (predictions of the same images are replaced)")
+                    help="replace the predictions of images of the same names in --out-dir")
     if task == "detect":
         pr.add_argument("--score-thresh", type=float, default=0.5, help="draw and list detections above this score")
     pr.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")

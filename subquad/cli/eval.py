@@ -31,8 +31,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-b", "--batch-size", type=int, default=256)
     p.add_argument("-j", "--workers", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="evaluate a seeded subset of this many images (0: all)")
-    p.add_argument("--results-file", default=None, help="JSON output (default: <checkpoint>.eval-<split>.json); an "
-                   "existing file is replaced only with --overwrite")
+    p.add_argument("--results-file", default=None, help="JSON output; an existing file is replaced only with "
+                   "--overwrite (default: <checkpoint>.eval-<split>.json, left as it is when it holds the same "
+                   "result; a different, earlier result there is kept and the new one goes to "
+                   "<checkpoint>.eval-<split>-2.json, -3, ...)")
     p.add_argument("--overwrite", action="store_true", help="let the results file replace an existing one")
     p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
     p.set_defaults(func=run)
@@ -118,12 +120,49 @@ def run(args: argparse.Namespace) -> int:
            "images_per_sec": round(n / dt, 1)}
     if "video" in dcfg:
         row["views"] = "x".join(str(v) for v in dcfg["video"]["views"])
-    out = Path(args.results_file) if args.results_file else ckpt.with_name(f"{ckpt.stem}.eval-{split}.json")
-    check_output_file(out, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file", overwrite=args.overwrite)
-    write_json(row, out)
     print(f"{name} on {spec} [{split}, {n} images]: top-1 {m['eval_top1']:.2f} %  top-5 {m['eval_top5']:.2f} %  "
-          f"loss {m['eval_loss']:.4f}  ({n / dt:.0f} images/s)")
-    print(f"results: {out}")
+          f"loss {m['eval_loss']:.4f}  ({n / dt:.0f} images/s)", flush=True)
+    if args.results_file:
+        out, note = Path(args.results_file), ""
+        check_output_file(out, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file", overwrite=args.overwrite)
+        write_json(row, out)
+    else:
+        out, note = _default_results(ckpt, split, row, args.overwrite)
+    print(f"results: {out}{note}")
     return 0
+
+
+# Fields of a results file that change from run to run without the result changing.
+_VOLATILE = ("images_per_sec", "checkpoint")
+
+
+def _default_results(ckpt: Path, split: str, row: dict, overwrite: bool) -> tuple[Path, str]:
+    """Where the results go without --results-file: <checkpoint>.eval-<split>.json when it is new (or --overwrite),
+    is left as it is when it holds the same result, and an earlier, different result is kept: the new one goes to
+    the first free <checkpoint>.eval-<split>-N.json (N = 2, 3, ...). Returns the path and a note saying which."""
+    from subquad.engine.checkpoint import check_output_file, read_json, sidecar_path, write_json
+
+    base = ckpt.with_name(f"{ckpt.stem}.eval-{split}.json")
+    check_output_file(base, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file")
+    if overwrite or not base.exists():
+        write_json(row, base)
+        return base, ""
+
+    def same(p: Path) -> bool:
+        try:
+            old = read_json(p)
+        except (OSError, ValueError):
+            return False
+        return isinstance(old, dict) and {k: v for k, v in old.items() if k not in _VOLATILE} == \
+            {k: v for k, v in row.items() if k not in _VOLATILE}
+
+    k, path = 1, base
+    while path.exists():
+        if path.is_file() and same(path):
+            return path, " (unchanged: it holds this result already)"
+        k += 1
+        path = ckpt.with_name(f"{ckpt.stem}.eval-{split}-{k}.json")
+    write_json(row, path)
+    return path, f" (a new file: {base.name} holds an earlier, different result, kept as it is)"
 
 

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
+from subquad.config import load_yaml, parse_yaml
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "charlm"
 
@@ -162,7 +162,7 @@ def resolve_config(args: argparse.Namespace):
     if not args.data:
         raise UserError("--data is required (a prepared corpus folder, enwik8:PATH or text8:PATH) unless --resume")
     path = find_config(args.config, ("charlm",)) if args.config else CONFIG_DIR / "small.yaml"
-    values: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    values: dict[str, Any] = load_yaml(path)
     fields = {f.name for f in dataclasses.fields(LMConfig)}
     unknown = sorted(set(values) - fields)
     if unknown:
@@ -180,7 +180,7 @@ def resolve_config(args: argparse.Namespace):
         if "=" not in o:
             raise UserError(f"--attn-opt expects KEY=VALUE, got {o!r}")
         k, v = o.split("=", 1)
-        opts[k.strip()] = yaml.safe_load(v)
+        opts[k.strip()] = parse_yaml(v, f"--attn-opt {o}")
     values["attn_kw"] = {**values.get("attn_kw", {}), args.attention: opts}
     if values.get("phases"):
         given = [f"--{n.replace('_', '-')}" for n in ("seq_len", "batch_size", "lr", "warmup")
@@ -194,6 +194,7 @@ def resolve_config(args: argparse.Namespace):
 
 def _resume_config(args: argparse.Namespace):
     """--resume RUN: the run's own args.yaml with resume on (and --device when given)."""
+    from subquad.engine.runfiles import refuse_resume_changes
     from subquad.engine.sequence import LMConfig
     from subquad.errors import UserError
 
@@ -203,12 +204,10 @@ def _resume_config(args: argparse.Namespace):
     given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--data", args.data),
                              ("--amp", getattr(args, "amp", None)), ("--amp-dtype", getattr(args, "amp_dtype", None)))
               if v]
-    if given:
-        raise UserError(f"--resume {out} continues the run with its own settings (args.yaml); drop {', '.join(given)}"
-                        " (only --device and --checkpoint-every may be given)")
+    refuse_resume_changes(out, given, ["--device", "--checkpoint-every"])
     if not (out / "args.yaml").is_file():
         raise UserError(f"--resume {out}: no args.yaml there (not a `subquad lm train` run directory)")
-    values = yaml.safe_load((out / "args.yaml").read_text()) or {}
+    values = load_yaml(out / "args.yaml")
     fields = {f.name for f in dataclasses.fields(LMConfig)}
     unknown = sorted(set(values) - fields)
     if unknown:

@@ -20,7 +20,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import yaml
+from subquad.config import load_yaml, parse_yaml
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "lra"
@@ -183,11 +183,12 @@ def _parse_opt(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise UserError(f"--attn-opt expects KEY=VALUE, got {text!r}")
     k, v = text.split("=", 1)
-    return k.strip(), yaml.safe_load(v)
+    return k.strip(), parse_yaml(v, f"--attn-opt {text}")
 
 
 def _resume_config(args: argparse.Namespace):
     """--resume DIR: the run's own args.yaml, with resume on (and --device / --workers when given)."""
+    from subquad.engine.runfiles import refuse_resume_changes
     from subquad.engine.sequence import LRAConfig
     from subquad.errors import UserError
 
@@ -196,12 +197,10 @@ def _resume_config(args: argparse.Namespace):
              and getattr(args, n, None) is not None]
     given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--grid", args.grid),
                              ("--window-size", args.window_size), ("--rank", args.rank)) if v]
-    if given:
-        raise UserError(f"--resume {out} continues the run with its own settings (args.yaml); drop {', '.join(given)}"
-                        " (only --device, --workers and --checkpoint-every may be given)")
+    refuse_resume_changes(out, given, ["--device", "--workers", "--checkpoint-every"])
     if not (out / "args.yaml").is_file():
         raise UserError(f"--resume {out}: no args.yaml there (not a `subquad lra train` run directory)")
-    values = yaml.safe_load((out / "args.yaml").read_text()) or {}
+    values = load_yaml(out / "args.yaml")
     fields = {f.name for f in dataclasses.fields(LRAConfig)}
     unknown = sorted(set(values) - fields)
     if unknown:
@@ -234,7 +233,7 @@ def resolve_config(args: argparse.Namespace):
         if path is None:
             continue
         path = find_config(path, ("lra",))
-        values.update(yaml.safe_load(path.read_text()) or {})
+        values.update(load_yaml(path))
     fields = {f.name for f in dataclasses.fields(LRAConfig)}
     unknown = sorted(set(values) - fields)
     if unknown:

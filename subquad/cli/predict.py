@@ -18,7 +18,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None,
                    help="registered model name (default: the checkpoint sidecar's; required without a sidecar)")
     p.add_argument("images", nargs="+", metavar="IMAGE",
-                   help="image files, or folders (every image directly in one, in sorted order)")
+                   help="image files, or folders (every image directly in one, in sorted order); an image that cannot "
+                   "be read is skipped and reported, and the command then exits with status 2")
     p.add_argument("--img-size", type=int, default=None, help="input side (default: the training size)")
     p.add_argument("--topk", type=int, default=5, help="classes to print per image")
     p.add_argument("-b", "--batch-size", type=int, default=64, help="images per forward")
@@ -76,16 +77,18 @@ def run(args: argparse.Namespace) -> int:
     classes = side.get("classes") or [str(i) for i in range(model.num_classes)]
     tf = eval_transform(dcfg)
     mode = "L" if dcfg["in_chans"] == 1 else "RGB"
-    results, dt = [], 0.0
+    results, dt, skipped = [], 0.0, []
     for i in range(0, len(images), args.batch_size):
-        batch = images[i:i + args.batch_size]
-        xs = []
-        for path in batch:
+        batch, xs = [], []
+        for path in images[i:i + args.batch_size]:
             try:
                 with Image.open(path) as im:
                     xs.append(tf(im.convert(mode)))
-            except (UnidentifiedImageError, OSError, SyntaxError) as e:
-                raise UserError(f"cannot read image {path}: {e}") from None
+                batch.append(path)
+            except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+                skipped.append((path, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__))
+        if not batch:
+            continue
         t0 = time.perf_counter()
         with torch.no_grad():
             probs = model(torch.stack(xs).to(device)).float().softmax(dim=1).cpu()
@@ -97,7 +100,13 @@ def run(args: argparse.Namespace) -> int:
                    for v, i in zip(vals.tolist(), idx.tolist())]
             results.append({"image": path, "top": top})
             print(f"{path}: " + ", ".join(f"{t['class']} ({100 * t['prob']:.1f} %)" for t in top), flush=True)
-    print(f"{len(images)} image(s) in {dt * 1000:.1f} ms ({len(images) / max(dt, 1e-9):.0f} images/s)")
-    if args.json:
+    done = len(results)
+    print(f"{done} image(s) in {dt * 1000:.1f} ms ({done / max(dt, 1e-9):.0f} images/s)")
+    if args.json and results:
         write_json(results, args.json)
+    if skipped:
+        path, why = skipped[0]
+        more = f", and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        raise UserError(f"skipped {len(skipped)} of {len(images)} image(s) that cannot be read: {path} ({why}){more}"
+                        + ("; the others were predicted" if results else ""))
     return 0

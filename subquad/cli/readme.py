@@ -8,7 +8,9 @@
   params, GMACs and top-1, its released weights with their licence, and the command that loads it);
 - docs/mechanisms.md: `mechanisms-table` (every registered attention mechanism with its capabilities);
 
-and writes docs/index.md, the site's home page, from README.md (`home_page`).
+and writes docs/index.md, the site's home page, from README.md (`home_page`). Numbers in the text are generated too:
+`<!-- count:NAME -->N<!-- /count -->` gets the current count NAME of `COUNTS` (registered models, official weight
+tags, mechanisms).
 
 Without `--write` it only checks, and exits 1 when a file is stale. `tests/test_readme.py` fails the same way.
 """
@@ -163,8 +165,43 @@ def home_page(readme: str) -> str:
 RENDERERS = {"mechanisms": mechanisms_table, "families": families_table, "zoo": zoo_tables}
 
 
+def _count_models() -> int:
+    import subquad
+
+    return len(subquad.list_models())
+
+
+def _count_weight_tags() -> int:
+    import subquad
+
+    return sum(len(_weights(n)) for n in subquad.list_models())
+
+
+def _count_mechanisms() -> int:
+    import subquad
+
+    return len(subquad.list_attention())
+
+
+#: count name -> how it is counted now (for `<!-- count:NAME -->N<!-- /count -->` in the text).
+COUNTS = {"models": _count_models, "weight-tags": _count_weight_tags, "mechanisms": _count_mechanisms}
+COUNT = re.compile(r"<!-- count:([\w-]+) -->(.*?)<!-- /count -->")
+
+
+def render_counts(text: str, name: str = "README.md") -> str:
+    """`text` with every count marker's number replaced by the current count."""
+    def one(m: re.Match) -> str:
+        if m.group(1) not in COUNTS:
+            raise ValueError(f"{name}: unknown count {m.group(1)!r}; known: {', '.join(COUNTS)}")
+        return f"<!-- count:{m.group(1)} -->{COUNTS[m.group(1)]()}<!-- /count -->"
+
+    return COUNT.sub(one, text)
+
+
 def render(text: str, keys: tuple[str, ...] = ("families",), name: str = "README.md") -> str:
-    """`text` with the block between each key's markers replaced by the freshly rendered table."""
+    """`text` with the block between each key's markers replaced by the freshly rendered table, and its count
+    markers by the current counts."""
+    text = render_counts(text, name)
     for key in keys:
         pat = re.compile(rf"(<!-- {key}-table:start -->).*?(<!-- {key}-table:end -->)", re.S)
         if not pat.search(text):

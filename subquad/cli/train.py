@@ -6,9 +6,12 @@ import argparse
 
 from subquad.cli.config import add_config_arguments, resolve_config
 
+USAGE = ("%(prog)s (--model NAME | -c RECIPE) [--data SPEC] [--epochs N] [--output DIR] [options]\n"
+         "       %(prog)s --resume DIR [--epochs N] [--device DEVICE]")
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("train", help="train a model on images",
+    p = sub.add_parser("train", help="train a model on images", usage=USAGE,
                        description="Train a registered model (DDP with `torchrun --nproc_per_node N -m subquad "
                        "train ...`). Writes args.yaml, summary.csv, last/best safetensors with JSON sidecars and "
                        "last_state.pth to --output. Precedence: defaults < --config YAML < resumed args.yaml < flags.")
@@ -16,7 +19,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="train into --output even if it is a folder that is not empty (a run there is still refused: "
                    "continue it with --resume)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, usage=p.format_usage)
     return p
 
 
@@ -27,6 +30,13 @@ def run(args: argparse.Namespace) -> int:
     from subquad.engine.classify import train
     from subquad.engine.loop import Preempted
 
+    if not any(getattr(args, k, None) for k in ("model", "config", "resume")):
+        import sys
+
+        from subquad.errors import UserError
+
+        print(args.usage().rstrip(), file=sys.stderr)
+        raise UserError("--model or -c is required (or --resume DIR to continue a run); see `subquad train --help`")
     cfg = resolve_config(args)
     if not cfg.resume and not cfg.dry_run:
         check_run_output(cfg.output, args.overwrite)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # torch is imported where it is used: `subquad models` writes
 __all__ = ["atomic_write", "refuse_existing_output", "check_output_file", "save_weights", "write_json", "read_json",
            "sidecar_path", "save_state", "load_state", "resolve_checkpoint", "read_sidecar", "checkpoint_arch",
            "read_weights", "read_checkpoint", "is_timm_checkpoint", "refuse_exported_program",
-           "load_checkpointed_model"]
+           "load_checkpointed_model", "run_kind", "refuse_other_run"]
 
 
 def refuse_existing_output(path: str | os.PathLike, flag: str, overwrite: bool = False, folder: bool = False
@@ -117,21 +117,15 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     Raises:
         UserError: the file is missing, or holds anything else (a pickle that would run code is refused unrun).
     """
-    import pickle
-
     import torch
 
-    from ..errors import UserError, unsafe_pickle
+    from ..errors import UserError
+    from ..models._builder import torch_read
 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"training state not found: {path}")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise unsafe_pickle(path, e) from None
-    except (RuntimeError, EOFError, ValueError) as e:
-        raise UserError(f"cannot read training state {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+    obj = torch_read(path, "training state", lambda p: torch.load(p, map_location="cpu", weights_only=True))
     if not isinstance(obj, dict):
         raise UserError(f"training state {path} is not a dict")
     return obj
@@ -154,6 +148,61 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     if not p.is_file():
         raise UserError(f"checkpoint file not found: {p}")
     return p
+
+
+# The runs of the other trainers: what the image commands (eval, predict, export, analyze, train --resume) say when
+# handed one, and which commands take it instead.
+_OTHER_RUNS = {
+    "lm": ("an `lm train` run", "use `subquad lm eval` / `lm generate`, and `subquad lm train --resume` to continue "
+           "it"),
+    "lra": ("an `lra train` run", "its test accuracy is in results.json; continue it with `subquad lra train "
+            "--resume`"),
+    "detect": ("a `detect train` run", "use `subquad detect eval` / `detect predict`, and `subquad detect train "
+               "--resume` to continue it"),
+    "segment": ("a `segment train` run", "use `subquad segment eval` / `segment predict`, and `subquad segment train "
+                "--resume` to continue it"),
+}
+_DETECTORS = ("maskrcnn", "fasterrcnn", "retinanet")
+
+
+def run_kind(info: dict[str, Any]) -> str:
+    """Which trainer wrote a run: 'image' (`subquad train`), 'lm', 'lra', 'detect' or 'segment', from a sidecar
+    (best.json / last.json: `arch`, `task`, `kind`) or, before the first one is written, from the run's args.yaml."""
+    if info.get("arch") == "char_lm" or "eval_ctx" in info:
+        return "lm"
+    if info.get("arch") == "lra_encoder" or "encoding" in info:
+        return "lra"
+    if info.get("task") in ("detect", "segment") and info.get("kind"):
+        return str(info["task"])
+    if "fpn_channels" in info:
+        return "detect" if info.get("kind") in _DETECTORS else "segment"
+    return "image"
+
+
+def refuse_other_run(path: str | os.PathLike, side: dict[str, Any] | None = None) -> None:
+    """Refuse, in one line naming the commands that take it, a run of another trainer (or weights with its sidecar)
+    given to a command for image classifiers. `side` is the weights' sidecar; for a run folder it is read from the
+    folder (its best.json or last.json, else args.yaml)."""
+    from ..errors import UserError
+
+    p = Path(path)
+    if side is None:
+        side = {}
+        for name in ("best.json", "last.json", "args.yaml"):
+            if (p / name).is_file():
+                try:
+                    import yaml
+
+                    side = yaml.safe_load((p / name).read_text()) or {}
+                except (OSError, yaml.YAMLError):
+                    side = {}
+                break
+    kind = run_kind(side if isinstance(side, dict) else {})
+    if kind != "image":
+        what, hint = _OTHER_RUNS[kind]
+        if p.is_file():
+            raise UserError(f"{p} holds the weights of {what}, not of a `subquad train` run; {hint}")
+        raise UserError(f"{p} is {what}, not a `subquad train` run; {hint}")
 
 
 def read_sidecar(weights: str | os.PathLike) -> dict[str, Any]:
@@ -245,10 +294,9 @@ def read_checkpoint(path: str | os.PathLike, prefer_ema: bool = False) -> tuple[
             (refused unrun), or `prefer_ema` for a timm checkpoint without EMA weights.
     """
     import argparse
-    import pickle
 
-    from ..errors import UserError, unsafe_pickle
-    from ..models._builder import read_state_dict, torch_load_weights, unwrap_state_dict
+    from ..errors import UserError
+    from ..models._builder import read_state_dict, torch_read, unwrap_state_dict
 
     path = Path(path)
     if not path.is_file():
@@ -256,13 +304,7 @@ def read_checkpoint(path: str | os.PathLike, prefer_ema: bool = False) -> tuple[
     if path.suffix == ".safetensors":
         return read_state_dict(path), {}
     refuse_exported_program(path)
-    try:
-        obj = torch_load_weights(path)
-    except pickle.UnpicklingError as e:
-        raise unsafe_pickle(path, e) from None
-    except (RuntimeError, EOFError, ValueError) as e:
-        raise UserError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
-            from None
+    obj = torch_read(path)
     if not is_timm_checkpoint(obj):
         return unwrap_state_dict(obj, prefer_ema=prefer_ema), {}
     from timm.models import clean_state_dict
@@ -300,7 +342,10 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
     from ..models._builder import load_into
     from .modelbuild import build_model, check_img_size, model_input
 
+    if Path(checkpoint).is_dir():
+        refuse_other_run(checkpoint)
     weights = resolve_checkpoint(checkpoint)
+    refuse_other_run(weights, read_sidecar(weights))
     # subquad keeps EMA weights in their own file; a timm training checkpoint holds them as state_dict_ema.
     ema_file = use_ema and weights.suffix == ".safetensors"
     if ema_file:

@@ -61,7 +61,7 @@ from .config import TrainConfig
 from .distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed, train_sampler
 from .loop import Loop, Position, Precision, TrainTask
 from .modelbuild import build_model, check_img_size, model_input
-from .optim import build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler, check_scheduler
 from .rng import epoch_seed, seed_everything
 from .runfiles import prepare_output, read_csv, write_args, write_csv
 
@@ -195,6 +195,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, info: D
 
 
 def _check_config(cfg: TrainConfig, info: DistInfo) -> None:
+    check_scheduler(cfg.sched)  # before any data is read
     if cfg.epochs < 1:
         raise UserError(f"--epochs must be >= 1, got {cfg.epochs}")
     if cfg.batch_size < 1:

@@ -16,8 +16,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-__all__ = ["DistInfo", "init_distributed", "resolve_device", "GlobalBatchSampler", "all_reduce_sum", "barrier",
-           "cleanup"]
+__all__ = ["DistInfo", "check_device", "init_distributed", "resolve_device", "GlobalBatchSampler", "all_reduce_sum",
+           "barrier", "cleanup"]
+
+# Device types a command may name, and how torch says whether this machine has one.
+_ACCELERATORS = {"cuda": lambda: torch.cuda.is_available(), "mps": lambda: torch.backends.mps.is_available(),
+                 "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available()}
 
 
 @dataclass(frozen=True)
@@ -35,9 +39,33 @@ class DistInfo:
         return self.rank == 0
 
 
+def check_device(device: str) -> torch.device:
+    """The device that `--device` names, when this machine has it; else a one-line UserError (`--device gpu`, or
+    `--device cuda` without a CUDA device). The `subquad` command checks every `--device` with it before a
+    subcommand runs."""
+    from ..errors import UserError
+
+    allowed = "cpu, cuda, cuda:N, mps or xpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UserError(f"--device {device!r} is not a device; use {allowed}") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type not in _ACCELERATORS:
+        raise UserError(f"--device {device!r}: subquad runs on {allowed}")
+    if not _ACCELERATORS[dev.type]():
+        name = {"cuda": "CUDA", "mps": "MPS (Apple GPU)", "xpu": "XPU (Intel GPU)"}[dev.type]
+        raise UserError(f"--device {device}: no {name} device here; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise UserError(f"--device {device}: this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
+    return dev
+
+
 def resolve_device(device: str = "") -> torch.device:
-    """`device`, or CUDA when available, else CPU (no process group)."""
-    return torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """`device` (checked by `check_device`), or CUDA when available, else CPU (no process group)."""
+    return check_device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def init_distributed(device: str = "") -> DistInfo:
@@ -46,7 +74,7 @@ def init_distributed(device: str = "") -> DistInfo:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device:
-        dev = torch.device(device)
+        dev = check_device(device)
     else:
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and dev.index is None:

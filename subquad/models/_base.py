@@ -44,10 +44,14 @@ class InputShapeError(UserError):
 
 
 def check_input(x: torch.Tensor, ndim: int, in_chans: int, min_size: int, name: str) -> torch.Tensor:
-    """Return x, or raise `InputShapeError` in one line: rank `ndim` (a video model, ndim 5, also takes images as
-    one-frame clips), `in_chans` channels, and every spatial side at least `min_size` (the model's total stride:
-    every host pads or floors below it into an empty map)."""
+    """Return x, or raise `InputShapeError` in one line: a floating-point dtype, rank `ndim` (a video model, ndim 5,
+    also takes images as one-frame clips), `in_chans` channels, and every spatial side at least `min_size` (the
+    model's total stride: every host pads or floors below it into an empty map)."""
     what = "video clips (B, C, T, H, W) or images (B, C, H, W)" if ndim == 5 else "images (B, C, H, W)"
+    if not x.is_floating_point():
+        raise InputShapeError(f"{name}: expected a floating-point input (normalised pixels), got {x.dtype}; convert "
+                              "uint8 images with x.float() / 255 and normalise them with the mean and std of the "
+                              "model's pretrained_cfg")
     if x.dim() != ndim and not (ndim == 5 and x.dim() == 4):
         hint = "; video needs a *_video model" if x.dim() == 5 and ndim == 4 else ""
         raise InputShapeError(f"{name}: expected {what}, got shape {tuple(x.shape)}{hint}")

@@ -132,8 +132,10 @@ def download_pretrained(url: str | None, variant: str, cfg: dict) -> tuple[Path,
     raise a one-line `UserError` naming the URL and how to load a file downloaded by hand; nothing is kept.
     """
     if not url:
-        raise UserError(f"{variant}: no released weights exist ({cfg.get('notes') or 'none published'}); pass "
-                        "checkpoint_path=... or pretrained_cfg_overlay=dict(file=...)")
+        notes = [n for n in (cfg.get("notes") or "").split("; ") if n and n != "no released weights"]
+        why = f" ({'; '.join(notes)})" if notes else ""
+        raise UserError(f"{variant}: no released weights exist{why}; pass checkpoint_path=... or "
+                        "pretrained_cfg_overlay=dict(file=...)")
     if not isinstance(url, str):  # timm allows (url, filename) pairs; no subquad cfg uses them
         raise UserError(f"{variant}: unsupported pretrained url {url!r} (expected one https URL)")
     tag = cfg.get("tag")
@@ -246,6 +248,39 @@ def torch_load_weights(path: str | os.PathLike) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def unreadable(path: str | os.PathLike, what: str, error: BaseException) -> UserError:
+    """The one-line error of a file that is not a readable `what` (a checkpoint, a training state): it names the file
+    and the first sentence of what the reader said."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = text.split(". ")[0].rstrip(".")
+    return UserError(f"{os.fspath(path)} is not a readable {what} (truncated or corrupt: {text})")
+
+
+def torch_read(path: str | os.PathLike, what: str = "checkpoint",
+               load: Callable[[Path], Any] | None = None) -> Any:
+    """`load(path)` (default `torch_load_weights`) with its failures as one line naming the file: a torch file whose
+    pickle needs more than tensors and plain containers is refused unrun (`errors.unsafe_pickle`); any other failure
+    (a 4-byte file, a truncated zip, random bytes) is a file that is not a readable `what`. torch's warnings about the
+    file (e.g. its pickle protocol) are not shown: the refusal says what matters."""
+    import warnings
+
+    from ..errors import unsafe_pickle
+
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return (load or torch_load_weights)(path)
+    except pickle.UnpicklingError as e:
+        with open(path, "rb") as f:
+            head = f.read(16)
+        if _sniff(head) == "torch":
+            raise unsafe_pickle(path, e) from None
+        raise unreadable(path, what, e) from None
+    except Exception as e:  # noqa: BLE001 - what torch raises depends on the bytes (struct.error, EOFError, OSError...)
+        raise unreadable(path, what, e) from None
+
+
 def read_state_dict(path: str | os.PathLike, prefer_ema: bool = False,
                     fmt: str | None = None) -> dict[str, torch.Tensor]:
     """Read weights from a safetensors or torch file without unpickling arbitrary objects.
@@ -260,18 +295,9 @@ def read_state_dict(path: str | os.PathLike, prefer_ema: bool = False,
 
         try:
             return load_file(str(path))
-        except Exception as e:  # safetensors raises its own error types
-            raise UserError(f"cannot read safetensors file {path}: {e}") from None
-    try:
-        obj = torch_load_weights(path)
-    except pickle.UnpicklingError as e:
-        from ..errors import unsafe_pickle
-
-        raise unsafe_pickle(path, e) from None
-    except (RuntimeError, EOFError, ValueError, OSError) as e:  # OSError: a truncated zip (errno 22)
-        raise UserError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
-            from None
-    return unwrap_state_dict(obj, prefer_ema=prefer_ema)
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            raise unreadable(path, "safetensors checkpoint", e) from None
+    return unwrap_state_dict(torch_read(path), prefer_ema=prefer_ema)
 
 
 def load_into(model: nn.Module, state_dict: dict[str, torch.Tensor], strict: bool = True, what: str = "checkpoint"):

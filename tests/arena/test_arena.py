@@ -201,9 +201,19 @@ def test_skipped_row_in_the_leaderboard(tmp_path, capsys, monkeypatch):
     task_file = _custom_task(tmp_path, host={**yaml.safe_load((CONFIG_DIR / "fmnist.yaml").read_text())["host"],
                                              "class_token": True, "global_pool": "token"})
     out = tmp_path / "arena"
+    # Issue 34 item 7: a run in which no cell can run is refused, and nothing is written.
     assert main(["arena", "run", "--task", str(task_file), "--attention", "structure_aware_d4", "--seeds", "0",
-                 "--budget", "quick", "--out", str(out)]) == 0
-    assert "skip structure_aware_d4" in capsys.readouterr().out
+                 "--budget", "quick", "--out", str(out)]) == 2
+    assert "no cell can run: structure_aware_d4" in capsys.readouterr().err and not out.exists()
+    # Beside cells that run, the skipped mechanism gets its row (the runner writes it the same way).
+    from subquad.arena import image
+    from subquad.arena.report import write_leaderboard
+    from subquad.arena.runner import mech_entry
+
+    task = load_task(str(task_file))
+    out.mkdir()
+    write_leaderboard(out, task, ["structure_aware_d4"], [0], {
+        "structure_aware_d4": image.refusal(task.recipe("quick"), mech_entry(task, "structure_aware_d4"))})
     row = _board(out)[0]
     assert row["status"] == "skipped" and "class token" in row["reason"] and row["n_seeds"] == "0"
     assert "skipped" in leaderboard_markdown(out)

@@ -242,6 +242,22 @@ def test_check_refuses_claims_edited_after_the_run_began(tmp_path, capsys):
     assert "claims" in _err_line(capsys)
 
 
+def test_check_of_a_quick_run_says_it_is_a_smoke_test(tmp_path, capsys):
+    """Issue 34 item 13: `check` on a `--budget quick` run carries the caveat `report` has; a default run does not."""
+    raw = yaml.safe_load((CONFIG_DIR / "fmnist.yaml").read_text())
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    for budget in ("quick", "default"):
+        (tmp_path / budget).mkdir()
+        out = _run_dir(tmp_path / budget, path, budget)
+        _fake_cells(out, {"softmax": [81.0, 82.0, 80.0], "linear_relu": [82.0, 82.5, 82.2]})
+        assert main(["arena", "check", str(out)]) == 0
+        printed = capsys.readouterr().out
+        smoke = "Smoke test (budget `quick`: a few steps on a tiny subset): these numbers check that the cells run"
+        assert (printed.splitlines()[0].startswith(smoke) if budget == "quick" else smoke not in printed), printed
+        assert "Holm:" in printed
+
+
 def test_check_of_a_run_that_predates_recorded_claims_says_so(tmp_path, capsys):
     out = tmp_path / "old"
     out.mkdir()
@@ -321,7 +337,9 @@ def test_requires_gpu_refuses_without_cuda(tmp_path, capsys, monkeypatch):
     assert "no CUDA device" in _err_line(capsys)
     assert main(["arena", "run", "--task", "pathfinder32", "--budget", "quick", "--device", "tpu",
                  "--out", str(out)]) == 2
-    assert "--device must be one of cpu, cuda" in _err_line(capsys)
+    assert "--device 'tpu' is not a device" in _err_line(capsys)  # the command checks every --device first
+    with pytest.raises(UserError, match="--device must be one of cpu, cuda"):
+        runner.resolve_device(load_task("pathfinder32"), "mps")
     # With CUDA, a requires-gpu task trains on it without being asked; other tasks keep their recipe's device.
     monkeypatch.setattr(runner, "_cuda_available", lambda: True)
     assert runner.resolve_device(load_task("pathfinder32"), None) == "cuda"
@@ -337,6 +355,7 @@ def test_a_run_keeps_its_device(tmp_path, capsys, monkeypatch):
     (out / "arena.json").write_text(json.dumps({"task": "listops", "source": "listops", "budget": "quick",
                                                 "fingerprint": task.fingerprint("quick"), "device": "cpu"}))
     monkeypatch.setattr(runner, "_cuda_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # the command's own --device check
     assert main(["arena", "run", "--task", "listops", "--budget", "quick", "--device", "cuda",
                  "--out", str(out)]) == 2
     assert "was started with --device cpu" in _err_line(capsys)

@@ -122,7 +122,7 @@ def test_predict_bad_images(run_dir, tmp_path, capsys):
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"nope")
     assert main(["predict", "--model", "vit_attn_micro", "--checkpoint", ck, str(bad), "--device", "cpu"]) == 2
-    assert "cannot read image" in _err_line(capsys)
+    assert f"skipped 1 of 1 image(s) that cannot be read: {bad} (" in _err_line(capsys)
 
 
 # Issue 13 item 1: eval, predict and analyze take the model, classes and eval transform from the sidecar, accept a

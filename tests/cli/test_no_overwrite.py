@@ -39,7 +39,7 @@ CASES = {
     "lm train": (["lm", "train", "--data", "MISSING", "--output", "OUT"], "dir"),
     "detect train": (["detect", "train", "--data", "synthetic", "--output", "OUT"], "dir"),
     "segment train": (["segment", "train", "--data", "synthetic", "--output", "OUT"], "dir"),
-    "detect predict": (["detect", "predict", "IMG", "--checkpoint", "MISSING", "--out-dir", "OUT"], "dir"),
+    "detect predict": (["detect", "predict", "IMG", "--checkpoint", "MISSING", "--out-dir", "OUT"], "pred"),
     "segment eval": (["segment", "eval", "--checkpoint", "MISSING", "--results-file", "OUT.json"], "file"),
     "eval": (["eval", "--checkpoint", "MISSING", "--results-file", "OUT.json"], "file"),
     "predict": (["predict", "--checkpoint", "MISSING", "IMG", "--json", "OUT.json"], "file"),
@@ -58,7 +58,11 @@ def test_existing_output_refused(name, tmp_path, capsys):
     for a in argv:
         if a.startswith("OUT"):
             out = tmp_path / a.replace("OUT", "mine")
-            (_mine if kind == "dir" else _file)(out)
+            if kind == "pred":  # a predict refuses only the prediction files it would replace
+                out.mkdir()
+                (out / "img.pred.png").write_text("mine")
+            else:
+                (_mine if kind == "dir" else _file)(out)
             a = str(out)
         elif a == "MISSING":
             a = str(tmp_path / "missing")
@@ -70,7 +74,9 @@ def test_existing_output_refused(name, tmp_path, capsys):
     assert str(out) in line and "nothing was written" in line, line
     # export refuses a file that is not an earlier export even with --overwrite; the others name the flag.
     assert ("is not an earlier onnx export" if name == "export" else "--overwrite") in line, line
-    if kind == "dir":
+    if kind == "pred":
+        assert [p.name for p in out.iterdir()] == ["img.pred.png"] and (out / "img.pred.png").read_text() == "mine"
+    elif kind == "dir":
         assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
     else:
         assert out.read_text() == "mine"

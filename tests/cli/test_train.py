@@ -117,7 +117,7 @@ def test_existing_run_is_never_overwritten(tmp_path, capsys):
     assert "already holds a run" in _err_line(capsys)
     # A resume with another model is refused before anything is written.
     assert main(["train", "--resume", str(out), "--model", "vit_attn_tiny"]) == 2
-    assert "trained 'vit_attn_micro'" in _err_line(capsys)
+    assert "drop --model 'vit_attn_tiny' (the run has 'vit_attn_micro')" in _err_line(capsys)
     # Resuming a finished run trains nothing and changes nothing.
     assert main(["train", "--resume", str(out)]) == 0
     after = {p.name: p.read_bytes() for p in out.iterdir()}

@@ -69,6 +69,22 @@ def test_train_eval_predict_resume(tmp_path, data, capsys, task, kind, flags, ke
         assert "detections" in json.loads((tmp_path / "pred" / "img.pred.json").read_text())
     else:
         assert Image.open(tmp_path / "pred" / "img.label.png").size == (56, 40)
+    # Issue 34 item 12: a missing image is named (not the output folder); a second predict into the default folder
+    # needs --overwrite only for the files it would replace.
+    capsys.readouterr()
+    assert main([task, "predict", "--checkpoint", str(run), str(tmp_path / "nothere.jpg")]) == 2
+    assert f"image not found: {tmp_path / 'nothere.jpg'}" in capsys.readouterr().err
+    img2 = tmp_path / "img2.png"
+    img2.write_bytes(img.read_bytes())
+    assert main([task, "predict", "--checkpoint", str(run), str(img)]) == 0
+    assert main([task, "predict", "--checkpoint", str(run), str(img2)]) == 0
+    assert (run / "predict" / "img.pred.png").is_file() and (run / "predict" / "img2.pred.png").is_file()
+    before = (run / "predict" / "img.pred.png").read_bytes()
+    assert main([task, "predict", "--checkpoint", str(run), str(img)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds img.pred.png (and 1 more)" in err and "--overwrite" in err
+    assert (run / "predict" / "img.pred.png").read_bytes() == before
+    assert main([task, "predict", "--checkpoint", str(run), str(img), "--overwrite"]) == 0
 
 
 def test_refusals(tmp_path, data, capsys):

@@ -298,6 +298,6 @@ def test_truncated_local_file_one_line(tmp_path):
     data, _ = official_file("flatten_pvt_v2_b0.in1k")
     path = tmp_path / "cut.pth"
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(subquad.errors.UserError, match="cannot read checkpoint") as e:
+    with pytest.raises(subquad.errors.UserError, match="is not a readable checkpoint") as e:
         subquad.create_model("flatten_pvt_v2_b0", checkpoint_path=str(path), device="meta")
     assert "\n" not in str(e.value) and str(path) in str(e.value)
