@@ -394,7 +394,10 @@ def register_family(module: str, model_cls: type[nn.Module], variants: Sequence[
 
 def _entry_point(model_cls, v: Variant, remap, out_indices) -> Callable[..., nn.Module]:
     def entry(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-        merged = {**v.args, **kwargs}
+        args = v.args
+        if any(k in kwargs for k in getattr(model_cls, "deprecated_attn", ())):
+            args = {k: a for k, a in args.items() if k != "attn"}  # the caller's old spelling replaces it
+        merged = {**args, **kwargs}
         default = tuple(out_indices(merged)) if out_indices else (0, 1, 2, 3)
         return build(model_cls, v.name, pretrained, remap=remap, default_out_indices=default, **merged)
 
