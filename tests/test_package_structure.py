@@ -169,3 +169,20 @@ def test_one_mechanism_keyword_across_families():
     others = [f"{c.__name__}({n}=)" for c, p in params.items() for n in sorted(p)
               if n.endswith(("_attn", "_attention")) and n not in c.deprecated_attn]
     assert others == []
+
+
+def _refs_outside_functional(modules: dict[str, Path]) -> list[str]:
+    """Module-level functions named `*_ref` (float64 references) outside `subquad/attention/functional/`."""
+    return [f"{m}:{n.name}" for m, p in modules.items() if not m.startswith("subquad.attention.functional")
+            for n in ast.parse(p.read_text()).body if isinstance(n, ast.FunctionDef) and n.name.endswith("_ref")]
+
+
+def test_every_reference_lives_in_functional(tmp_path):
+    """The one home of a mechanism's float64 reference (and of the fast path it checks): the mechanism's file in
+    `subquad/attention/functional/`; a mechanism module holds the module (parameters, projections) only."""
+    assert _refs_outside_functional(MODULES) == []
+    # and the check sees a reference elsewhere
+    probe = tmp_path / "probe.py"
+    probe.write_text("def probe(x):\n    return x\n\n\ndef probe_ref(x):\n    return x\n")
+    assert _refs_outside_functional({"subquad.attention.probe": probe}) == ["subquad.attention.probe:probe_ref"]
+    assert _refs_outside_functional({"subquad.attention.functional.probe": probe}) == []
