@@ -1,4 +1,5 @@
-"""Every shipped recipe YAML loads into TrainConfig and drives `subquad train --dry-run` on a tiny model."""
+"""Every shipped recipe YAML loads into TrainConfig, builds its own model (on the meta device, with the recipe's
+model options) and drives `subquad train --dry-run` on a tiny model."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subquad
 from subquad.cli.__main__ import main
 from subquad.cli.config import load_yaml, shipped_configs
 from subquad.engine.config import TrainConfig, merge_config
+from subquad.engine.modelbuild import build_model
 
 CONFIGS = shipped_configs()
 
@@ -33,8 +35,22 @@ def test_config_loads_and_dry_runs(path, capsys):
     for k, v in data.items():
         if k not in ("model", "data", "img_size", "workers"):
             assert printed[k] == v, k
-    if cfg.model not in subquad.list_models():
-        pytest.skip(f"recipe model {cfg.model!r} is not registered yet")
+    _builds_its_model(cfg)
+
+
+def _builds_its_model(cfg: TrainConfig) -> None:
+    """The recipe's own model, with the recipe's sizes and options, builds (on the meta device: no weights)."""
+    assert cfg.model in subquad.list_models(), f"recipe model {cfg.model!r} is not registered"
+    kw = {**(cfg.model_kwargs or {}), "device": "meta"}
+    if cfg.num_frames is not None:
+        kw["num_frames"] = cfg.num_frames
+    m = build_model(cfg.model, cfg.num_classes or 1000, cfg.img_size, cfg.drop_path, cfg.drop, "meta", kw)
+    assert m.pretrained_cfg["architecture"] == cfg.model and next(m.parameters()).is_meta
+
+
+def test_a_recipe_with_an_unknown_model_fails():
+    with pytest.raises(AssertionError, match="not registered"):
+        _builds_its_model(TrainConfig(model="l2vit_tinyy"))
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +77,4 @@ def test_video_config_loads_and_dry_runs(path, clips, capsys):
     for k, v in data.items():
         if k not in ("model", "data", "img_size", "workers", "num_frames", "frame_stride", "batch_size"):
             assert printed[k] == v, k
+    _builds_its_model(cfg)

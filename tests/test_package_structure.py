@@ -1,6 +1,7 @@
 """The house rules of the package, read from its source with `ast`: no import circle (module-level or inside
 functions), no library module importing the command line, no function over 80 lines, no host comparing a mechanism
-name, no `layout` parameter in a mechanism."""
+name, no `layout` parameter in a mechanism, one mechanism keyword across the backbone families, and every float64
+reference in `attention/functional/`."""
 
 from __future__ import annotations
 
@@ -152,3 +153,36 @@ def test_library_code_never_prints():
     lib = [p for m, p in MODULES.items() if not m.startswith("subquad.cli")]
     assert [h for p in lib for h in _prints(p)] == []
     assert _prints(ROOT / "cli" / "dense_run.py")  # the check sees a print where there is one
+
+
+def test_one_mechanism_keyword_across_families():
+    """Every registered backbone host takes its mechanism as `attn=` and its options as `attn_kwargs=`; no other
+    parameter names a mechanism except the deprecated spellings a host declares (`deprecated_attn`)."""
+    import inspect
+
+    import subquad
+    from subquad.models._builder import HOSTS
+
+    assert set(HOSTS) == set(subquad.list_models())
+    params = {c: set(inspect.signature(c).parameters) for c in set(HOSTS.values())}
+    assert [c.__name__ for c, p in params.items() if not {"attn", "attn_kwargs"} <= p] == []
+    others = [f"{c.__name__}({n}=)" for c, p in params.items() for n in sorted(p)
+              if n.endswith(("_attn", "_attention")) and n not in c.deprecated_attn]
+    assert others == []
+
+
+def _refs_outside_functional(modules: dict[str, Path]) -> list[str]:
+    """Module-level functions named `*_ref` (float64 references) outside `subquad/attention/functional/`."""
+    return [f"{m}:{n.name}" for m, p in modules.items() if not m.startswith("subquad.attention.functional")
+            for n in ast.parse(p.read_text()).body if isinstance(n, ast.FunctionDef) and n.name.endswith("_ref")]
+
+
+def test_every_reference_lives_in_functional(tmp_path):
+    """The one home of a mechanism's float64 reference (and of the fast path it checks): the mechanism's file in
+    `subquad/attention/functional/`; a mechanism module holds the module (parameters, projections) only."""
+    assert _refs_outside_functional(MODULES) == []
+    # and the check sees a reference elsewhere
+    probe = tmp_path / "probe.py"
+    probe.write_text("def probe(x):\n    return x\n\n\ndef probe_ref(x):\n    return x\n")
+    assert _refs_outside_functional({"subquad.attention.probe": probe}) == ["subquad.attention.probe:probe_ref"]
+    assert _refs_outside_functional({"subquad.attention.functional.probe": probe}) == []

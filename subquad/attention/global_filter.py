@@ -1,7 +1,7 @@
 """GFNet-style global filter token mixer (`"global_filter"`): a static per-channel circular convolution via rfft2.
 
 Registered for LiSA's Tab. 3(a) comparisons ("GF layer"): the input-independent counterpart of LiSA's dynamic
-global convolution.
+global convolution. The rfft2 fast path and its dense float64 reference are in `functional/global_filter.py`.
 """
 
 from __future__ import annotations
@@ -12,45 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._shapes import as_hw, check_heads, known_equal, map_to_tokens, tokens_to_map
+from .._shapes import as_hw, check_heads, known_equal
 from ..layers.precision import compute_dtype, no_autocast
 from .base import AttentionCaps, TokenMixer
+from .functional.global_filter import global_filter_fft, global_filter_kernel, global_filter_ref
 from .functional.structure_aware import relative_index
 from .registry import register_attention
 
-__all__ = ["GlobalFilter", "global_filter_kernel", "global_filter_ref", "global_filter_fft"]
-
-
-def global_filter_kernel(weight: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
-    """Token-domain kernel of a half-spectrum filter: (H, W//2+1, C, 2) -> (C, H, W), k = irfft2(W, s=hw).
-
-    The GF output equals the circular convolution y[i] = sum_n k[(i - n) mod hw] x[n] per channel
-    (the filter's impulse response, since rfft2 of a delta is all ones).
-    """
-    w = torch.view_as_complex(weight.contiguous()).permute(2, 0, 1)  # (C, H, W//2+1)
-    return torch.fft.irfft2(w, s=tuple(hw))
-
-
-def global_filter_ref(x: torch.Tensor, weight: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
-    """Dense reference: per-channel circulant matrices M_c[i, n] = k_c[(i - n) mod hw] applied to x.
-
-    Shapes: x (B, N, C); weight (H, W//2+1, C, 2) -> (B, N, C).
-    """
-    k = global_filter_kernel(weight, hw).flatten(1)  # (C, N)
-    # relative_index gives delta = n - i mod hw; convolution needs i - n = the transpose.
-    m = k[:, relative_index(hw, "circular", x.device).T]  # (C, N_i, N_n)
-    return torch.einsum("cin,bnc->bic", m, x)
-
-
-def global_filter_fft(x: torch.Tensor, weight: torch.Tensor, hw: Sequence[int]) -> torch.Tensor:
-    """GFNet GlobalFilter: irfft2(rfft2(x, ortho) * W, ortho) over the token grid.
-
-    Shapes: x (B, N, C); weight (H, W//2+1, C, 2) -> (B, N, C).
-    """
-    xm = tokens_to_map(x, hw)  # (B, C, H, W)
-    w = torch.view_as_complex(weight.contiguous()).permute(2, 0, 1)  # (C, H, W//2+1)
-    y = torch.fft.irfft2(torch.fft.rfft2(xm, norm="ortho") * w, s=tuple(hw), norm="ortho")
-    return map_to_tokens(y)
+__all__ = ["GlobalFilter"]
 
 
 @register_attention("global_filter")

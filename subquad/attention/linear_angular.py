@@ -12,12 +12,10 @@ i.e. the constant term of the kernel keeps the token's own value (not a sum over
 denominator, an L2 normalisation of each output row instead, and a depthwise convolution of the values along the
 token axis (kernel `res_kernel_size` x 1, one filter per head shared by its channels, zero padding). This module
 follows that code. The training-time softmax auxiliary (`sparse_reg=True`) is not implemented (see
-docs/deviations.md).
+docs/deviations.md). The core and its dense float64 reference are in `functional/linear_angular.py`.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -25,34 +23,10 @@ from torch import nn
 from .._shapes import check_heads, merge_heads
 from ..layers.init import init_linears_
 from .base import AttentionCaps, TokenMixer
+from .functional.linear_angular import linear_angular, linear_angular_matrix, linear_angular_ref
 from .registry import register_attention
 
-__all__ = ["LinearAngularAttention", "linear_angular", "linear_angular_ref", "linear_angular_matrix"]
-
-
-def _unit(t: torch.Tensor, eps: float) -> torch.Tensor:
-    return t / t.norm(dim=-1, keepdim=True).clamp_min(eps)
-
-
-def linear_angular(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Keys-first linear-angular core: q, k (B, h, N, d), v (B, h, N, e) -> (B, h, N, e), each row L2-normalised.
-
-    x = 1/2 v + (1/pi) q^ (k^^T v), out = x / |x| (norms clamped at `eps`)."""
-    qn, kn = _unit(q, eps), _unit(k, eps)
-    x = 0.5 * v + (qn @ (kn.transpose(-2, -1) @ v)) / math.pi
-    return _unit(x, eps)
-
-
-def linear_angular_matrix(q: torch.Tensor, k: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """The un-normalised kernel matrix A = 1/2 I + (1/pi) q^ k^^T, (B, h, N, N) (x = A v)."""
-    qn, kn = _unit(q, eps), _unit(k, eps)
-    eye = torch.eye(q.shape[-2], dtype=q.dtype, device=q.device)
-    return 0.5 * eye + (qn @ kn.transpose(-2, -1)) / math.pi
-
-
-def linear_angular_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Dense reference of `linear_angular`: the explicit N x N matrix A, then x = A v and the row normalisation."""
-    return _unit(linear_angular_matrix(q, k, eps) @ v, eps)
+__all__ = ["LinearAngularAttention"]
 
 
 @register_attention("linear_angular")

@@ -1,7 +1,8 @@
 """Backbone families. Importing this package registers every model into timm's registry.
 
-One import per family file; each file holds its classes, `remap_official`, `@register_model` variants,
-`default_cfgs` and model cards.
+One import per family file (at the end of this file); each holds its blocks and host class, `remap_official` and a
+table of `Variant`s that `register_family` (`_builder.py`) turns into timm entry points, `default_cfgs` and model
+cards. Every host takes its mechanism as `attn=` and the mechanism's options as `attn_kwargs=`.
 """
 
 from __future__ import annotations

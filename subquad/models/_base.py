@@ -22,7 +22,11 @@ so symbolic tracing never branches on a traced shape.
 from __future__ import annotations
 
 import math
+import os
 import re
+import sys
+import warnings
+from typing import Any
 
 import torch
 import torch.fx
@@ -33,7 +37,7 @@ from torch import nn
 from ..errors import UserError
 
 __all__ = ["Backbone", "InputShapeError", "check_input", "tokens_to_nchw", "tokens_to_nhwc", "drop_path_rates",
-           "POOLS_MAP", "POOLS_TOKENS"]
+           "POOLS_MAP", "POOLS_TOKENS", "stage_mechanisms", "deprecated_attn_keywords"]
 
 POOLS_MAP = ("avg", "")
 POOLS_TOKENS = ("token", "avg", "")
@@ -93,6 +97,43 @@ def drop_path_rates(rate: float, depths: list[int] | tuple[int, ...]) -> list[li
     return out
 
 
+def stage_mechanisms(host: str, attn: Any, n: int, what: str = "stage") -> tuple[str, ...]:
+    """A host's `attn=` as one mechanism name per stage: one name (every stage) or a sequence of `n` names.
+
+    Anything else is refused in one line naming the host and what `attn=` takes; an unknown name is refused by the
+    attention registry when the stage is built (with the names that are close)."""
+    names = (attn,) * n if isinstance(attn, str) else tuple(attn) if isinstance(attn, (list, tuple)) else None
+    if names is None or len(names) != n or not all(isinstance(a, str) for a in names):
+        raise UserError(f"{host}: attn= takes a mechanism name or {n} names (one per {what}), got {attn!r}")
+    return names
+
+
+_OWN_FILES = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)
+
+
+def deprecated_attn_keywords(host: str, attn: Any, hint: str = "the same value", **old: Any) -> dict[str, Any]:
+    """The deprecated spellings of `attn=` a caller passed: `old` maps each keyword to its value (None when not
+    passed); the keywords given are returned with their values.
+
+    Each one given warns (`DeprecationWarning`, attributed to the first caller outside subquad and timm, so that
+    Python's default filters show it to a script); one given beside `attn=` is refused in one line. `hint` says
+    what to pass as `attn=` instead."""
+    given = {k: v for k, v in old.items() if v is not None}
+    if not given:
+        return given
+    spelled = " / ".join(f"{k}=" for k in given)
+    if attn is not None:
+        raise UserError(f"{host}: {spelled} is the deprecated spelling of attn=; pass attn= alone, not both")
+    import timm
+
+    own = (*_OWN_FILES, os.path.dirname(os.path.abspath(timm.__file__)))
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(own):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"{host}: {spelled} is deprecated; pass attn= ({hint})", DeprecationWarning, stacklevel=level)
+    return given
+
+
 class Backbone(nn.Module):
     """Base of every subquad image/video backbone; see the module docstring for the hooks a host implements.
 
@@ -100,7 +141,8 @@ class Backbone(nn.Module):
     `grad_checkpointing`, and calls `_init_head(num_classes, global_pool, drop_rate)`; it sets `output_fmt`
     ('NHWC' default), `num_prefix_tokens` of the final features (0 default) and `input_ndim` (4; 5 for video).
     Class attributes `group_patterns` (timm `group_matcher` regexes, fine and coarse) and `no_decay` (regexes of
-    parameter names excluded from weight decay, as the official recipes do) replace per-host methods.
+    parameter names excluded from weight decay, as the official recipes do) replace per-host methods;
+    `deprecated_attn` names the host's deprecated spellings of `attn=` (a caller's one replaces a variant's `attn`).
     """
 
     output_fmt: str = "NHWC"
@@ -111,6 +153,7 @@ class Backbone(nn.Module):
     group_patterns: dict = {}
     group_patterns_coarse: dict | None = None
     no_decay: tuple[str, ...] = ()
+    deprecated_attn: tuple[str, ...] = ()
 
     # ----- hooks -----
     def _forward_level(self, i: int, x: torch.Tensor, hw):

@@ -26,7 +26,8 @@ from torch import nn
 from ..errors import UserError
 
 __all__ = ["build", "download_pretrained", "pretrained_cache_path", "load_checkpoint", "read_state_dict",
-           "unwrap_state_dict", "load_into", "Variant", "register_family", "NON_STD", "FAMILY_MODULES", "IMAGENET_CFG"]
+           "unwrap_state_dict", "load_into", "Variant", "register_family", "NON_STD", "FAMILY_MODULES", "HOSTS",
+           "IMAGENET_CFG"]
 
 _logger = logging.getLogger(__name__)
 
@@ -344,6 +345,8 @@ REQUIRED_CFG_KEYS = ("input_size", "min_input_size", "pool_size", "crop_pct", "i
 NON_STD: set[str] = set()
 #: timm module names (the family files' last name component) under which `register_family` registered models.
 FAMILY_MODULES: set[str] = set()
+#: Registered name -> its host class (`register_family`).
+HOSTS: dict[str, type[nn.Module]] = {}
 
 IMAGENET_CFG = dict(num_classes=1000, input_size=(3, 224, 224), crop_pct=0.875, interpolation="bicubic",
                     mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), classifier="head")
@@ -413,6 +416,7 @@ def register_family(module: str, model_cls: type[nn.Module], variants: Sequence[
                                 tags=("non-std",) if non_std else ()))
         if non_std:
             NON_STD.add(v.name)
+        HOSTS[v.name] = model_cls
         fn = _entry_point(model_cls, v, remap, out_indices)
         fn.__module__ = module
         setattr(mod, v.name, register_model(fn))
@@ -420,7 +424,10 @@ def register_family(module: str, model_cls: type[nn.Module], variants: Sequence[
 
 def _entry_point(model_cls, v: Variant, remap, out_indices) -> Callable[..., nn.Module]:
     def entry(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-        merged = {**v.args, **kwargs}
+        args = v.args
+        if any(k in kwargs for k in getattr(model_cls, "deprecated_attn", ())):
+            args = {k: a for k, a in args.items() if k != "attn"}  # the caller's old spelling replaces it
+        merged = {**args, **kwargs}
         default = tuple(out_indices(merged)) if out_indices else (0, 1, 2, 3)
         return build(model_cls, v.name, pretrained, remap=remap, default_out_indices=default, **merged)
 

@@ -1,7 +1,8 @@
 """Model cards: the published numbers of every registered model, with provenance, and the README table.
 
 A card states what the paper (or official README) reports and, where it exists, the exact parameter count of the
-official code. Tests assert that our models match `ref_params` within 1 % (and GMACs within 2 % under `slow`).
+official code. Tests assert that our models have exactly `ref_params` parameters (and GMACs within 2 % under
+`slow`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ class ModelCard:
         top1: published ImageNet-1k top-1 (%) (None: not published).
         source: where the numbers come from (paper title or arXiv id with its table, or the official README).
         status: 'official-arch' (architecture follows released code) or 'unofficial' (reconstructed by us).
-        ref_params: exact parameter count our model must match within 1 % (official code, measured; else our
-            definition's count as stated in the spec). None: no count to hold (tiny test variants).
+        ref_params: the exact parameter count our model must have (official code, measured; else our
+            definition's count, measured). None: no count to hold (tiny test variants).
         ref_gmacs: GMACs our counter must match within 2 % (`slow` test); None: not checked.
         code: the official repository ('' when none exists).
         notes: anything a user must know (e.g. 'paper, not reproduced').

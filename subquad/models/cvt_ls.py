@@ -35,7 +35,7 @@ from .._shapes import as_hw
 from ..attention import build_stage_attention, get_attention_form
 from ..errors import UserError
 from ..layers.mlp import Mlp
-from ._base import Backbone, drop_path_rates, tokens_to_nchw
+from ._base import Backbone, drop_path_rates, stage_mechanisms, tokens_to_nchw
 from ._builder import Variant, register_family
 
 __all__ = ["CvTLS", "ConvProjAttention", "remap_legacy"]
@@ -71,11 +71,13 @@ class ConvProjAttention(nn.Module):
         window_size, rank: w and r (hints for mechanisms that take them: the long-short core).
         qkv_bias, attn_drop, proj_drop: the usual.
         grid: the stage's token grid at the construction resolution (for mechanisms sized by it).
+        attn_kwargs: the user's options for the mechanism.
     """
 
     def __init__(self, dim: int, num_heads: int, attn: str = "long_short", num_prefix_tokens: int = 0,
                  window_size: int = 7, rank: int = 64, qkv_bias: bool = True, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, grid: tuple[int, int] | None = None, device=None, dtype=None) -> None:
+                 proj_drop: float = 0.0, grid: tuple[int, int] | None = None, attn_kwargs: dict | None = None,
+                 device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         try:
@@ -93,7 +95,7 @@ class ConvProjAttention(nn.Module):
         # stage facts: convolutional projections, window, class tokens; host hints for mechanisms that take them
         stage = dict(conv_proj=True, grid=grid, window_size=window_size, num_prefix_tokens=num_prefix_tokens,
                      hints=dict(rank=rank, dims=2, rpe=False, attn_drop=attn_drop))
-        self.mixer = build_stage_attention(attn, dim, num_heads, stage, host_qkv=True, **dd)
+        self.mixer = build_stage_attention(attn, dim, num_heads, stage, attn_kwargs, host_qkv=True, **dd)
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -152,8 +154,8 @@ class Stage(nn.Module):
 
     def __init__(self, in_chans: int, dim: int, depth: int, num_heads: int, embed: tuple[int, int, int],
                  attn: str, cls_token: bool, window_size: int, rank: int, mlp_ratio: float, dpr: Sequence[float],
-                 drop: float, attn_drop: float, grid: tuple[int, int] | None = None, device=None,
-                 dtype=None) -> None:
+                 drop: float, attn_drop: float, grid: tuple[int, int] | None = None,
+                 attn_kwargs: dict | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.patch_embed = ConvEmbed(in_chans, dim, *embed, **dd)
@@ -161,7 +163,8 @@ class Stage(nn.Module):
         P = int(cls_token)
         self.blocks = nn.ModuleList([
             Block(dim, ConvProjAttention(dim, num_heads, attn, P, window_size, rank, True, attn_drop, drop, grid,
-                                         **dd), mlp_ratio, dpr[j], drop, **dd) for j in range(depth)])
+                                         attn_kwargs=attn_kwargs, **dd), mlp_ratio, dpr[j], drop, **dd)
+            for j in range(depth)])
         self.grad_checkpointing = False
 
     def reset_parameters(self) -> None:
@@ -190,10 +193,12 @@ class CvTLS(Backbone):
         img_size: nominal resolution (cards and cfgs only; any size runs).
         in_chans, num_classes: input channels, classifier outputs (0: no head).
         embed_dims, depths, num_heads: per stage C, blocks, h.
-        attn: the mechanism of every stage, one with a "host_qkv" form ("long_short": CvT*-LS, "softmax": CvT).
+        attn: the mechanism: a name for every stage, or 3 names (one per stage), each with a "host_qkv" form
+            ("long_short": CvT*-LS, "softmax": CvT).
         window_size, rank: w and r of the long-short core (every stage).
         mlp_ratio, drop_rate, attn_drop_rate, drop_path_rate: the usual (drop path linear over all blocks).
         global_pool: 'token' (the stage-3 class token, CvT's head), 'avg' (mean of the patch tokens) or ''.
+        attn_kwargs: extra options for every stage's mechanism.
     """
 
     init_norms = True
@@ -206,14 +211,16 @@ class CvTLS(Backbone):
 
     def __init__(self, img_size: int | tuple[int, int] = 224, in_chans: int = 3, num_classes: int = 1000,
                  embed_dims: Sequence[int] = (64, 192, 384), depths: Sequence[int] = (1, 2, 10),
-                 num_heads: Sequence[int] = (1, 3, 6), attn: str = "long_short", window_size: int = 7,
-                 rank: int = 64, mlp_ratio: float = 4.0, drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.1, global_pool: str = "token", device=None, dtype=None) -> None:
+                 num_heads: Sequence[int] = (1, 3, 6), attn: str | Sequence[str] = "long_short",
+                 window_size: int = 7, rank: int = 64, mlp_ratio: float = 4.0, drop_rate: float = 0.0,
+                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.1, global_pool: str = "token",
+                 attn_kwargs: dict | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if not (len(embed_dims) == len(depths) == len(num_heads) == 3):
             raise ValueError(f"CvTLS: embed_dims, depths and num_heads need 3 entries each, got {embed_dims}, "
                              f"{depths}, {num_heads}")
+        self.attn_names = stage_mechanisms("cvt_ls", attn, 3)
         self.img_size = as_hw(img_size)
         self.in_chans = in_chans
         self.total_stride = 16
@@ -228,9 +235,9 @@ class CvTLS(Backbone):
             stride *= embeds[i][1]
             k, s, p = embeds[i]
             grid = tuple((n + 2 * p - k) // s + 1 for n in grid)  # the embedding conv's output map
-            self.add_module(f"stage{i}", Stage(in_dim, embed_dims[i], depths[i], num_heads[i], embeds[i], attn,
-                                               i == 2, window_size, rank, mlp_ratio, dpr[i], drop_rate,
-                                               attn_drop_rate, grid, **dd))
+            self.add_module(f"stage{i}", Stage(in_dim, embed_dims[i], depths[i], num_heads[i], embeds[i],
+                                               self.attn_names[i], i == 2, window_size, rank, mlp_ratio, dpr[i],
+                                               drop_rate, attn_drop_rate, grid, attn_kwargs=attn_kwargs, **dd))
             self.feature_info.append(dict(num_chs=embed_dims[i], reduction=stride, module=f"stage{i}"))
             in_dim = embed_dims[i]
         self.num_stages = 3

@@ -2,8 +2,9 @@
 
 Module names follow the official file (`stage1_conv_embed.{0,2}`, `stage{i}.{j}.{norm1, qkv, attns, proj, norm2,
 mlp}`, `merge{i}.{conv, norm}`, `norm`, `head`), so the official checkpoints load with an identity remap. Each stage
-takes its mechanism from the typed tuple `stage_attn`: the default `("focused_linear", "focused_linear", "cswin",
-"cswin")` is FLatten-CSwin (official `ATTN_TYPE='LLSS'`); `("cswin",) * 4` is the CSwin baseline with FLatten's depths.
+takes its mechanism from `attn` (one name, or one per stage): the default `("focused_linear", "focused_linear",
+"cswin", "cswin")` is FLatten-CSwin (official `ATTN_TYPE='LLSS'`); `attn="cswin"` is the CSwin baseline with
+FLatten's depths.
 
 Paper: FLatten Transformer (arXiv 2308.00442), Tab. 2 (CSwin rows); CSwin (Dong et al.
 2022) for the host.
@@ -29,7 +30,7 @@ from .._shapes import as_hw, map_to_tokens, tokens_to_map
 from ..attention import build_stage_attention, get_attention_form
 from ..errors import UserError
 from ..layers.mlp import Mlp
-from ._base import Backbone, drop_path_rates
+from ._base import Backbone, deprecated_attn_keywords, drop_path_rates, stage_mechanisms
 from ._builder import Variant, register_family, unwrap_state_dict
 from ._flatten_common import FLATTEN_CARD, FLATTEN_CFG, flatten_release
 from ._flatten_common import resize_token_tables as _resize_tables
@@ -115,6 +116,10 @@ class _ToTokens(nn.Module):
         return map_to_tokens(x)
 
 
+#: FLatten-CSwin's stages (official `ATTN_TYPE='LLSS'`): focused linear attention early, CSwin's stripes late.
+_LLSS = ("focused_linear", "focused_linear", "cswin", "cswin")
+
+
 class FlattenCSWin(Backbone):
     """CSwin host with a mechanism per stage ('focused_linear' or 'cswin').
 
@@ -128,7 +133,9 @@ class FlattenCSWin(Backbone):
         img_size: construction resolution (sets the 'L' PE grids and the single-branch rule).
         in_chans, num_classes: input channels, classifier outputs (0: no head).
         embed_dim, depths, num_heads, mlp_ratio: CSwin sizes.
-        stage_attn: mechanism per stage.
+        attn: the mechanism: a name for every stage, or one name per stage, each with a "host_qkv" form (the
+            block projects q, k, v); None: FLatten-CSwin's ("focused_linear", "focused_linear", "cswin", "cswin");
+            "cswin" is the CSwin baseline.
         split_size: 'S' stripe width per stage ([1, 2, 7, 7] at 224, [1, 2, 12, 12] at 384).
         focusing_factor, kernel_size: FLatten p and DWC k.
         qkv_bias: bias of the block qkv projections.
@@ -136,9 +143,11 @@ class FlattenCSWin(Backbone):
         drop_rate, drop_path_rate: dropout (MLP, head) and stochastic depth (linear over all blocks; the official
             recipes use 0.2 / 0.4 / 0.5 for T / S / B).
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
+        stage_attn: deprecated spelling of `attn` (DeprecationWarning).
     """
 
     init_norms = True
+    deprecated_attn = ("stage_attn",)
 
     group_patterns = dict(stem=r"^stage1_conv_embed",
                           blocks=[(r"^stage(\d+)\.(\d+)", None), (r"^merge(\d+)", (0,)), (r"^norm", (99999,))])
@@ -146,28 +155,28 @@ class FlattenCSWin(Backbone):
     def __init__(self, img_size: int | tuple[int, int] = 224, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 64, depths: Sequence[int] = (2, 4, 18, 1), num_heads: Sequence[int] = (2, 4, 8, 16),
                  mlp_ratio: float = 4.0,
-                 stage_attn: Sequence[str] = ("focused_linear", "focused_linear", "cswin", "cswin"),
-                 split_size: Sequence[int] = (1, 2, 7, 7), focusing_factor: float = 3, kernel_size: int = 5,
-                 qkv_bias: bool = True, attn_kwargs: dict | None = None, drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, global_pool: str = "avg", device=None, dtype=None) -> None:
+                 attn: str | Sequence[str] | None = None, split_size: Sequence[int] = (1, 2, 7, 7),
+                 focusing_factor: float = 3, kernel_size: int = 5, qkv_bias: bool = True,
+                 attn_kwargs: dict | None = None, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
+                 global_pool: str = "avg", stage_attn: Sequence[str] | None = None, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        if isinstance(stage_attn, str) or not all(isinstance(a, str) for a in stage_attn):
-            raise UserError(f"flatten_cswin: stage_attn must be a tuple of mechanism names, got {stage_attn!r}")
-        for a in dict.fromkeys(stage_attn):
+        attn = deprecated_attn_keywords("flatten_cswin", attn, stage_attn=stage_attn).get("stage_attn", attn)
+        depths, num_heads, split_size = tuple(depths), tuple(num_heads), tuple(split_size)
+        if not (len(depths) == len(num_heads) == len(split_size)):
+            raise UserError(f"flatten_cswin: depths {depths}, num_heads {num_heads} and split_size {split_size} "
+                            "must have one entry per stage")
+        names = stage_mechanisms("flatten_cswin", _LLSS if attn is None else attn, len(depths))
+        for a in dict.fromkeys(names):
             try:  # the block projects q, k, v itself: a mechanism needs a "host_qkv" form
                 get_attention_form(a, "host_qkv")
             except UserError as e:
                 raise UserError(f"flatten_cswin: {e}") from None
-        depths, num_heads, stage_attn, split_size = tuple(depths), tuple(num_heads), tuple(stage_attn), \
-            tuple(split_size)
-        if not (len(depths) == len(num_heads) == len(stage_attn) == len(split_size)):
-            raise UserError(f"flatten_cswin: depths {depths}, num_heads {num_heads}, stage_attn {stage_attn} and "
-                            f"split_size {split_size} must have one entry per stage")
         self.img_size = as_hw(img_size, "img_size")
         self.in_chans = in_chans
         self.num_stages = len(depths)
-        self.stage_attn = stage_attn
+        self.attn_names = names
         self.num_features = self.head_hidden_size = embed_dim * 2 ** (self.num_stages - 1)
         self.total_stride = 4 * 2 ** (self.num_stages - 1)
         self.grad_checkpointing = False
@@ -182,7 +191,7 @@ class FlattenCSWin(Backbone):
             if i > 0:
                 setattr(self, f"merge{i}", MergeBlock(dim // 2, dim, **dd))
                 grid = tuple(-(-s // 2) for s in grid)
-            blocks = [CSWinBlock(dim, num_heads[i], grid, stage_attn[i], split_size[i], i == self.num_stages - 1,
+            blocks = [CSWinBlock(dim, num_heads[i], grid, names[i], split_size[i], i == self.num_stages - 1,
                                  mlp_ratio, qkv_bias, drop_rate, dpr[i][j], attn_kwargs, hints, **dd)
                       for j in range(depths[i])]
             setattr(self, f"stage{i + 1}", nn.ModuleList(blocks))

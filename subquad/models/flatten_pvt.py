@@ -1,8 +1,8 @@
 """FLatten-PVT (PVT v1 host with focused linear attention in every stage).
 
 PVT v1 is not in timm, so the host is written here with the official module names (`patch_embed{i}`,
-`pos_embed{i}`, `block{i}.{j}`, `head`). Each stage takes its mechanism from the tuple `stage_attn`:
-`("focused_linear",) * 4` is FLatten-PVT (as released: sr 1 everywhere); `("softmax",) * 4` with the default
+`pos_embed{i}`, `block{i}.{j}`, `head`). Each stage takes its mechanism from `attn` (one name for every stage, or
+one per stage): `"focused_linear"` is FLatten-PVT (as released: sr 1 everywhere); `"softmax"` with the default
 `sr_ratios=(8, 4, 2, 1)` is the PVT v1 spatial-reduction baseline. `flatten_pvt_micro` is a tiny variant for tests
 and the demo on 32 x 32 images (patch 2, so the stage strides are 2/4/8/16).
 
@@ -26,7 +26,7 @@ from ..attention.focused_linear import remap_legacy as remap_focused_q_kv
 from ..errors import UserError
 from ..layers.mlp import ConvMlp, Mlp
 from ..layers.patch_embed import PatchEmbedLN, resize_pos_embed_2d
-from ._base import Backbone, drop_path_rates, tokens_to_nchw
+from ._base import Backbone, deprecated_attn_keywords, drop_path_rates, stage_mechanisms, tokens_to_nchw
 from ._builder import Variant, register_family, unwrap_state_dict
 from ._flatten_common import FLATTEN_CARD, FLATTEN_CFG, flatten_release, resize_token_grid
 from ._flatten_common import resize_token_tables as _resize_tables
@@ -81,24 +81,27 @@ class PVTHost(Backbone):
     group_patterns = dict(stem=r"^patch_embed1|^pos_embed1",
                           blocks=[(r"^block(\d+)\.(\d+)", None), (r"^(?:patch_embed|pos_embed|norm)(\d+)", (0,))])
 
-    def _setup(self, img_size, in_chans: int, total_stride: int, stage_attn, drop_path_rate: float,
+    deprecated_attn = ("stage_attn",)
+
+    def _setup(self, img_size, in_chans: int, total_stride: int, attn, stage_attn, drop_path_rate: float,
                **lists: Sequence) -> tuple[tuple[int, int], tuple[str, ...], list[list[float]]]:
-        """Validate the four-stage lists; set the common attributes; return (img_hw, stage_attn, drop-path rates)."""
-        stage_attn = (stage_attn,) * 4 if isinstance(stage_attn, str) else tuple(stage_attn)
-        bad = {k: tuple(v) for k, v in {**lists, "stage_attn": stage_attn}.items() if len(v) != 4}
+        """Validate the four-stage lists and `attn=` (or its deprecated spelling `stage_attn=`); set the common
+        attributes; return (img_hw, the mechanism of each stage, drop-path rates)."""
+        host = type(self).__module__.rsplit(".", 1)[-1]
+        attn = deprecated_attn_keywords(host, attn, stage_attn=stage_attn).get("stage_attn", attn)
+        bad = {k: tuple(v) for k, v in lists.items() if len(v) != 4}
         if bad:
             raise UserError(f"PVT hosts need 4 stages; got {bad}")
-        if not all(isinstance(a, str) for a in stage_attn):
-            raise UserError(f"stage_attn must hold 4 mechanism names, got {stage_attn!r}")
+        names = stage_mechanisms(host, "focused_linear" if attn is None else attn, 4)
         self.in_chans = in_chans
         self.num_stages = 4
         self.total_stride = total_stride
         self.num_features = self.head_hidden_size = lists["embed_dims"][-1]
-        self.stage_attn = stage_attn
+        self.attn_names = names
         self.grad_checkpointing = False
         self.feature_info = []
         self.grids: list[tuple[int, int]] = []
-        return (img_size, img_size) if isinstance(img_size, int) else tuple(img_size), stage_attn, \
+        return (img_size, img_size) if isinstance(img_size, int) else tuple(img_size), names, \
             drop_path_rates(drop_path_rate, lists["depths"])
 
     def _make_blocks(self, i: int, depth: int, dim: int, heads: int, mlp_ratio: float, attn: str, stage: dict,
@@ -159,7 +162,8 @@ class FlattenPVT(PVTHost):
         patch_size: stem patch (4; 2 in the tiny layout).
         in_chans, num_classes: input channels, classifier outputs (0: no head).
         embed_dims, num_heads, mlp_ratios, depths: per-stage sizes.
-        stage_attn: mechanism per stage (e.g. ("focused_linear",) * 4 or ("softmax",) * 4).
+        attn: the mechanism: a name for every stage or 4 names, one per stage (e.g. "softmax"); None:
+            "focused_linear" in every stage (FLatten-PVT).
         sr_ratios: spatial reduction of 'softmax' stages (the PVT baseline).
         la_sr_ratios: spatial reduction of 'focused_linear' stages (1 in every released model).
         focusing_factor, kernel_size: FLatten p and DWC k.
@@ -167,6 +171,7 @@ class FlattenPVT(PVTHost):
         attn_kwargs: extra options passed to every stage's mechanism.
         drop_rate, drop_path_rate: dropout (pos embed, MLP, head) and stochastic depth (linear rule).
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
+        stage_attn: deprecated spelling of `attn` (DeprecationWarning).
     """
 
     init_norms = True
@@ -174,15 +179,16 @@ class FlattenPVT(PVTHost):
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 4, in_chans: int = 3,
                  num_classes: int = 1000, embed_dims: Sequence[int] = (64, 128, 320, 512),
                  num_heads: Sequence[int] = (1, 2, 5, 8), mlp_ratios: Sequence[float] = (8, 8, 4, 4),
-                 depths: Sequence[int] = (2, 2, 2, 2),
-                 stage_attn: Sequence[str] = ("focused_linear",) * 4, sr_ratios: Sequence[int] = (8, 4, 2, 1),
-                 la_sr_ratios: Sequence[int] = (1, 1, 1, 1), focusing_factor: int = 3, kernel_size: int = 5,
-                 qkv_bias: bool = True, attn_kwargs: dict | None = None, drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, global_pool: str = "avg", device=None, dtype=None) -> None:
+                 depths: Sequence[int] = (2, 2, 2, 2), attn: str | Sequence[str] | None = None,
+                 sr_ratios: Sequence[int] = (8, 4, 2, 1), la_sr_ratios: Sequence[int] = (1, 1, 1, 1),
+                 focusing_factor: int = 3, kernel_size: int = 5, qkv_bias: bool = True,
+                 attn_kwargs: dict | None = None, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
+                 global_pool: str = "avg", stage_attn: Sequence[str] | None = None, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        img_hw, stage_attn, dpr = self._setup(
-            img_size, in_chans, patch_size * 8, stage_attn, drop_path_rate, embed_dims=embed_dims,
+        img_hw, names, dpr = self._setup(
+            img_size, in_chans, patch_size * 8, attn, stage_attn, drop_path_rate, embed_dims=embed_dims,
             num_heads=num_heads, mlp_ratios=mlp_ratios, depths=depths, sr_ratios=sr_ratios, la_sr_ratios=la_sr_ratios)
         grid, stride = (img_hw[0] // patch_size, img_hw[1] // patch_size), patch_size
         stages = []
@@ -197,7 +203,7 @@ class FlattenPVT(PVTHost):
                          la_sr_ratio=la_sr_ratios[i], hints=dict(focusing_factor=focusing_factor,
                                                                  kernel_size=kernel_size), host="PVT stages")
             stages.append((embed, pos, nn.Dropout(drop_rate),
-                           self._make_blocks(i, depths[i], embed_dims[i], num_heads[i], mlp_ratios[i], stage_attn[i],
+                           self._make_blocks(i, depths[i], embed_dims[i], num_heads[i], mlp_ratios[i], names[i],
                                              stage, attn_kwargs, False, drop_rate, dpr[i], stride, "block", dd)))
         # The official names, registered stage by stage in the official order.
         ((self.patch_embed1, self.pos_embed1, self.pos_drop1, self.block1),

@@ -1,8 +1,8 @@
 """FLatten-PVTv2 (PVTv2 host with focused linear attention in every stage).
 
 Module names follow the official file (`patch_embed{i}`, `block{i}.{j}`, `norm{i}`, `head`), so the official
-checkpoints load unchanged. Each stage takes its mechanism from `stage_attn`: `("focused_linear",) * 4` is
-FLatten-PVTv2; `("softmax",) * 4` with the default `sr_ratios=(8, 4, 2, 1)` is the PVTv2 baseline (timm's
+checkpoints load unchanged. Each stage takes its mechanism from `attn` (one name, or one per stage):
+`"focused_linear"` is FLatten-PVTv2; `"softmax"` with the default `sr_ratios=(8, 4, 2, 1)` is the PVTv2 baseline (timm's
 `pvt_v2_b*` compute the same function, with another key layout). `flatten_pvt_v2_micro` is a tiny variant for tests
 and the demo on 32 x 32 images: its first overlapping embedding is 3x3 stride 2, so the stage strides are 2/4/8/16.
 
@@ -44,7 +44,8 @@ class FlattenPVTv2(PVTHost):
         in_chans, num_classes: input channels, classifier outputs (0: no head).
         embed_dims, num_heads, mlp_ratios, depths: per-stage sizes.
         stem: (kernel, stride) of the first overlapping embedding ((7, 4) official; (3, 2) in the tiny layout).
-        stage_attn: mechanism per stage.
+        attn: the mechanism: a name for every stage or 4 names, one per stage; None: "focused_linear" in every
+            stage (FLatten-PVTv2).
         sr_ratios: spatial reduction of 'softmax' stages (the PVTv2 baseline).
         la_sr_ratios: spatial reduction of 'focused_linear' stages (1 in every released model).
         linear: PVTv2-Li pooled keys (AdaptiveAvgPool(7)) in the attention (no released model uses it).
@@ -53,6 +54,7 @@ class FlattenPVTv2(PVTHost):
         attn_kwargs: extra options passed to every stage's mechanism.
         drop_rate, drop_path_rate: dropout (MLP, head) and stochastic depth (linear rule).
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
+        stage_attn: deprecated spelling of `attn` (DeprecationWarning).
     """
 
     init_convs = "fan_out"
@@ -61,16 +63,17 @@ class FlattenPVTv2(PVTHost):
     def __init__(self, img_size: int | tuple[int, int] = 224, in_chans: int = 3, num_classes: int = 1000,
                  embed_dims: Sequence[int] = (64, 128, 320, 512), num_heads: Sequence[int] = (1, 2, 5, 8),
                  mlp_ratios: Sequence[float] = (8, 8, 4, 4), depths: Sequence[int] = (2, 2, 2, 2),
-                 stem: tuple[int, int] = (7, 4), stage_attn: Sequence[str] = ("focused_linear",) * 4,
+                 stem: tuple[int, int] = (7, 4), attn: str | Sequence[str] | None = None,
                  sr_ratios: Sequence[int] = (8, 4, 2, 1), la_sr_ratios: Sequence[int] = (1, 1, 1, 1),
                  linear: bool = False, focusing_factor: int = 3, kernel_size: int = 5, qkv_bias: bool = True,
                  attn_kwargs: dict | None = None, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 global_pool: str = "avg", device=None, dtype=None) -> None:
+                 global_pool: str = "avg", stage_attn: Sequence[str] | None = None, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        img_hw, stage_attn, dpr = self._setup(
-            img_size, in_chans, stem[1] * 8, stage_attn, drop_path_rate, embed_dims=embed_dims, num_heads=num_heads,
-            mlp_ratios=mlp_ratios, depths=depths, sr_ratios=sr_ratios, la_sr_ratios=la_sr_ratios)
+        img_hw, names, dpr = self._setup(
+            img_size, in_chans, stem[1] * 8, attn, stage_attn, drop_path_rate, embed_dims=embed_dims,
+            num_heads=num_heads, mlp_ratios=mlp_ratios, depths=depths, sr_ratios=sr_ratios, la_sr_ratios=la_sr_ratios)
         # Construction grids as the official code computes them (floors of img / stride).
         grid, stride = (img_hw[0] // stem[1], img_hw[1] // stem[1]), stem[1]
         stages = []
@@ -84,7 +87,7 @@ class FlattenPVTv2(PVTHost):
                          la_sr_ratio=la_sr_ratios[i], hints=dict(focusing_factor=focusing_factor,
                                                                  kernel_size=kernel_size, linear_sr=linear,
                                                                  dwc_init="pvt_v2"), host="PVTv2 stages")
-            blocks = self._make_blocks(i, depths[i], embed_dims[i], num_heads[i], mlp_ratios[i], stage_attn[i], stage,
+            blocks = self._make_blocks(i, depths[i], embed_dims[i], num_heads[i], mlp_ratios[i], names[i], stage,
                                        attn_kwargs, True, drop_rate, dpr[i], stride, "norm", dd)
             stages.append((embed, blocks, nn.LayerNorm(embed_dims[i], eps=1e-6, **dd)))
         # The official names, registered stage by stage in the official order.

@@ -2,8 +2,8 @@
 
 Module names follow the official file (`patch_embed`, `layers.{s}.blocks.{b}`, `layers.{s}.downsample`, `norm`,
 `head`), so the official checkpoints load with an identity remap (recomputed buffers dropped). Each stage takes its
-mechanism from the typed tuple `stage_attn`: the default `("focused_linear", "focused_linear", "window", "window")`
-is FLatten-Swin (official `ATTN_TYPE='LLSS'`); `("window",) * 4` is the Swin baseline (the key layout of timm's
+mechanism from `attn` (one name, or one per stage): the default `("focused_linear", "focused_linear", "window",
+"window")` is FLatten-Swin (official `ATTN_TYPE='LLSS'`); `attn="window"` is the Swin baseline (the key layout of timm's
 `swin_*` differs). Any registered mechanism may be named for a stage; it is built with `input_size` = the stage grid.
 
 Paper: FLatten Transformer (arXiv 2308.00442), Tab. 2 (Swin rows), Tab. 6-7 (LA window,
@@ -30,7 +30,7 @@ from ..attention import build_stage_attention, get_attention_cls
 from ..attention.functional.window import window_geometry, window_partition, window_reverse
 from ..errors import UserError
 from ..layers.mlp import Mlp
-from ._base import Backbone, drop_path_rates
+from ._base import Backbone, deprecated_attn_keywords, drop_path_rates, stage_mechanisms
 from ._builder import Variant, register_family, unwrap_state_dict
 from ._flatten_common import FLATTEN_CARD, FLATTEN_CFG, flatten_release
 from ._flatten_common import resize_token_tables as _resize_tables
@@ -146,6 +146,10 @@ class SwinStage(nn.Module):
         self.downsample = downsample
 
 
+#: FLatten-Swin's stages (official `ATTN_TYPE='LLSS'`): focused linear attention early, Swin's windows late.
+_LLSS = ("focused_linear", "focused_linear", "window", "window")
+
+
 class FlattenSwin(Backbone):
     """Swin-v1 host with a mechanism per stage.
 
@@ -160,7 +164,8 @@ class FlattenSwin(Backbone):
         patch_size: patch side (4).
         in_chans, num_classes: input channels, classifier outputs (0: no head).
         embed_dim, depths, num_heads, mlp_ratio: Swin sizes.
-        stage_attn: mechanism per stage, e.g. ("focused_linear", "focused_linear", "window", "window").
+        attn: the mechanism: a name for every stage, or one name per stage; None: FLatten-Swin's
+            ("focused_linear", "focused_linear", "window", "window"); "window" is the Swin baseline.
         window_size: 'S' window w (7; 12 for the 384 model).
         la_window: None ('L' blocks global at any resolution, the official 224/384 behaviour) or w_L for the
             windowed ablation (paper Tab. 6).
@@ -171,9 +176,11 @@ class FlattenSwin(Backbone):
         drop_rate, drop_path_rate: dropout (MLP, head) and stochastic depth (linear over all blocks; the official
             recipes use 0.2 / 0.3 / 0.5 for T / S / B).
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
+        stage_attn: deprecated spelling of `attn` (DeprecationWarning).
     """
 
     init_norms = True
+    deprecated_attn = ("stage_attn",)
 
     group_patterns = dict(stem=r"^patch_embed", blocks=[(r"^layers\.(\d+)\.downsample", (0,)),
                                                         (r"^layers\.(\d+)\.blocks\.(\d+)", None), (r"^norm", (99999,))])
@@ -183,23 +190,22 @@ class FlattenSwin(Backbone):
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 4, in_chans: int = 3,
                  num_classes: int = 1000, embed_dim: int = 96, depths: Sequence[int] = (2, 2, 6, 2),
                  num_heads: Sequence[int] = (3, 6, 12, 24), mlp_ratio: float = 4.0,
-                 stage_attn: Sequence[str] = ("focused_linear", "focused_linear", "window", "window"),
-                 window_size: int = 7, la_window: int | None = None, la_shift: bool = True,
-                 focusing_factor: float = 3, kernel_size: int = 5, qkv_bias: bool = True,
+                 attn: str | Sequence[str] | None = None, window_size: int = 7, la_window: int | None = None,
+                 la_shift: bool = True, focusing_factor: float = 3, kernel_size: int = 5, qkv_bias: bool = True,
                  attn_kwargs: dict | None = None, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 global_pool: str = "avg", device=None, dtype=None) -> None:
+                 global_pool: str = "avg", stage_attn: Sequence[str] | None = None, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        if isinstance(stage_attn, str) or not all(isinstance(a, str) for a in stage_attn):
-            raise UserError(f"flatten_swin: stage_attn must be a tuple of mechanism names, got {stage_attn!r}")
-        depths, num_heads, stage_attn = tuple(depths), tuple(num_heads), tuple(stage_attn)
-        if not (len(depths) == len(num_heads) == len(stage_attn)):
-            raise UserError(f"flatten_swin: depths {depths}, num_heads {num_heads} and stage_attn {stage_attn} must "
-                            "have one entry per stage")
+        attn = deprecated_attn_keywords("flatten_swin", attn, stage_attn=stage_attn).get("stage_attn", attn)
+        depths, num_heads = tuple(depths), tuple(num_heads)
+        if len(depths) != len(num_heads):
+            raise UserError(f"flatten_swin: depths {depths} and num_heads {num_heads} must have one entry per stage")
+        names = stage_mechanisms("flatten_swin", _LLSS if attn is None else attn, len(depths))
         self.img_size = as_hw(img_size, "img_size")
         self.in_chans = in_chans
         self.num_stages = len(depths)
-        self.stage_attn = stage_attn
+        self.attn_names = names
         self.embed_dim = embed_dim
         self.num_features = self.head_hidden_size = embed_dim * 2 ** (self.num_stages - 1)
         self.total_stride = patch_size * 2 ** (self.num_stages - 1)
@@ -210,7 +216,7 @@ class FlattenSwin(Backbone):
         dpr = drop_path_rates(drop_path_rate, depths)
         hints = dict(focusing_factor=focusing_factor, kernel_size=kernel_size)
         stages, self.feature_info = [], []
-        for i, (depth, heads, attn) in enumerate(zip(depths, num_heads, stage_attn)):
+        for i, (depth, heads, attn) in enumerate(zip(depths, num_heads, names)):
             dim = embed_dim * 2 ** i
             blocks = [SwinBlock(dim, heads, grid, attn, window_size, j % 2 == 1, la_window, la_shift, mlp_ratio,
                                 qkv_bias, drop_rate, dpr[i][j], attn_kwargs, hints, **dd)

@@ -12,7 +12,7 @@ Symbols: C_i stage width (dims), h heads, ws LWA window side, LCM local concentr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from timm.layers import DropPath, register_notrace_module
@@ -24,7 +24,7 @@ from ..errors import UserError
 from ..layers.mlp import ConvMlp, Mlp
 from ..layers.patch_embed import L2ViTStem, PreNormDownsample
 from ..layers.pos_embed import ConvPosEnc
-from ._base import Backbone, drop_path_rates
+from ._base import Backbone, deprecated_attn_keywords, drop_path_rates, stage_mechanisms
 from ._builder import Variant, register_family, unwrap_state_dict
 
 __all__ = ["L2ViT", "LWABlock", "LGABlock", "remap_official"]
@@ -32,6 +32,50 @@ __all__ = ["L2ViT", "LWABlock", "LGABlock", "remap_official"]
 
 MLP_TYPES = ("plain", "pvtv2")
 LGA_WINDOWS = ("lwa", "shifted")
+#: L2ViT's two kinds of block and the official mechanism of each: the keys of `attn={"lwa": ..., "lga": ...}`.
+BLOCK_KINDS = {"lwa": "window", "lga": "enhanced_linear"}
+
+
+def block_mechanisms(attn, attn_kwargs: dict | None) -> tuple[dict[str, tuple[str, ...]], dict[str, dict | None]]:
+    """L2ViT's `attn` and `attn_kwargs` per block kind: ({kind: the mechanism of each of the 4 stages},
+    {kind: options}).
+
+    `attn`: None (the official mechanisms), a name or 4 names (one per stage) for the blocks of both kinds, or a
+    mapping from block kind ('lwa', 'lga') to a name or 4 names (a kind left out keeps its official mechanism).
+    `attn_kwargs`: options for every block's mechanism, or a mapping from block kind to options.
+    """
+    if isinstance(attn, Mapping):
+        unknown = sorted(set(attn) - set(BLOCK_KINDS))
+        if unknown:
+            raise UserError(f"l2vit: the keys of an attn= mapping are the block kinds {list(BLOCK_KINDS)}, got "
+                            f"{unknown}")
+        per_kind = {k: attn.get(k, official) for k, official in BLOCK_KINDS.items()}
+    else:
+        per_kind = {k: official if attn is None else attn for k, official in BLOCK_KINDS.items()}
+    names = {k: stage_mechanisms("l2vit", a, 4) for k, a in per_kind.items()}
+    options = dict(attn_kwargs or {})
+    if not set(options) & set(BLOCK_KINDS):
+        return names, {k: attn_kwargs for k in BLOCK_KINDS}
+    if not set(options) <= set(BLOCK_KINDS):
+        raise UserError(f"l2vit: attn_kwargs holds options for every block or a mapping from block kind "
+                        f"{list(BLOCK_KINDS)} to options, not both: got keys {sorted(options)}")
+    return names, {k: options.get(k) for k in BLOCK_KINDS}
+
+
+def _check_lga_options(names: Sequence[str], lga_extra: dict, lga_window: str | None) -> None:
+    """Refuse LGA ablation options (learnable_scale / clamp_min, `lga_window`) that an LGA mechanism does not take,
+    instead of dropping them silently."""
+    if lga_window is not None and lga_window not in LGA_WINDOWS:
+        raise UserError(f"L2ViT: lga_window={lga_window!r} is not one of {LGA_WINDOWS} (or None)")
+    for a in dict.fromkeys(names):
+        cls = get_attention_cls(a)
+        if lga_extra and any(k not in cls.stage_kwargs(lga_stage(None, lga_extra)) for k in lga_extra):
+            raise UserError(f"L2ViT: learnable_scale / clamp_min are options of the LGA mechanism, which the LGA "
+                            f"blocks' {a!r} does not take (the official 'enhanced_linear' does)")
+        # The window facts are for a windowed mechanism: refused for one whose adapter takes no window.
+        if lga_window is not None and "window_size" not in cls.stage_kwargs(lga_stage(None, {}, lga_window)):
+            raise UserError(f"L2ViT: lga_window={lga_window!r} gives the LGA blocks windows, which the LGA blocks' "
+                            f"{a!r} does not take (use a windowed mechanism, e.g. 'window')")
 
 
 def lwa_stage(grid: tuple[int, int] | None, window_size: int) -> dict:
@@ -84,12 +128,13 @@ class LWABlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, window_size: int = 7, mlp_ratio: float = 4.0,
                  drop_path: float = 0.0, attn: str = "window", input_size: tuple[int, int] | None = None,
-                 mlp_type: str = "plain", device=None, dtype=None) -> None:
+                 mlp_type: str = "plain", attn_kwargs: dict | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.cpe = nn.ModuleList([ConvPosEnc(dim, 3, **dd), ConvPosEnc(dim, 3, **dd)])
         self.norm1 = nn.LayerNorm(dim, **dd)
-        self.attn = build_stage_attention(attn, dim, num_heads, lwa_stage(input_size, window_size), **dd)
+        self.attn = build_stage_attention(attn, dim, num_heads, lwa_stage(input_size, window_size), attn_kwargs,
+                                          **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
         self.mlp = _build_mlp(dim, int(dim * mlp_ratio), mlp_type, dd)
@@ -119,13 +164,13 @@ class LGABlock(nn.Module):
                  attn: str = "enhanced_linear", lcm_kernel_size: int = 7,
                  input_size: tuple[int, int] | None = None, mlp_type: str = "plain",
                  hints: dict | None = None, window: str | None = None, window_size: int = 7,
-                 device=None, dtype=None) -> None:
+                 attn_kwargs: dict | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.cpe = nn.ModuleList([ConvPosEnc(dim, 3, **dd)])
         self.norm1 = nn.LayerNorm(dim, **dd)
         stage = lga_stage(input_size, hints, window, window_size)
-        self.attn = build_stage_attention(attn, dim, num_heads, stage, **dd)
+        self.attn = build_stage_attention(attn, dim, num_heads, stage, attn_kwargs, **dd)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, **dd)
         self.mlp = _build_mlp(dim, int(dim * mlp_ratio), mlp_type, dd)
@@ -161,8 +206,10 @@ class L2ViT(Backbone):
         mlp_ratio: MLP hidden ratio.
         window_size: LWA window side ws (7; 12 for the 384 model).
         stem_stride: 4 (official) or 2 (tiny layout).
-        lwa_attn: mechanism of the LWA blocks ('window' as the official code; e.g. 'softmax' for a global baseline).
-        lga_attn: mechanism of the LGA blocks ('enhanced_linear' as the official code).
+        attn: the mechanism: None (the official 'window' in the LWA blocks, 'enhanced_linear' in the LGA blocks); a
+            name, or 4 names (one per stage), for the blocks of both kinds (e.g. 'softmax' for a global baseline);
+            or a mapping from block kind to a name or 4 names, e.g. `{"lga": "focused_linear"}` (a kind left out
+            keeps its official mechanism).
         lcm_kernel_size: LCM depthwise kernel (7; 3 in the paper's ablation); 0 = no LCM (Tab. 6, Tab. 12).
         Ablation switches of the L2ViT paper (each off by default; the default builds the released models):
         conv_stem_type: '2L' (default, `ConvStem`), '4L' (Tab. 7, `ConvStem_4L` of the official code) or
@@ -176,19 +223,23 @@ class L2ViT(Backbone):
         clamp_min: the denominator clamp C_min of the enhanced linear attention (default 100; Tab. 10).
         mlp_type: 'plain' (default) or 'pvtv2' (fc1 -> depthwise 3x3 -> GELU -> fc2 in every block; Tab. 12,
             usually with `lcm_kernel_size=0`).
-        lga_window: None (default) or the window facts of the LGA blocks for a windowed `lga_attn` (Tab. 6's
+        lga_window: None (default) or the window facts of the LGA blocks for a windowed LGA mechanism (Tab. 6's
             "Enhanced Swin-T" rows; refused for a mechanism that takes no window): 'lwa' makes them local blocks
-            like the LWA blocks (window `window_size`, no shift; with `lga_attn='window'` and the LCM kept this is
+            like the LWA blocks (window `window_size`, no shift; with `attn={"lga": "window"}` and the LCM kept this is
             "Enhanced Swin-T-V2: linear attention replaced by window attention, with LCM"); 'shifted' makes them
             Swin's shifted-window blocks (shift `window_size` // 2) with CPE instead of the relative position bias
-            (with `lga_attn='window', lcm_kernel_size=0`: "Enhanced Swin-T-V1, CPE instead of RPE").
+            (with `attn={"lga": "window"}, lcm_kernel_size=0`: "Enhanced Swin-T-V1, CPE instead of RPE").
         drop_rate: dropout before the head.
         drop_path_rate: stochastic depth, linear over all blocks.
         img_size: nominal resolution (timm's cfg); the model runs at any size.
         global_pool: 'avg' (mean of the final tokens) or '' (unpooled (B, H, W, C) features).
+        attn_kwargs: extra options for every block's mechanism, or a mapping from block kind to options (e.g.
+            `{"lwa": {"window_size": 8}}`).
+        lwa_attn, lga_attn: deprecated spellings of `attn={"lwa": ..., "lga": ...}` (DeprecationWarning).
     """
 
     init_convs = "trunc_normal"
+    deprecated_attn = ("lwa_attn", "lga_attn")
 
     group_patterns = dict(stem=r"^downsample_layers\.0", blocks=[(r"^stages\.(\d+)\.(\d+)", None),
                                                                  (r"^downsample_layers\.(\d+)", (0,)),
@@ -197,14 +248,18 @@ class L2ViT(Backbone):
 
     def __init__(self, in_chans: int = 3, num_classes: int = 1000, dims: Sequence[int] = (96, 192, 384, 768),
                  depths: Sequence[int] = (2, 2, 6, 2), num_heads: Sequence[int] = (3, 6, 12, 24),
-                 mlp_ratio: float = 4.0, window_size: int = 7, stem_stride: int = 4, lwa_attn: str = "window",
-                 lga_attn: str = "enhanced_linear", lcm_kernel_size: int = 7, drop_rate: float = 0.0,
+                 mlp_ratio: float = 4.0, window_size: int = 7, stem_stride: int = 4,
+                 attn: str | Sequence[str] | Mapping | None = None, lcm_kernel_size: int = 7, drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, img_size: int | tuple[int, int] = 224, global_pool: str = "avg",
                  conv_stem_type: str = "2L", last_proj: bool = False, overlapped: bool = False,
                  learnable_scale: bool = True, clamp_min: float = 100.0, mlp_type: str = "plain",
-                 lga_window: str | None = None, device=None, dtype=None) -> None:
+                 lga_window: str | None = None, attn_kwargs: dict | None = None, lwa_attn: str | None = None,
+                 lga_attn: str | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
+        given = deprecated_attn_keywords("l2vit", attn, 'attn={"lwa": ..., "lga": ...}', lwa_attn=lwa_attn,
+                                         lga_attn=lga_attn)
+        names, options = block_mechanisms({k[:3]: v for k, v in given.items()} if given else attn, attn_kwargs)
         if not (len(dims) == len(depths) == len(num_heads) == 4):
             raise UserError(f"L2ViT needs 4 stages: got dims={tuple(dims)}, depths={tuple(depths)}, "
                             f"num_heads={tuple(num_heads)}")
@@ -213,22 +268,11 @@ class L2ViT(Backbone):
         if isinstance(lcm_kernel_size, bool) or not isinstance(lcm_kernel_size, int) or lcm_kernel_size < 0 or \
                 (lcm_kernel_size and lcm_kernel_size % 2 == 0):
             raise UserError(f"L2ViT: lcm_kernel_size={lcm_kernel_size!r} must be a positive odd int, or 0 for no LCM")
-        lga_extra = {}
-        if not learnable_scale or clamp_min != 100.0:
-            # Ablation options of the LGA mechanism (L2ViT's enhanced linear attention takes them): refused for a
-            # mechanism whose adapter does not take them, instead of being dropped silently.
-            lga_extra = dict(learnable_scale=learnable_scale, clamp_min=clamp_min)
-            taken = get_attention_cls(lga_attn).stage_kwargs(lga_stage(None, lga_extra))
-            if any(k not in taken for k in lga_extra):
-                raise UserError(f"L2ViT: learnable_scale / clamp_min are options of the LGA mechanism, which "
-                                f"lga_attn={lga_attn!r} does not take (the official 'enhanced_linear' does)")
-        if lga_window is not None:
-            if lga_window not in LGA_WINDOWS:
-                raise UserError(f"L2ViT: lga_window={lga_window!r} is not one of {LGA_WINDOWS} (or None)")
-            # The window facts are for a windowed mechanism: refused for one whose adapter takes no window.
-            if "window_size" not in get_attention_cls(lga_attn).stage_kwargs(lga_stage(None, {}, lga_window)):
-                raise UserError(f"L2ViT: lga_window={lga_window!r} gives the LGA blocks windows, which "
-                                f"lga_attn={lga_attn!r} does not take (use a windowed mechanism, e.g. 'window')")
+        # Ablation options of the LGA mechanism (L2ViT's enhanced linear attention takes them).
+        lga_extra = {} if learnable_scale and clamp_min == 100.0 else dict(learnable_scale=learnable_scale,
+                                                                           clamp_min=clamp_min)
+        _check_lga_options(names["lga"], lga_extra, lga_window)
+        self.attn_names = names
         self.in_chans = in_chans
         self.num_stages = 4
         self.total_stride = stem_stride * 8
@@ -250,12 +294,12 @@ class L2ViT(Backbone):
             blocks = []
             for j in range(depths[i]):
                 if j % 2 == 0:
-                    blocks.append(LWABlock(dims[i], num_heads[i], window_size, mlp_ratio, dpr[i][j], lwa_attn,
-                                           grid, mlp_type, **dd))
+                    blocks.append(LWABlock(dims[i], num_heads[i], window_size, mlp_ratio, dpr[i][j],
+                                           names["lwa"][i], grid, mlp_type, options["lwa"], **dd))
                 else:
-                    blocks.append(LGABlock(dims[i], num_heads[i], mlp_ratio, dpr[i][j], lga_attn,
+                    blocks.append(LGABlock(dims[i], num_heads[i], mlp_ratio, dpr[i][j], names["lga"][i],
                                            lcm_kernel_size, grid, mlp_type, lga_extra, lga_window, window_size,
-                                           **dd))
+                                           options["lga"], **dd))
             self.stages.append(nn.ModuleList(blocks))
             self.feature_info.append(dict(num_chs=dims[i], reduction=stride, module=f"stages.{i}"))
             stride *= 2

@@ -34,7 +34,7 @@ from ..errors import UserError
 from ..layers.conv_blocks import ConvMlp3d, ConvPosEnc3d, DWConvBlock, LayerNormChannels, conv_nd
 from ..layers.mlp import ConvMlp
 from ..layers.pos_embed import ConvPosEnc
-from ._base import Backbone, drop_path_rates, tokens_to_nchw
+from ._base import Backbone, drop_path_rates, stage_mechanisms, tokens_to_nchw
 from ._builder import Variant, register_family
 
 __all__ = ["LiSANet", "LiSANetIsotropic", "LiSABlock", "inflate_image_weights", "remap_checkpoint"]
@@ -200,8 +200,9 @@ class LiSANet(_LiSAHost):
         mlp_ratio, drop_rate, drop_path_rate: the usual (linear stochastic-depth rule).
         video, num_frames: 3-D form and the clip length the kernels are sized for.
         attn_kwargs: extra mechanism options for every attention block.
-        attn: the mechanism of the attention ('lisa') stages: 'structure_aware' (LiSA, default) or any registered
-            mechanism whose capabilities fit the stage grids (2-D, or 3-D with `video`). The softmax rungs of LiSA
+        attn: the mechanism: a name for every stage, or 4 names (one per stage; a 'conv' stage's entry is not
+            used): 'structure_aware' (LiSA, default) or any registered mechanism whose capabilities fit the stage
+            grids (2-D, or 3-D with `video`). The softmax rungs of LiSA
             Tab. 3(b): 'softmax' (SA without RPE); 'window' with `attn_kwargs=dict(window_size=S,
             clip_window=False)`, S >= the largest grid side (SA with RPE: one window over the whole grid, padded
             keys masked, Swin's relative position bias).
@@ -217,11 +218,13 @@ class LiSANet(_LiSAHost):
                  depths: Sequence[int] = (3, 4, 8, 3), stage_types: Sequence[str] = ("lisa",) * 4,
                  num_heads: Sequence[int] | None = None, D: int = 8, mlp_ratio: float = 4.0, drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, video: bool = False, num_frames: int = 16,
-                 attn_kwargs: dict | None = None, attn: str = "structure_aware", device=None, dtype=None) -> None:
+                 attn_kwargs: dict | None = None, attn: str | Sequence[str] = "structure_aware", device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if not (len(embed_dims) == len(depths) == len(stage_types) == 4):
             raise ValueError(f"need 4 stages: embed_dims={embed_dims}, depths={depths}, stage_types={stage_types}")
+        self.attn_names = stage_mechanisms("lisanet", attn, 4)
         if not isinstance(D, int) or D < 1:
             raise ValueError(f"D (structural-pattern size) must be an int >= 1, got {D!r}")
         num_heads = tuple(num_heads) if num_heads is not None else tuple(_heads(c) for c in embed_dims)
@@ -248,7 +251,7 @@ class LiSANet(_LiSAHost):
                 grid = (t_tokens, *grid)
             stages.append(LiSAStage(in_dim, embed_dims[s], depths[s], stage_types[s], num_heads[s], D, grid,
                                     downsample=s > 0, video=video, mlp_ratio=mlp_ratio,
-                                    drop_path=dpr[s], attn_kwargs=attn_kwargs, attn=attn, **dd))
+                                    drop_path=dpr[s], attn_kwargs=attn_kwargs, attn=self.attn_names[s], **dd))
             in_dim = embed_dims[s]
             self.feature_info.append(dict(num_chs=embed_dims[s], reduction=red, module=f"stages.{s}"))
         self.stages = nn.ModuleList(stages)
@@ -299,7 +302,8 @@ class LiSANetIsotropic(_LiSAHost):
         patch_size, in_chans, num_classes, global_pool ('avg').
         embed_dim, depth, num_heads, D, mlp_ratio, drop_rate, drop_path_rate: the usual; D = 16 for LiSANet-I.
         attn_kwargs: extra mechanism options.
-        attn: the blocks' mechanism: 'structure_aware' (LiSA, default) or any registered mechanism that fits; LiSA
+        attn: the mechanism: a name for every block, or `depth` names (one per block): 'structure_aware' (LiSA,
+            default) or any registered mechanism that fits; LiSA
             Tab. 3(b)'s softmax rungs: 'softmax' (SA), and 'window' with `attn_kwargs=dict(window_size=S,
             clip_window=False)`, S >= the grid's larger side (SA with RPE; see `LiSANet`).
     """
@@ -311,10 +315,11 @@ class LiSANetIsotropic(_LiSAHost):
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int = 16, in_chans: int = 3,
                  num_classes: int = 1000, global_pool: str = "avg", embed_dim: int = 384, depth: int = 12,
                  num_heads: int = 6, D: int = 16, mlp_ratio: float = 4.0, drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, attn_kwargs: dict | None = None, attn: str = "structure_aware",
-                 device=None, dtype=None) -> None:
+                 drop_path_rate: float = 0.0, attn_kwargs: dict | None = None,
+                 attn: str | Sequence[str] = "structure_aware", device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
+        self.attn_names = stage_mechanisms("lisanet_i", attn, depth, "block")
         self.img_size = as_hw(img_size)
         self.in_chans = in_chans
         self.total_stride = patch_size
@@ -323,8 +328,8 @@ class LiSANetIsotropic(_LiSAHost):
         self.patch_embed = _Embed(in_chans, embed_dim, (patch_size,) * 2, (patch_size,) * 2, (0, 0), **dd)
         grid = (math.ceil(self.img_size[0] / patch_size), math.ceil(self.img_size[1] / patch_size))
         dpr = drop_path_rates(drop_path_rate, [depth])[0]
-        self.blocks = nn.ModuleList([LiSABlock(embed_dim, num_heads, D, grid, mlp_ratio, dpr[j], attn_kwargs, attn,
-                                               **dd) for j in range(depth)])
+        self.blocks = nn.ModuleList([LiSABlock(embed_dim, num_heads, D, grid, mlp_ratio, dpr[j], attn_kwargs, name,
+                                               **dd) for j, name in enumerate(self.attn_names)])
         self.norm = LayerNormChannels(embed_dim, eps=1e-6, **dd)
         self._init_head(num_classes, global_pool, drop_rate, **dd)
         self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f"blocks.{i}")

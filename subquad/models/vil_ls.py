@@ -38,7 +38,7 @@ from ..attention import build_stage_attention, list_attention
 from ..attention.functional.softmax import softmax_attention, softmax_attention_ref
 from ..errors import UserError
 from ..layers.mlp import Mlp
-from ._base import Backbone, drop_path_rates, tokens_to_nchw
+from ._base import Backbone, deprecated_attn_keywords, drop_path_rates, stage_mechanisms, tokens_to_nchw
 from ._builder import Variant, register_family
 
 __all__ = ["ViLLS", "ViLFullAttention", "remap_official"]
@@ -202,8 +202,10 @@ class MlpBlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm(x)))
 
 
-#: The host's own token mixers (by `stage_attn` entry); every other entry is built through the attention registry.
+#: The host's own token mixers (by `attn` entry); every other entry is built through the attention registry.
 HOST_ATTN = {"full": ViLFullAttention}
+#: ViL-LS: long-short attention in the first two stages, ViL's full attention in the last two.
+_LS = ("long_short", "long_short", "full", "full")
 
 
 class ViLLS(Backbone):
@@ -216,13 +218,18 @@ class ViLLS(Backbone):
         img_size: construction resolution (sizes the full-attention tables).
         in_chans, num_classes: input channels, classifier outputs (0: no head).
         embed_dims, depths, num_heads, patch_sizes, nglos: per stage C, blocks, h, p, global tokens g.
-        stage_attn: per stage a registered mechanism (built by `build_stage_attention` from the stage facts: grid,
-            window, global tokens; "long_short" is ViL-LS) or "full" (ViL's full attention, the host's own).
+        attn: the mechanism: a name for every stage, or one name per stage, each a registered mechanism (built by
+            `build_stage_attention` from the stage facts: grid, window, global tokens) or "full" (ViL's full
+            attention, the host's own); None: ViL-LS's ("long_short", "long_short", "full", "full").
         window_sizes, ranks: per stage w and r of the long-short stages.
         mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate: the usual; drop path is linear over all
             blocks (the attention and MLP block of one block share a rate).
         global_pool: 'auto' (the class token when the last stage has one, else the mean), 'token', 'avg' or ''.
+        attn_kwargs: extra options for the mechanism of every registered-mechanism stage (not the "full" ones).
+        stage_attn: deprecated spelling of `attn` (DeprecationWarning).
     """
+
+    deprecated_attn = ("stage_attn",)
 
     init_norms = True
 
@@ -233,27 +240,28 @@ class ViLLS(Backbone):
     def __init__(self, img_size: int | tuple[int, int] = 224, in_chans: int = 3, num_classes: int = 1000,
                  embed_dims: Sequence[int] = (96, 192, 384, 768), depths: Sequence[int] = (1, 4, 16, 1),
                  num_heads: Sequence[int] = (3, 3, 6, 12), patch_sizes: Sequence[int] = (4, 2, 2, 2),
-                 nglos: Sequence[int] = (1, 1, 1, 0),
-                 stage_attn: Sequence[str] = ("long_short", "long_short", "full", "full"),
+                 nglos: Sequence[int] = (1, 1, 1, 0), attn: str | Sequence[str] | None = None,
                  window_sizes: Sequence[int] = (7, 7, 7, 7), ranks: Sequence[int] = (8, 8, 8, 8),
                  mlp_ratio: float = 4.0, qkv_bias: bool = True, drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.0, global_pool: str = "auto", device=None, dtype=None) -> None:
+                 drop_path_rate: float = 0.0, global_pool: str = "auto", attn_kwargs: dict | None = None,
+                 stage_attn: Sequence[str] | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
+        attn = deprecated_attn_keywords("vil_ls", attn, stage_attn=stage_attn).get("stage_attn", attn)
         n = len(depths)
         for name, seq in (("embed_dims", embed_dims), ("num_heads", num_heads), ("patch_sizes", patch_sizes),
-                          ("nglos", nglos), ("stage_attn", stage_attn), ("window_sizes", window_sizes),
-                          ("ranks", ranks)):
+                          ("nglos", nglos), ("window_sizes", window_sizes), ("ranks", ranks)):
             if len(seq) != n:
                 raise ValueError(f"ViLLS: {name} has {len(seq)} entries for {n} stages")
-        for a in stage_attn:
+        names = stage_mechanisms("vil_ls", _LS if attn is None else attn, n)
+        for a in names:
             if a not in HOST_ATTN and a not in list_attention():
-                raise UserError(f"ViLLS: stage_attn entry {a!r} is neither the host's {sorted(HOST_ATTN)} nor a "
+                raise UserError(f"vil_ls: attn entry {a!r} is neither the host's {sorted(HOST_ATTN)} nor a "
                                 f"registered mechanism ({', '.join(list_attention())})")
         self.img_size = as_hw(img_size)
         self.in_chans = in_chans
         self.nglos = tuple(nglos)
-        self.stage_attn = tuple(stage_attn)
+        self.attn_names = names
         self.num_prefix_tokens = nglos[-1]
         self.output_fmt = "NLC" if nglos[-1] else "NHWC"
         self.total_stride = math.prod(patch_sizes)
@@ -269,14 +277,14 @@ class ViLLS(Backbone):
             dim = embed_dims[s]
             layers: list[nn.Module] = [PatchEmbed(p, in_dim, dim, nglos[s], **dd)]
             for rate in dpr[s]:
-                if stage_attn[s] in HOST_ATTN:
-                    attn = HOST_ATTN[stage_attn[s]](dim, num_heads[s], (H, W), nglos[s], qkv_bias, attn_drop_rate,
-                                                    drop_rate, **dd)
+                if names[s] in HOST_ATTN:
+                    attn = HOST_ATTN[names[s]](dim, num_heads[s], (H, W), nglos[s], qkv_bias, attn_drop_rate,
+                                               drop_rate, **dd)
                 else:
                     stage = dict(grid=(H, W), window_size=window_sizes[s], num_prefix_tokens=nglos[s],
                                  qkv_bias=qkv_bias, proj_drop=drop_rate,
                                  hints=dict(rank=ranks[s], rpe=True, attn_drop=attn_drop_rate))
-                    attn = build_stage_attention(stage_attn[s], dim, num_heads[s], stage, **dd)
+                    attn = build_stage_attention(names[s], dim, num_heads[s], stage, attn_kwargs, **dd)
                 layers.append(AttnBlock(dim, attn, rate, **dd))
                 layers.append(MlpBlock(dim, mlp_ratio, drop_rate, rate, **dd))
             self.add_module(f"layer{s + 1}", nn.Sequential(*layers))
@@ -345,8 +353,7 @@ def _grid_of_table(rows: int) -> tuple[int, int]:
 _MEDIUM = dict(embed_dims=(96, 192, 384, 768), depths=(1, 4, 16, 1), num_heads=(3, 3, 6, 12),
                patch_sizes=(4, 2, 2, 2), nglos=(1, 1, 1, 0), window_sizes=(7, 7, 7, 7), ranks=(8, 8, 8, 8))
 _BASE = {**_MEDIUM, "depths": (1, 8, 24, 1)}
-_LS = ("long_short", "long_short", "full", "full")
-_FULL = ("full", "full", "full", "full")
+_FULL = "full"
 _PAPER = "Long-Short Transformer: Efficient Transformers for Language and Vision (arXiv 2107.02192)"
 _CODE = "NVIDIA/transformer-ls"
 
@@ -363,27 +370,27 @@ _BASELINE = ("softmax-attention host; the published ViL uses Vision Longformer a
 register_family(__name__, ViLLS, [
     Variant("vil_ls_micro", dict(img_size=32, embed_dims=(16, 24, 32, 48), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 2),
                                  patch_sizes=(4, 2, 2, 2), nglos=(1, 1, 1, 0), window_sizes=(2, 2, 2, 2),
-                                 ranks=(2, 2, 2, 2), stage_attn=_LS),
+                                 ranks=(2, 2, 2, 2), attn=_LS),
             dict(img_size=32, source="test/demo variant", notes="not a paper model"),
             cfg=dict(input_size=(3, 32, 32), crop_pct=1.0)),
-    Variant("vil_ls_medium", {**_MEDIUM, "stage_attn": _LS},
+    Variant("vil_ls_medium", {**_MEDIUM, "attn": _LS},
             dict(params_m=39.8, gmacs=8.7, top1=83.8, ref_params=39_799_423, ref_gmacs=8.72,
                  notes="measured official MsViT @1527c5cc: 39.80M / 8.72G"),
             weights={"in1k": _release("ng14pebstaaydug", 83.8)}),
-    Variant("vil_ls_base", {**_BASE, "stage_attn": _LS},
+    Variant("vil_ls_base", {**_BASE, "attn": _LS},
             dict(params_m=55.8, gmacs=13.4, top1=84.1, ref_params=55_834_363, ref_gmacs=13.39,
                  notes="measured official MsViT @1527c5cc: 55.83M / 13.39G"),
             weights={"in1k": _release("80u5p5eh4txad10", 84.1)}),
-    Variant("vil_ls_medium_384", {**_MEDIUM, "window_sizes": (8, 8, 8, 8), "stage_attn": _LS, "img_size": 384},
+    Variant("vil_ls_medium_384", {**_MEDIUM, "window_sizes": (8, 8, 8, 8), "attn": _LS, "img_size": 384},
             dict(img_size=384, params_m=39.8, gmacs=28.7, top1=84.4, ref_params=39_947_653, ref_gmacs=28.74,
                  notes="measured official MsViT @1527c5cc: 39.95M / 28.74G (full-attention RPB tables grow with "
                        "resolution)"),
             cfg=dict(input_size=(3, 384, 384)),
             weights={"in1k": _release("390tzi2ll3sfibl", 84.4)}),
-    Variant("vil_medium", {**_MEDIUM, "stage_attn": _FULL},
+    Variant("vil_medium", {**_MEDIUM, "attn": _FULL},
             dict(gmacs=8.7, top1=83.5, source=_PAPER + " Table 5 (ViL-Medium)", status="unofficial", code="",
                  notes=_BASELINE)),
-    Variant("vil_base", {**_BASE, "stage_attn": _FULL},
+    Variant("vil_base", {**_BASE, "attn": _FULL},
             dict(gmacs=13.4, top1=83.7, source=_PAPER + " Table 5 (ViL-Base)", status="unofficial", code="",
                  notes=_BASELINE)),
 ], cfg=dict(first_conv="layer1.0.proj", license="mit", paper_ids="arXiv:2107.02192",

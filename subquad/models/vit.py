@@ -22,7 +22,7 @@ from .._shapes import as_hw, known_equal
 from ..attention import build_stage_attention
 from ..errors import UserError
 from ..layers.mlp import Mlp
-from ._base import Backbone, drop_path_rates
+from ._base import Backbone, drop_path_rates, stage_mechanisms
 from ._builder import Variant, register_family
 
 __all__ = ["VisionTransformerAttn", "Block", "vit_out_indices"]
@@ -128,8 +128,8 @@ class VisionTransformerAttn(Backbone):
         global_pool: 'token' (class token), 'avg' (mean of patch tokens) or '' (the tokens unpooled).
         class_token: prepend a class token. Spatial mechanisms receive it as a prefix token (`num_prefix_tokens=1`).
         embed_dim, depth, num_heads, mlp_ratio: the usual ViT sizes.
-        attn: a mechanism name for every block, or a sequence of `depth` names.
-        attn_kwargs: options for every mechanism.
+        attn: the mechanism: a name for every block, or a sequence of `depth` names (one per block).
+        attn_kwargs: options for every block's mechanism.
         drop_rate, drop_path_rate: head dropout and stochastic depth (linear rule).
         lcm_kernel_size: add L2ViT's LCM branch (k x k depthwise convs) after the attention (see `Block`); the
             class token passes it unchanged. None: no LCM.
@@ -161,9 +161,7 @@ class VisionTransformerAttn(Backbone):
             raise UserError(f"stem must be 'patch' or 'conv', got {stem!r}")
         if stem == "conv" and patch_size != 2:
             raise UserError(f"stem='conv' has total stride 2 and needs patch_size=2, got {patch_size}")
-        attns = [attn] * depth if isinstance(attn, str) else list(attn)
-        if len(attns) != depth:
-            raise UserError(f"attn lists {len(attns)} mechanisms for depth={depth}")
+        attns = stage_mechanisms("vit", attn, depth, "block")
         if lcm_after is not None and lcm_after not in attns:
             raise UserError(f"lcm_after={lcm_after!r} names no block's mechanism; the blocks use {sorted(set(attns))}")
         self.img_size = as_hw(img_size)

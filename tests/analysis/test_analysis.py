@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 
@@ -55,18 +54,11 @@ def _layer_rows(model: nn.Module, img: int, mechanism: str) -> list[dict]:
     return rows
 
 
-LOW_RANK = "linear"  # plain ReLU kernel linear attention (FLatten Fig. 5: rank <= head dim)
-
-
-def _linear_kwargs() -> dict:
-    cls = subquad.attention.get_attention_cls(LOW_RANK)
-    return {"feature_map": "relu"} if "feature_map" in inspect.signature(cls.__init__).parameters else {}
+LOW_RANK = "linear"  # with feature_map="relu": plain ReLU kernel linear attention (FLatten Fig. 5: rank <= head dim)
 
 
 def test_plain_relu_linear_attention_is_low_rank():
-    if LOW_RANK not in subquad.list_attention():
-        pytest.skip(f"mechanism {LOW_RANK!r} is not registered on this tree")
-    model = subquad.create_model("vit_attn_micro", attn=LOW_RANK, attn_kwargs=_linear_kwargs())
+    model = subquad.create_model("vit_attn_micro", attn=LOW_RANK, attn_kwargs={"feature_map": "relu"})
     # 65 tokens, head dim 32: rank <= 32 < N in every layer.
     for r in _layer_rows(model, 32, LOW_RANK):
         assert r["tokens"] == 65 and r["rank"] <= 32
@@ -76,8 +68,6 @@ def test_plain_relu_linear_attention_is_low_rank():
 def test_focused_and_enhanced_attention_restore_rank(name):
     """FLatten's DWC (inside the mechanism) and L2ViT's LCM (beside it in the block) give near-full rank maps,
     where the kernel product alone is limited by the head dim (the papers' direction)."""
-    if name not in subquad.list_attention():
-        pytest.skip(f"mechanism {name!r} is not registered on this tree")
     if name == "focused_linear":
         # 65 tokens, head dim 32: the kernel product alone could reach at most rank 32.
         for r in _layer_rows(subquad.create_model("vit_attn_micro", attn=name, num_classes=10), 32, name):
@@ -92,9 +82,7 @@ def test_focused_and_enhanced_attention_restore_rank(name):
             assert r["rank_with_local_ratio"] > 0.9
 
 
-def test_lisa_kernels_are_shown_when_the_mechanism_exists():
-    if "structure_aware" not in subquad.list_attention():
-        pytest.skip("mechanism 'structure_aware' is not registered on this tree")
+def test_lisa_kernels_are_shown():
     m = subquad.build_attention("structure_aware", 16, 2, input_size=(5, 6))
     k = structure_kernels(m, heads=(1,))
     assert k.shape[0] == 1 and k.shape[-2:] == (5, 6)

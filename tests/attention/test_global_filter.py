@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import subquad
-from subquad.attention.global_filter import global_filter_kernel
+from subquad.attention.functional.global_filter import global_filter_kernel
 from tests._tol import assert_close, compare_module
 
 

@@ -9,12 +9,8 @@ import pytest
 import torch
 
 import subquad
-from subquad.attention.linear_angular import (
-    LinearAngularAttention,
-    linear_angular,
-    linear_angular_matrix,
-    linear_angular_ref,
-)
+from subquad.attention.functional.linear_angular import linear_angular, linear_angular_matrix, linear_angular_ref
+from subquad.attention.linear_angular import LinearAngularAttention
 from tests._tol import compare_fn, compare_module
 
 

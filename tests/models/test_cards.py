@@ -1,4 +1,4 @@
-"""Every registered model has a card; parameter counts match the card's reference within 1 % (meta device)."""
+"""Every registered model has a card; parameter counts equal the card's exact reference count (meta device)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_params_match_card(name):
     m = subquad.create_model(name, device="meta")
     n = sum(p.numel() for p in m.parameters())
     ref = CARDS[name].ref_params
-    assert abs(n - ref) / ref <= 0.01, f"{name}: {n:,} params vs reference {ref:,}"
+    assert n == ref, f"{name}: {n:,} params vs reference {ref:,}"
 
 
 @pytest.mark.slow

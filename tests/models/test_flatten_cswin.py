@@ -75,14 +75,14 @@ def test_micro_odd_size_and_init():
 
 
 def test_cswin_baseline_and_bad_inputs():
-    m = subquad.create_model("flatten_cswin_micro", stage_attn=("cswin",) * 4).eval()
+    m = subquad.create_model("flatten_cswin_micro", attn="cswin").eval()
     assert all(isinstance(b, LePEAttention) for b in m.stage1[0].attns)
     with torch.no_grad():
         assert torch.isfinite(m(torch.randn(1, 3, 64, 48))).all()
     with pytest.raises(ValueError, match="host_qkv"):
-        subquad.create_model("flatten_cswin_micro", stage_attn=("window",) * 4)
-    with pytest.raises(ValueError, match="stage_attn"):
-        subquad.create_model("flatten_cswin_micro", stage_attn="LLSS")
+        subquad.create_model("flatten_cswin_micro", attn="window")
+    with pytest.raises(ValueError, match="unknown attention 'LLSS'"):
+        subquad.create_model("flatten_cswin_micro", attn="LLSS")
     with pytest.raises(ValueError, match="smaller than the model's total stride"):
         subquad.create_model("flatten_cswin_micro")(torch.randn(1, 3, 64, 20))
 

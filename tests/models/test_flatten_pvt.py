@@ -29,8 +29,8 @@ def test_focused_stages_as_released(name):
 
 @pytest.mark.parametrize("name", ["flatten_pvt_micro", "flatten_pvt_v2_micro"])
 def test_softmax_baseline_one_keyword_away(name):
-    """stage_attn=('softmax',) * 4 gives the PVT spatial-reduction attention with sr_ratios (8, 4, 2, 1)."""
-    m = subquad.create_model(name, stage_attn=("softmax",) * 4, sr_ratios=(4, 2, 1, 1), num_classes=3).eval()
+    """attn='softmax' gives the PVT spatial-reduction attention with sr_ratios (8, 4, 2, 1)."""
+    m = subquad.create_model(name, attn="softmax", sr_ratios=(4, 2, 1, 1), num_classes=3).eval()
     a1, a4 = m.block1[0].attn, m.block4[0].attn
     assert a1.name == "softmax" and hasattr(a1, "sr") and a1.sr.stride == (4, 4)
     assert not hasattr(a4, "sr")
@@ -39,15 +39,17 @@ def test_softmax_baseline_one_keyword_away(name):
 
 
 def test_mixed_stage_tuple_and_errors():
-    m = subquad.create_model("flatten_pvt_v2_micro", stage_attn=("focused_linear", "focused_linear", "softmax",
-                                                                  "softmax"), sr_ratios=(8, 4, 2, 1)).eval()
+    m = subquad.create_model("flatten_pvt_v2_micro", attn=("focused_linear", "focused_linear", "softmax",
+                                                            "softmax"), sr_ratios=(8, 4, 2, 1)).eval()
     assert [getattr(m, f"block{i}")[0].attn.name for i in range(1, 5)] == ["focused_linear"] * 2 + ["softmax"] * 2
     with torch.no_grad():
         assert torch.isfinite(m(torch.randn(1, 3, 36, 28))).all()
+    with pytest.raises(ValueError, match="4 names"):
+        subquad.create_model("flatten_pvt_micro", attn=("softmax",) * 3)
     with pytest.raises(ValueError, match="4 stages"):
-        subquad.create_model("flatten_pvt_micro", stage_attn=("softmax",) * 3)
+        subquad.create_model("flatten_pvt_micro", depths=(1, 1, 1))
     with pytest.raises(ValueError, match="nope"):
-        subquad.create_model("flatten_pvt_micro", stage_attn=("nope",) * 4)
+        subquad.create_model("flatten_pvt_micro", attn=("nope",) * 4)
 
 
 def test_pos_embed_bilinear_resize_as_pvt():

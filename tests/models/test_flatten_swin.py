@@ -69,10 +69,10 @@ def test_stage_configuration_at_224_and_384():
 
 
 def test_swin_baseline_is_one_keyword_away():
-    """stage_attn=('window',) * 4 is Swin-T: the parameter count of timm's swin_tiny_patch4_window7_224."""
+    """attn='window' is Swin-T: the parameter count of timm's swin_tiny_patch4_window7_224."""
     import timm
 
-    ours = subquad.create_model("flatten_swin_tiny", stage_attn=("window",) * 4, device="meta")
+    ours = subquad.create_model("flatten_swin_tiny", attn="window", device="meta")
     theirs = timm.create_model("swin_tiny_patch4_window7_224", device="meta")
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
 
@@ -138,10 +138,12 @@ def test_bad_inputs():
         m(torch.randn(1, 3, 16, 64))
     with pytest.raises(ValueError, match="channels"):
         m(torch.randn(1, 4, 64, 64))
-    with pytest.raises(ValueError, match="stage_attn"):
-        subquad.create_model("flatten_swin_micro", stage_attn="LLSS")
+    with pytest.raises(ValueError, match="unknown attention 'LLSS'"):
+        subquad.create_model("flatten_swin_micro", attn="LLSS")
+    with pytest.raises(ValueError, match="attn= takes a mechanism name or 4 names"):
+        subquad.create_model("flatten_swin_micro", attn=["window", 3, "window", "window"])
     with pytest.raises(ValueError, match="unknown attention"):
-        subquad.create_model("flatten_swin_micro", stage_attn=("focused_linear", "focused_linear", "windw", "window"))
+        subquad.create_model("flatten_swin_micro", attn=("focused_linear", "focused_linear", "windw", "window"))
 
 
 @pytest.mark.parity

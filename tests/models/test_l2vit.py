@@ -34,7 +34,7 @@ def test_block_alternation_and_cpe_placement():
 
 def test_baseline_one_keyword_away():
     """The LWA/LGA mechanisms are plain keywords (e.g. global softmax everywhere as an ablation)."""
-    m = subquad.create_model("l2vit_micro", lwa_attn="softmax", lga_attn="softmax", num_classes=3).eval()
+    m = subquad.create_model("l2vit_micro", attn="softmax", num_classes=3).eval()
     assert {type(b.attn).__name__ for s in m.stages for b in s} == {"MultiHeadAttention"}
     with torch.no_grad():
         assert m(torch.randn(1, 3, 32, 32)).shape == (1, 3)

@@ -18,8 +18,9 @@ from tests._tol import assert_close
 
 _DN = dict(dims=(64, 128, 256, 512), depths=(4, 4, 18, 4), num_heads=(2, 4, 8, 16))  # Tab. 7 deep-narrow
 # Tab. 6's last rows (the paper gives top-1 / AP only: 82.3 / 44.7 and 82.5 / 44.8).
-SWIN_V1 = dict(lga_attn="window", lga_window="shifted", lcm_kernel_size=0)  # Enhanced Swin-T-V1, CPE instead of RPE
-SWIN_V2 = dict(lga_attn="window", lga_window="lwa")  # Enhanced Swin-T-V2, window attention in LGA blocks, with LCM
+# Enhanced Swin-T-V1, CPE instead of RPE
+SWIN_V1 = dict(attn={"lga": "window"}, lga_window="shifted", lcm_kernel_size=0)
+SWIN_V2 = dict(attn={"lga": "window"}, lga_window="lwa")  # Enhanced Swin-T-V2, window attention in LGA blocks, with LCM
 TAB7 = {"4L": dict(conv_stem_type="4L"), "last_proj": dict(conv_stem_type="4L", last_proj=True),
         "overlapped": dict(conv_stem_type="4L", last_proj=True, overlapped=True)}
 
@@ -105,9 +106,10 @@ def test_lga_options_reach_the_attention():
 def test_bad_switch_values_refused():
     for kw, word in ((dict(conv_stem_type="3L"), "conv_stem_type"), (dict(mlp_type="moat"), "mlp_type"),
                      (dict(lcm_kernel_size=4), "lcm_kernel_size"), (dict(clamp_min=0.0), "clamp_min"),
-                     (dict(lga_attn="softmax", clamp_min=1.0), "clamp_min"), (dict(lga_window="lwa"), "lga_window"),
-                     (dict(lga_attn="softmax", lga_window="shifted"), "lga_window"),
-                     (dict(lga_attn="window", lga_window="swin"), "lga_window")):
+                     (dict(attn={"lga": "softmax"}, clamp_min=1.0), "clamp_min"),
+                     (dict(lga_window="lwa"), "lga_window"),
+                     (dict(attn={"lga": "softmax"}, lga_window="shifted"), "lga_window"),
+                     (dict(attn={"lga": "window"}, lga_window="swin"), "lga_window")):
         with pytest.raises(UserError, match=word):
             subquad.create_model("l2vit_micro", **kw)
 
@@ -151,7 +153,7 @@ def test_lga_window_default_unchanged():
     """Without `lga_window` a window mechanism in the LGA blocks keeps its own defaults (Swin W-MSA with RPB,
     window 7, clipped to the construction maps 16, 8, 4, 2 of the micro model), as before the option existed; the
     LCM stays in the block."""
-    m = subquad.create_model("l2vit_micro", lga_attn="window", device="meta")
+    m = subquad.create_model("l2vit_micro", attn={"lga": "window"}, device="meta")
     lga = _blocks(m, "LGABlock")
     assert [(b.attn.window_size, b.attn.shift_size, b.attn.pad_mode) for b in lga] == [
         (7, 0, "mask"), (7, 0, "mask"), (4, 0, "mask"), (2, 0, "mask")]

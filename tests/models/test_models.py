@@ -51,11 +51,20 @@ def test_timm_sees_our_models():
 
 
 def test_vit_host_loads_timm_deit_state_dict():
-    """Key layout equals timm's DeiT: a timm state dict loads strictly."""
-    ours = subquad.create_model("vit_attn_tiny", device="meta")
-    theirs = timm.create_model("deit_tiny_patch16_224", device="meta")
-    assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == \
-        {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
+    """Key layout equals timm's DeiT: a timm DeiT's state dict loads strictly, and our host then computes the same
+    logits (two blocks at 64 x 48 pixels: the position table is resampled as timm resamples it)."""
+    kw = dict(depth=2, img_size=64, num_classes=5)
+    theirs = timm.create_model("deit_tiny_patch16_224", dynamic_img_size=True, **kw).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():  # no zero or constant tensor: every value matters
+            p.add_(torch.randn_like(p) * 0.02)
+    ours = subquad.create_model("vit_attn_tiny", **kw).eval()
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    sd_ours, sd_theirs = ours.state_dict(), theirs.state_dict()
+    assert all(torch.equal(sd_ours[k], sd_theirs[k]) for k in sd_theirs)
+    x = torch.randn(2, 3, 64, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), rtol=1e-4, atol=1e-5)
 
 
 def test_checkpoint_roundtrip_and_wrong_arch(tmp_path):
