@@ -57,8 +57,8 @@ import torch.nn.functional as F
 from ..errors import UserError
 from ..files import atomic_write
 
-__all__ = ["prepare_data", "refusal", "run_cell", "depends_on", "RecallConfig", "train_recall", "MECH_KEYS",
-           "distance_bins"]
+__all__ = ["prepare_data", "refusal", "run_cell", "depends_on", "write_plots", "RecallConfig", "train_recall",
+           "MECH_KEYS", "distance_bins"]
 
 MECH_KEYS = ("attention", "attn_kw", "dim")
 # Leaderboard columns beyond the common ones: means over seeds of these cell.json keys, and the learning rate(s).
@@ -350,3 +350,58 @@ def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | 
                 "step_ms_train_len": ms_train, f"step_ms_{cfg.time_len}": ms_long, "peak_mem_mb": peak_mb,
                 "wall_s": time.perf_counter() - t0, "seq_len": cfg.seq_len, "kv": cfg.kv, "dim": cfg.dim})
     return res
+
+
+def write_plots(out: Path, task: Any, board: list[dict[str, Any]], by_label: dict[str, list[dict[str, Any]]],
+                styles: dict[str, tuple[str, str]]) -> list[Path]:
+    """distance.png (test accuracy per power-of-two distance bin at the training length, mean over seeds, one line per
+    mechanism) and frontier.png (mean test accuracy against the training step time at 4,096 tokens: the
+    compute-aware view). Called by the leaderboard writer with matplotlib already imported."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in board:
+        cells = by_label.get(r["attention"], [])
+        per_bin: dict[int, list[float]] = {}
+        for c in cells:
+            for b in c.get("acc_bins") or []:
+                if b["acc"] is not None:
+                    per_bin.setdefault(b["lo"], []).append(b["acc"])
+        if per_bin:
+            xs = sorted(per_bin)
+            colour, marker = styles[r["attention"]]
+            ax.plot(xs, [sum(per_bin[x]) / len(per_bin[x]) for x in xs], color=colour, marker=marker, ms=4,
+                    label=r["attention"])
+    train = task.recipe("default")
+    for x, name in ((train.get("inside_max"), "inside"), (train.get("beyond_min"), "beyond")):
+        if x:
+            ax.axvline(x, color="0.4", ls="--", lw=0.8)
+            ax.text(x, 1.01, name, fontsize=7, ha="center", transform=ax.get_xaxis_transform())
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("distance from the query to its pair's value (tokens, power-of-two bins)")
+    ax.set_ylabel("test query accuracy (%), mean over seeds")
+    ax.set_title(f"arena {task.name}: accuracy against distance", fontsize=10, pad=14)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "distance.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in board:
+        ms = r.get("mean_step_ms_4096")
+        if ms in ("", None) or r["mean_acc"] in ("", None):
+            continue
+        colour, marker = styles[r["attention"]]
+        ax.plot([ms], [r["mean_acc"]], marker=marker, color=colour, ls="none", ms=7, label=r["attention"])
+    ax.set_xscale("log")
+    ax.set_xlabel("training step at 4,096 tokens, forward + backward, batch 1, one thread (ms)")
+    ax.set_ylabel("test query accuracy (%) at the training length")
+    ax.set_title(f"arena {task.name}: accuracy against cost at 4,096 tokens", fontsize=10)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "frontier.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return [out / "distance.png", out / "frontier.png"]

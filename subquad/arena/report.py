@@ -127,7 +127,7 @@ def write_leaderboard(out: Path, task: Any, labels: list[str], seeds: list[int],
     from .tasks import options_text
 
     best = min if task.lower_is_better else max
-    from .runner import kind_module
+    from .tasks import kind_module
 
     extra_keys = list(getattr(kind_module(task.kind), "REPORT_COLUMNS", ()))
     for label in labels:
@@ -245,6 +245,11 @@ def write_plots(out: Path, task: Any, board: list[dict[str, Any]],
     ax.set_title(f"arena {task.name}: validation curves", fontsize=10)
     finish(fig, ax, out / "curves.png")
     written.append(out / "curves.png")
+    from .tasks import kind_module
+
+    extra = getattr(kind_module(task.kind), "write_plots", None)
+    if extra is not None:
+        written += extra(out, task, done, by_label, styles)
     return written
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from ..engine.checkpoint import write_json
 from ..errors import UserError
-from .tasks import ARENA_FILE, Task, load_task, options_text, task_of_run
+from .tasks import ARENA_FILE, Task, kind_module, load_task, options_text, task_of_run
 
 __all__ = ["run_arena", "kind_module", "Cell", "plan_cells", "available_cores", "INTERRUPT_ENV"]
 
@@ -100,25 +100,6 @@ class _Interrupts:
         if self._pending:
             self._pending = False
             raise KeyboardInterrupt
-
-
-def kind_module(kind: str):
-    """The module that trains cells of `kind` (refusal, run_cell, prepare_data)."""
-    if kind == "image":
-        from . import image
-
-        return image
-    if kind == "lm":
-        from . import lm
-
-        return lm
-    if kind == "recall":
-        from . import recall
-
-        return recall
-    from . import lra
-
-    return lra
 
 
 def available_cores() -> int:

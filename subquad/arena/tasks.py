@@ -42,7 +42,7 @@ from typing import Any
 from ..config import load_yaml
 from ..errors import UserError
 
-__all__ = ["TASKS", "CONFIG_DIR", "ARENA_FILE", "Task", "load_task", "task_names", "task_of_run"]
+__all__ = ["TASKS", "CONFIG_DIR", "ARENA_FILE", "Task", "load_task", "task_names", "task_of_run", "kind_module"]
 
 # The run record of an arena run directory (written by the runner).
 ARENA_FILE = "arena.json"
@@ -53,6 +53,25 @@ CLAIM_TESTS = ("superior", "noninferior")
 METRIC_GOALS = ("max", "min")
 DEFAULT_METRIC = {"name": "acc", "goal": "max"}
 REQUIRES = ("gpu",)
+
+
+def kind_module(kind: str):
+    """The module that trains cells of `kind` (refusal, run_cell, prepare_data)."""
+    if kind == "image":
+        from . import image
+
+        return image
+    if kind == "lm":
+        from . import lm
+
+        return lm
+    if kind == "recall":
+        from . import recall
+
+        return recall
+    from . import lra
+
+    return lra
 
 
 def task_names() -> list[str]:

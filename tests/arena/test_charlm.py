@@ -49,7 +49,7 @@ def test_quick_charlm_run(tmp_path, monkeypatch, capsys):
     out = tmp_path / "arena"
     t0, c0 = time.perf_counter(), _cpu_seconds()
     assert main(["arena", "run", "--task", "charlm", "--attention", "softmax,long_short", "--seeds", "0",
-                 "--budget", "quick", "--out", str(out)]) == 0
+                 "--budget", "quick", "--device", "cpu", "--out", str(out)]) == 0
     wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
     assert wall < 120, f"quick charlm run took {wall:.0f} s"
     assert cpu < 60, f"quick charlm run used {cpu:.0f} CPU s"
@@ -83,7 +83,7 @@ def test_quick_charlm_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(lm.CORPUS_ENV, str(_write_text(tmp_path / "other.txt", seed=1)))
     capsys.readouterr()
     assert main(["arena", "run", "--task", "charlm", "--attention", "softmax,window", "--seeds", "0",
-                 "--budget", "quick", "--out", str(out)]) == 2
+                 "--budget", "quick", "--device", "cpu", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "cells of one run share their text" in err and "Traceback" not in err
 
@@ -134,7 +134,7 @@ def test_refusals_and_missing_corpus(tmp_path, monkeypatch, capsys):
     # The corpus is absent: one line saying what to install or set, before any cell starts.
     monkeypatch.setenv(lm.CORPUS_ENV, str(tmp_path / "nowhere"))
     assert main(["arena", "run", "--task", "charlm", "--attention", "softmax", "--seeds", "0", "--budget", "quick",
-                 "--out", str(tmp_path / "a")]) == 2
+                 "--device", "cpu", "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert "nowhere does not exist" in err and "Traceback" not in err
     monkeypatch.delenv(lm.CORPUS_ENV)

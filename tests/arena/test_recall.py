@@ -186,6 +186,8 @@ def test_quick_arena_run_and_claims(tmp_path):
         for col in ("mean_acc_inside", "mean_acc_beyond", "mean_acc_len2x", "mean_acc_len4x", "mean_acc_kv2x",
                     "mean_step_ms_train_len", "lr"):
             assert r[col] != "", (r["attention"], col)
+    for png in ("leaderboard.png", "curves.png", "distance.png", "frontier.png"):
+        assert (out / png).is_file(), png
     cell = json.loads((out / "cells" / "window" / "seed0" / "cell.json").read_text())
     assert cell["lr_sweep"] == {"0.003": cell["best_val_acc"]} and cell["commit"] is not None
     assert sum(b["n"] for b in cell["acc_bins"]) == 16 * 8  # every test query in one distance bin

@@ -324,18 +324,20 @@ def test_step_curves_draw_one_line_per_seed_and_the_reference_levels(tmp_path, m
     assert (tmp_path / "curves.png").is_file() and (tmp_path / "leaderboard.png").is_file()
 
 
-def test_requires_gpu_refuses_without_cuda(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("task", ["pathfinder32", "charlm"])
+def test_requires_gpu_refuses_without_cuda(tmp_path, capsys, monkeypatch, task):
     from subquad.arena import runner
 
     monkeypatch.setattr(runner, "_cuda_available", lambda: False)
     out = tmp_path / "pf"
-    assert main(["arena", "run", "--task", "pathfinder32", "--budget", "quick", "--out", str(out)]) == 2
+    assert load_task(task).requires == "gpu"
+    assert main(["arena", "run", "--task", task, "--budget", "quick", "--out", str(out)]) == 2
     line = _err_line(capsys)
     assert "needs a GPU" in line and "--device cpu" in line and not out.exists()
-    assert main(["arena", "run", "--task", "pathfinder32", "--budget", "quick", "--device", "cuda",
+    assert main(["arena", "run", "--task", task, "--budget", "quick", "--device", "cuda",
                  "--out", str(out)]) == 2
     assert "no CUDA device" in _err_line(capsys)
-    assert main(["arena", "run", "--task", "pathfinder32", "--budget", "quick", "--device", "tpu",
+    assert main(["arena", "run", "--task", task, "--budget", "quick", "--device", "tpu",
                  "--out", str(out)]) == 2
     assert "--device 'tpu' is not a device" in _err_line(capsys)  # the command checks every --device first
     with pytest.raises(UserError, match="--device must be one of cpu, cuda"):

@@ -46,7 +46,8 @@ def test_image_model_on_video_data_is_refused(clips, tmp_path, capsys):
     assert main(["train", "--data", f"video:{clips}", "--model", "hylisanet_micro", "--epochs", "1",
                  "--output", str(tmp_path / "r")]) == 2
     assert "video data needs a video model" in capsys.readouterr().err
-    assert main(["train", "--data", "digits", "--num-frames", "4", "--output", str(tmp_path / "r2")]) == 2
+    assert main(["train", "--model", "l2vit_micro", "--data", "digits", "--num-frames", "4", "--output",
+                 str(tmp_path / "r2")]) == 2
     assert "need video data" in capsys.readouterr().err
 
 
