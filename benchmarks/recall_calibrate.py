@@ -2,7 +2,7 @@
 cell runs: the rule and the ladder are the task YAML's `calibration:` entry (subquad/configs/arena/<task>.yaml).
 
     OMP_NUM_THREADS=1 python benchmarks/recall_calibrate.py --task recall \
-        --out benchmarks/results/arena/recall/calibration
+        --out benchmarks/results/arena/recall-calibration/attempt2
 
 For each rung (seq_len, kv) of the ladder: the calibration mechanism (softmax) at the task's `default` recipe with
 seq_len, kv and batch_size = batch_size x 128 / seq_len, at the calibration lr and seed; the test split is never
