@@ -53,12 +53,10 @@ POLL_S = 2.0
 INTERRUPT_ENV = "SUBQUAD_ARENA_INTERRUPT"
 
 
-def _interrupt_at(point: str, label: str, seed: int, pid: int) -> bool:
-    """The test hook above: send `pid` SIGINT when $SUBQUAD_ARENA_INTERRUPT names this point; whether it did."""
-    if os.environ.get(INTERRUPT_ENV) != f"{point}:{label}/seed{seed}":
-        return False
-    os.kill(pid, signal.SIGINT)
-    return True
+def _interrupt_at(point: str, label: str, seed: int, pid: int) -> None:
+    """The test hook above: send `pid` SIGINT when $SUBQUAD_ARENA_INTERRUPT names this point."""
+    if os.environ.get(INTERRUPT_ENV) == f"{point}:{label}/seed{seed}":
+        os.kill(pid, signal.SIGINT)
 
 
 class _Interrupts:
@@ -365,9 +363,9 @@ def _stop_cells(cells: list[Cell], timeout: float = 120.0) -> None:
     exits), then wait for them; a cell still running after `timeout` s, or a second interrupt while waiting, kills
     them."""
     live = [c.proc for c in cells if c.proc is not None and c.proc.poll() is None]
-    for p in live:
-        p.terminate()
     try:
+        for p in live:
+            p.terminate()
         deadline = time.monotonic() + timeout
         for p in live:
             try:
