@@ -190,7 +190,7 @@ def test_quick_arena_run_and_claims(tmp_path):
         assert (out / png).is_file(), png
     cell = json.loads((out / "cells" / "window" / "seed0" / "cell.json").read_text())
     assert cell["lr_sweep"] == {"0.003": cell["best_val_acc"]} and cell["commit"] is not None
-    assert sum(b["n"] for b in cell["acc_bins"]) == 16 * 8  # every test query in one distance bin
+    assert sum(b["n"] for b in cell["acc_bins"]) == 16 * task.train["kv"]  # every test query in one distance bin
     from subquad.arena import check_claims
 
     res = {r["id"]: r for r in check_claims(out, task)}
