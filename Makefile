@@ -14,7 +14,7 @@ CPU ?= 0
 TORCH_INDEX ?= $(if $(filter 1,$(CPU)),https://download.pytorch.org/whl/cpu,)
 INSTALL_TORCH = $(if $(TORCH_INDEX),$(BIN)/python -m pip install -q torch torchvision --index-url $(TORCH_INDEX),)
 
-.PHONY: test test-all demo lint readme bench clean docs docs-serve wheel
+.PHONY: test test-all test-data demo lint readme bench clean docs docs-serve wheel
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,10 +33,15 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not slow and not gpu and not parity" --durations=15
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not slow and not gpu and not parity and not data" --durations=15
 
 test-all: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not gpu and not parity" --durations=25
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not gpu and not parity and not data" --durations=25
+
+# The tests about the bytes of the Debian data packages themselves (the readers are tested everywhere on files the
+# tests write). They need `apt-get install dataset-fashion-mnist linux-doc-6.12` and fail, not skip, without them.
+test-data: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m data
 
 DEMO_MODEL ?= l2vit_micro
 DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)

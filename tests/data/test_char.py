@@ -107,8 +107,7 @@ def test_bpc_protocol_scores_every_target_once(ctx, score):
 @pytest.mark.data
 def test_linux_doc_corpus(tmp_path):
     src = find_linux_doc()
-    if src is None:
-        pytest.skip("Debian package linux-doc-6.12 is not installed (apt-get install linux-doc-6.12)")
+    assert src is not None, "Debian package linux-doc-6.12 is not installed (apt-get install linux-doc-6.12)"
     meta = prepare_corpus(src, tmp_path / "ld", "bytes")
     assert meta["name"] == "linuxdoc-bytes" and meta["files"] == 3604 and "not comparable" in meta["note"]
     n = meta["source_bytes"]
