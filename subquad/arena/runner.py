@@ -251,7 +251,7 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
 
     task = load_task(task_name)
     device = resolve_device(task, device)
-    labels = task.resolve(attention)
+    labels = task.resolve(attention, budget)
     seeds = list(task.budget_seeds(budget) if seeds is None else seeds)
     if not seeds:
         raise UserError("--seeds is empty")

@@ -11,7 +11,8 @@ A task file holds, fixed before any run:
     train: {...}                 # the recipe: TrainConfig keys (image) or LRAConfig keys (lra)
     host: {...}                  # image: model keyword arguments shared by every cell
     budgets: {default: {...}, quick: {...}}   # overrides of `train` per budget (and `seeds`: the seeds a run of
-                                              # that budget trains unless --seeds is given)
+                                              # that budget trains unless --seeds is given; `mechanisms`: what
+                                              # `--attention all` runs under that budget, default_mechanisms if absent)
     mechanisms: {label: {...}}   # label -> entry; the label is what the leaderboard shows
     default_mechanisms: [...]    # what `--attention all` runs
     claims: [...]                # what `subquad arena check` tests (see subquad.arena.report)
@@ -119,7 +120,7 @@ class Task:
         """The `train` mapping with the budget's overrides applied (a budget's `seeds` is not a train setting)."""
         if budget not in self.budgets:
             raise UserError(f"task {self.name!r} has no budget {budget!r}; allowed: {', '.join(self.budgets)}")
-        return {**self.train, **{k: v for k, v in self.budgets[budget].items() if k != "seeds"}}
+        return {**self.train, **{k: v for k, v in self.budgets[budget].items() if k not in ("seeds", "mechanisms")}}
 
     def budget_seeds(self, budget: str) -> list[int]:
         """The seeds a run of `budget` trains by default: the budget's own `seeds` (e.g. one seed for a smoke test),
@@ -138,10 +139,12 @@ class Task:
         allowed = sorted(set(self.mechanisms) | set(list_attention()))
         raise UserError(f"unknown mechanism {label!r} for task {self.name!r}; allowed: {', '.join(allowed)}")
 
-    def resolve(self, attention: str) -> list[str]:
-        """`--attention` ('all' or a comma-separated list) -> labels, in order, without repeats."""
+    def resolve(self, attention: str, budget: str = "default") -> list[str]:
+        """`--attention` ('all' or a comma-separated list) -> labels, in order, without repeats. 'all' is the
+        budget's own `mechanisms` where it names them (a smoke test's few), else `default_mechanisms`."""
         if attention.strip() == "all":
-            return list(self.default_mechanisms)
+            self.recipe(budget)  # an unknown budget: one line
+            return list(self.budgets[budget].get("mechanisms", self.default_mechanisms))
         labels = [a.strip() for a in attention.split(",") if a.strip()]
         if not labels:
             raise UserError("--attention is empty; give 'all' or a comma-separated list of mechanisms")
@@ -226,9 +229,11 @@ def load_task(name: str) -> Task:
     for label, entry in task.mechanisms.items():
         if task.name_key not in entry:
             raise UserError(f"{path}: mechanism {label!r} has no {task.name_key!r} key")
-    unknown = [m for m in task.default_mechanisms if m not in task.mechanisms]
-    if unknown:
-        raise UserError(f"{path}: default_mechanisms lists unknown label(s) {', '.join(unknown)}")
+    for where, labels in [("default_mechanisms", task.default_mechanisms)] + [
+            (f"budget {b}'s mechanisms", v["mechanisms"]) for b, v in task.budgets.items() if "mechanisms" in v]:
+        unknown = [m for m in labels if m not in task.mechanisms]
+        if unknown:
+            raise UserError(f"{path}: {where} lists unknown label(s) {', '.join(unknown)}")
     return task
 
 

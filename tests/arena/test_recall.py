@@ -170,9 +170,30 @@ def test_cell_of_another_seed_refuses_without_the_sweep(tmp_path):
         run_cell(task.recipe("quick"), task.mechanism("softmax"), 1, tmp_path / "softmax" / "seed1")
 
 
+@pytest.mark.parametrize("name", ["recall", "recall_causal"])
+def test_every_default_mechanism_builds_and_steps_in_its_host(name):
+    """What the quick run no longer covers (it trains one mechanism of each kind): every default mechanism of the
+    task is accepted by `refusal`, and its host takes a training step with finite gradients everywhere."""
+    task = load_task(name)
+    train = task.recipe("quick")
+    from subquad.arena.recall import build_model
+
+    b = make_recall(name, 2, 200, 8, VOCAB, seed=0)
+    for label in task.default_mechanisms:
+        cfg = cell_config(train, task.mechanism(label))
+        assert refusal(train, task.mechanism(label)) is None, label
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        logits = model(b.tokens, b.query_pos)
+        assert logits.shape == (2, 8, VOCAB), label
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), b.target.flatten()).backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads), label
+
+
 def test_quick_arena_run_and_claims(tmp_path):
-    """`subquad arena run --task recall --budget quick`: every default mechanism's cell, the leaderboard's recall
-    columns, and `arena check` on claims with a `score`."""
+    """`subquad arena run --task recall --budget quick`: the budget's cells (one mechanism of each kind), the
+    leaderboard's recall columns, and `arena check` on claims with a `score`."""
     from subquad.cli.__main__ import main
 
     out = tmp_path / "rq"
@@ -180,7 +201,7 @@ def test_quick_arena_run_and_claims(tmp_path):
     with open(out / "leaderboard.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     task = load_task("recall")
-    assert [r["attention"] for r in rows] == task.default_mechanisms
+    assert [r["attention"] for r in rows] == task.budgets["quick"]["mechanisms"] == task.resolve("all", "quick")
     for r in rows:
         assert r["status"] == "ok" and r["seeds"] == "0", r
         for col in ("mean_acc_inside", "mean_acc_beyond", "mean_acc_len2x", "mean_acc_len4x", "mean_acc_kv2x",
