@@ -18,6 +18,7 @@ from subquad.arena import check_claims, load_task
 from subquad.arena.report import LEADERBOARD_COLUMNS, claims_text, leaderboard_markdown
 from subquad.arena.tasks import CONFIG_DIR
 from subquad.cli.__main__ import main
+from subquad.errors import UserError
 
 # A small Fashion-MNIST written by the tests (tests/conftest.py), named by $SUBQUAD_FASHION_MNIST_DIR for the cells.
 needs_fmnist = pytest.mark.usefixtures("fashion_mnist_dir")
@@ -351,3 +352,16 @@ def test_provenance_names_the_checkout_commit():
         assert p["commit"] == head.stdout.strip() and p["tree_clean"] in (True, False)
     else:  # not a git checkout (an sdist): no commit, and it says so
         assert p == {"commit": "", "tree_clean": None}
+
+
+def test_a_budget_names_its_mechanisms_and_an_unknown_one_is_refused(tmp_path):
+    """`--attention all` under a budget that names `mechanisms` runs those; the default budget runs
+    default_mechanisms; a budget naming an unlisted label is refused when the file is read."""
+    raw = yaml.safe_load((CONFIG_DIR / "fmnist.yaml").read_text())
+    few = raw["default_mechanisms"][:2]
+    task = load_task(str(_custom_task(tmp_path, budgets={**raw["budgets"], "quick": {**raw["budgets"]["quick"],
+                                                                                  "mechanisms": few}})))
+    assert task.resolve("all", "quick") == few and task.resolve("all") == raw["default_mechanisms"]
+    assert "mechanisms" not in task.recipe("quick")
+    with pytest.raises(UserError, match="budget quick's mechanisms lists unknown label"):
+        load_task(str(_custom_task(tmp_path, budgets={**raw["budgets"], "quick": {"mechanisms": ["nope"]}})))
