@@ -245,7 +245,8 @@ class FocusedLinearAttention(FocusedLinearCore):
     checkpoints' `q` and `kv` are concatenated into it by `remap_q_kv`), the optional PVT key/value reduction
     (`sr`, `norm`, and `pool`/`act` for PVTv2's linear reduction) and the output projection `proj`.
 
-    `build_attention("focused_linear", ...)` returns this class, or a `FocusedLinearCore` with `host_qkv=True`.
+    `build_attention("focused_linear", ...)` returns this class (with `input_size`), a `FocusedLinearCore` with
+    `host_qkv=True`, or, without `input_size`, the 1-D forms of `FocusedLinearAttention1d` (`causal=True`: causal).
     Shapes: x (B, N, C) with hw=(H, W), N = num_prefix_tokens + H * W -> (B, N, C). Queries are projected from
     x and keys/values from x or its reduced map, with the rows [C : 3C] of `qkv` (one matmul without a reduction).
 

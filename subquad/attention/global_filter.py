@@ -48,7 +48,8 @@ class GlobalFilter(TokenMixer):
     Args:
         dim: channels C.
         num_heads: accepted for the registry interface (must divide dim); the filter is per channel.
-        input_size: token grid (H0, W0) of the filter; default 14 x 14.
+        input_size: token grid (H0, W0) of the filter (required; `build_attention` without it builds the 1-D
+            form, `GlobalFilter1d`).
         proj_drop: dropout on the output.
     """
 

@@ -78,7 +78,9 @@ class StructureAwareAttention(TokenMixer):
         dim: channels C.
         num_heads: heads h (C_h = C / h).
         D: structural-pattern size (>= 1; 8 for hierarchical models, 16 for LiSANet-I).
-        input_size: token grid the kernels are sized for, (H0, W0) or (T0, H0, W0) (3-D form). Default 14 x 14.
+        input_size: token grid the kernels are sized for, (H0, W0) or (T0, H0, W0) (3-D form). Default 14 x 14
+            when the class is built directly; `build_attention` without it builds the 1-D form
+            (`StructureAwareAttention1d`).
         qkv_bias: bias of `qkv`.
         shared_kernel_b: one W^b for all heads (the paper's single-head N x D form) instead of one per head.
         local_kernel: None (global kernels, the paper's LiSA) or an odd k: k x k (k x k x k) zero-padded local

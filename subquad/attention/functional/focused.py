@@ -12,6 +12,10 @@ The DWC is one depthwise k x k conv over the d head channels, shared by every he
 (prefix rows of the DWC term are 0). `normaliser='mean'` is the current code (mean(k), 1/sqrt(n)
 scaling, i.e. eps enters n times larger), `'sum'` the original release.
 
+1-D forms (ours; docs/deviations.md): `focused_linear_attention_1d` (fast) and `focused_linear_attention_1d_ref` (dense)
+on (B, L, C) sequences: the same feature map and core, a depthwise conv1d over the tokens as the DWC ('same' padding,
+or causal padding with the causal prefix-sum core), no positional encoding.
+
 Paper: FLatten (arXiv 2308.00442), Eq. 5-6 (focused function f_p), Eq. 10-12 (rank restoration with DWC).
 Official: LeapLabTHU/FLatten-Transformer `models/flatten_{swin,pvt,pvt_v2,cswin}.py` `FocusedLinearAttention.forward`.
 Symbols: p focusing factor (paper p), k DWC kernel size, s = softplus(scale) per channel, h heads, d = C / h.
@@ -401,10 +405,11 @@ def focused_attention_matrix_1d(q: torch.Tensor, k: torch.Tensor, scale: torch.T
     qf, kf = _split(focused_feature_map(q, scale, p), h), _split(focused_feature_map(k, scale, p), h)
     a = qf @ kf.transpose(-2, -1)  # (B, h, L, L)
     if causal:
-        a = a.tril() / torch.arange(1, L + 1, dtype=a.dtype, device=a.device)[:, None] \
-            if normaliser == "mean" else a.tril()
-    elif normaliser == "mean":
-        a = a / L
+        a = a.tril()
+    if normaliser == "mean":
+        # the mean over the keys each query sees: t + 1 (causal) or L
+        seen = torch.arange(1, L + 1, dtype=a.dtype, device=a.device)[:, None] if causal else L
+        a = a / seen
     a = a / (a.sum(-1, keepdim=True) + NORM_EPS)
     m = a.unsqueeze(2).expand(B, h, C // h, L, L)  # (B, h, d, L, L)
     if dwc_weight is None:
