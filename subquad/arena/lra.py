@@ -200,9 +200,9 @@ def refusal(train: dict[str, Any], mech: dict[str, Any]) -> str | None:
     caps = get_attention_cls(cfg.attention).caps
     if not caps.bidirectional:
         return f"is causal only; {cfg.task} needs a bidirectional encoder"
-    if cfg.grid is None and (caps.needs_hw or not caps.sequence):
+    if cfg.grid is None and not caps.sequence:
         return f"needs a 2-D token grid (hw); {cfg.task} is a 1-D sequence"
-    if caps.needs_hw and cfg.pool in ("cls", "cls_last"):
+    if cfg.grid is not None and caps.needs_hw and cfg.pool in ("cls", "cls_last"):
         return (f"needs the {cfg.grid[0]}x{cfg.grid[1]} grid intact, which pool {cfg.pool!r} (a class token) "
                 "breaks")
     try:

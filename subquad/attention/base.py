@@ -28,11 +28,13 @@ class AttentionCaps:
     Attributes:
         bidirectional: every query may attend to every position (encoder use).
         causal: has a causal mode (query t sees keys <= t only).
-        needs_hw: spatial; forward needs hw=(H, W) with H * W == N.
+        needs_hw: spatial; forward needs hw=(H, W) with H * W == N (the form built with input_size, when the
+            mechanism also has a 1-D form: `sequence`).
         supports_mask: honours a key-padding mask (B, N) of bools (True = real token).
         dtypes: floating dtypes the module computes in (others are refused).
         complexity: cost in tokens N, e.g. "O(N)" or "O(N^2)".
-        sequence: usable on 1-D token sequences without a grid (LRA, LM).
+        sequence: usable on 1-D token sequences without a grid (LRA, LM); for a `needs_hw` mechanism, the form
+            built without input_size.
         relative_positions: the module encodes token positions itself (e.g. Transformer-XL relative terms); a host
             then adds no absolute position embedding.
         grid_ndims: ranks of the token grids (hw) the mechanism can be given: (2,) for (H, W) maps; (2, 3) when it
@@ -71,7 +73,7 @@ def check(caps: AttentionCaps, request: Request) -> list[str]:
         reasons.append("is causal only")
     if request.mask and not caps.supports_mask:
         reasons.append("does not support key-padding masks")
-    if request.sequence and (caps.needs_hw or not caps.sequence):
+    if request.sequence and not caps.sequence:
         reasons.append("needs a 2-D token grid (hw), not a 1-D sequence")
     if request.dtype is not None and request.dtype not in caps.dtypes:
         reasons.append(f"does not compute in {request.dtype}")

@@ -4,6 +4,7 @@ One set of parameter names: the PVT checkpoints' `q` + `kv` are concatenated int
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -18,13 +19,16 @@ from .base import AttentionCaps, TokenMixer
 from .functional.focused import (
     SR_MODES,
     focused_attention_matrix,
+    focused_attention_matrix_1d,
+    focused_linear_attention_1d,
+    focused_linear_attention_1d_ref,
     focused_linear_attention_kv,
     focused_linear_attention_ref,
     resize_pe,
 )
 from .registry import register_attention, register_attention_form
 
-__all__ = ["FocusedLinearAttention", "FocusedLinearCore", "remap_q_kv", "remap_legacy"]
+__all__ = ["FocusedLinearAttention", "FocusedLinearAttention1d", "FocusedLinearCore", "remap_q_kv", "remap_legacy"]
 
 DWC_INITS = ("default", "pvt_v2")
 
@@ -241,7 +245,8 @@ class FocusedLinearAttention(FocusedLinearCore):
     checkpoints' `q` and `kv` are concatenated into it by `remap_q_kv`), the optional PVT key/value reduction
     (`sr`, `norm`, and `pool`/`act` for PVTv2's linear reduction) and the output projection `proj`.
 
-    `build_attention("focused_linear", ...)` returns this class, or a `FocusedLinearCore` with `host_qkv=True`.
+    `build_attention("focused_linear", ...)` returns this class (with `input_size`), a `FocusedLinearCore` with
+    `host_qkv=True`, or, without `input_size`, the 1-D forms of `FocusedLinearAttention1d` (`causal=True`: causal).
     Shapes: x (B, N, C) with hw=(H, W), N = num_prefix_tokens + H * W -> (B, N, C). Queries are projected from
     x and keys/values from x or its reduced map, with the rows [C : 3C] of `qkv` (one matmul without a reduction).
 
@@ -253,6 +258,25 @@ class FocusedLinearAttention(FocusedLinearCore):
         proj_drop: dropout after `proj`.
         other: see `FocusedLinearCore`.
     """
+
+    # The registered name also has the 1-D forms of `FocusedLinearAttention1d` (`resolve`); a grid build
+    # (input_size given) narrows its own caps to the 2-D form.
+    caps = AttentionCaps(bidirectional=True, causal=True, needs_hw=True, supports_mask=False, complexity="O(N)",
+                         sequence=True, notes="FLatten; the grid form needs hw (DWC, PE resized bicubically); built "
+                         "without input_size: 1-D forms (1-D DWC, no PE), causal=True by prefix sums")
+
+    @classmethod
+    def resolve(cls, options: dict) -> tuple[type, dict]:
+        """`build_attention`'s factory: without `input_size` (and without `host_qkv`) the 1-D forms of
+        `FocusedLinearAttention1d` (bidirectional, or causal with `causal=True`); with it, the grid form."""
+        opts = dict(options)
+        causal = bool(opts.pop("causal", False))
+        if opts.get("input_size") is None and not opts.get("host_qkv"):
+            return FocusedLinearAttention1d, {**opts, "causal": causal}
+        if causal:
+            raise UserError("focused_linear attention: causal=True is a 1-D form; build it without input_size "
+                            "(a token grid has no causal order)")
+        return cls, opts
 
     def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
                  qkv_bias: bool = True, focusing_factor: float = 3, kernel_size: int = 5, sr_ratio: int = 1,
@@ -271,6 +295,7 @@ class FocusedLinearAttention(FocusedLinearCore):
         self._proj_drop_p = proj_drop
         super().__init__(dim, num_heads, input_size, focusing_factor, kernel_size, normaliser, num_prefix_tokens,
                          lepe, dwc_init, fused, device, dtype)
+        self.caps = FocusedLinearCore.caps
 
     def _build_input_projections(self, dd: dict) -> None:
         dim = self.dim
@@ -317,6 +342,124 @@ class FocusedLinearAttention(FocusedLinearCore):
     def _qk_for_matrix(self, x: torch.Tensor, hw):
         q, k, _, kv_hw = self._project(x, hw)
         return q, k, kv_hw
+
+
+class FocusedLinearAttention1d(TokenMixer):
+    """FLatten focused linear attention on 1-D token sequences (ours): the grid form with the grid replaced by the
+    sequence. `build_attention("focused_linear", C, h)` without `input_size` builds it (with `causal=True`, the
+    causal form); the recall, LRA and language-model hosts build it from their 1-D stages.
+
+    Same focused feature map, linear core and parameter names as `FocusedLinearAttention` (`qkv`, `scale`, `dwc`,
+    `proj`), with two changes: the rank-restoring DWC is a depthwise conv1d over the tokens (kernel k, shared by
+    the heads), 'same'-padded, or left-padded by k - 1 in the causal form so that output t reads v_{t-k+1..t}; and
+    there is no positional encoding (FLatten's PE is sized by the grid; the 1-D form stays length-free and takes
+    positions from its host). Causal: prefix sums in chunks (`causal_linear_attention_chunked`), with the 'mean'
+    normaliser as the mean over the t + 1 visible keys (docs/deviations.md).
+
+    Shapes: x (B, L, C) -> (B, L, C); hw is ignored; no masks.
+    Paper: FLatten (arXiv 2308.00442), Sec. 4, Eq. 5-6 (focused function) and Eq. 12 (O = phi(Q) phi(K)^T V +
+        DWC(V)); the causal prefix sums of Katharopoulos et al. 2020 (arXiv 2006.16236), Eq. 9-12.
+    Official: LeapLabTHU/FLatten-Transformer `models/flatten_swin.py` `FocusedLinearAttention` (the 2-D form).
+    Symbols: p = focusing_factor (paper p), k = kernel_size, h heads, d = C / h.
+
+    Args:
+        dim, num_heads, qkv_bias, focusing_factor, kernel_size, normaliser, proj_drop, fused: as
+            `FocusedLinearAttention` (kernel_size 0: no DWC).
+        num_prefix_tokens: P leading class tokens (bidirectional only): queries and keys of the linear attention,
+            no DWC term; the conv runs over the L - P other tokens.
+        causal: the causal form (token t sees tokens <= t only).
+        chunk_size: tokens per chunk of the causal fast path (speed only).
+        input_size: must be None (a grid builds `FocusedLinearAttention`).
+    """
+
+    caps = AttentionCaps(bidirectional=True, causal=True, needs_hw=False, supports_mask=False, complexity="O(N)",
+                         sequence=True, notes="FLatten 1-D form: conv1d DWC, no PE")
+    name = "focused_linear"
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = True, focusing_factor: float = 3,
+                 kernel_size: int = 5, normaliser: str = "mean", num_prefix_tokens: int = 0, proj_drop: float = 0.0,
+                 fused: bool = True, causal: bool = False, chunk_size: int = 64,
+                 input_size: tuple[int, int] | None = None, device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        who = "focused_linear attention (1-D)"
+        self.dim, self.num_heads = dim, num_heads
+        self.head_dim = check_heads(dim, num_heads, who)
+        if input_size is not None:
+            raise UserError(f"{who}: input_size={input_size!r} must be None (give it to build the grid form)")
+        if normaliser not in ("mean", "sum"):
+            raise UserError(f"{who}: normaliser={normaliser!r} is not one of ('mean', 'sum')")
+        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 0 or \
+                (kernel_size and kernel_size % 2 == 0):
+            raise UserError(f"{who}: kernel_size={kernel_size!r} must be a positive odd int, or 0 for no DWC")
+        if not focusing_factor > 0:
+            raise UserError(f"{who}: focusing_factor={focusing_factor} must be > 0")
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise UserError(f"{who}: chunk_size={chunk_size!r} must be an int >= 1")
+        if num_prefix_tokens < 0 or (causal and num_prefix_tokens):
+            raise UserError(f"{who}: num_prefix_tokens={num_prefix_tokens} must be >= 0, and 0 when causal")
+        self.focusing_factor, self.normaliser, self.fused = focusing_factor, normaliser, fused
+        self.causal, self.chunk_size, self.num_prefix_tokens = bool(causal), chunk_size, int(num_prefix_tokens)
+        if self.causal:
+            self.caps = dataclasses.replace(type(self).caps, bidirectional=False)
+        else:
+            self.caps = dataclasses.replace(type(self).caps, causal=False)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
+        self.scale = nn.Parameter(torch.empty(1, 1, dim, **dd))
+        d = self.head_dim
+        self.dwc = nn.Conv1d(d, d, kernel_size, groups=d, **dd) if kernel_size else None
+        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+        if not self.scale.is_meta:
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """As the grid form: zero `scale`, Linear trunc_normal(0.02) with zero bias, `dwc` PyTorch's default."""
+        nn.init.zeros_(self.scale)
+        for m in (self.qkv, self.proj):
+            trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def _run(self, x: torch.Tensor, fused: bool) -> torch.Tensor:
+        B, L, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, L, 3, C).unbind(2)  # (B, L, C) each
+        fn = focused_linear_attention_1d if fused else focused_linear_attention_1d_ref
+        dw = None if self.dwc is None else self.dwc.weight
+        db = None if self.dwc is None else self.dwc.bias
+        o = fp32_island(fn, q, k, v, self.scale, dw, db, num_heads=self.num_heads, p=self.focusing_factor,
+                        normaliser=self.normaliser, prefix=self.num_prefix_tokens, causal=self.causal,
+                        chunk_size=self.chunk_size)
+        return self.proj_drop(self.proj(o))
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_input(x, hw, mask)
+        return self._run(x, self.fused)
+
+    def forward_ref(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense reference of `forward` (explicit attention and conv matrices)."""
+        self._check_input(x, hw, mask)
+        return self._run(x, False)
+
+    @torch.no_grad()
+    def attention_matrix(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
+                         channel: int | None = None) -> torch.Tensor:
+        """(B, L, C) -> (B, h, L, L): the map of head channel `channel` (exact: out[:, head, :, c] = M @ v + the
+        DWC bias, before `proj`), or the mean over the d channels (channel=None)."""
+        self._check_input(x, hw)
+        B, L, C = x.shape
+        q, k, _ = self.qkv(x).reshape(B, L, 3, C).unbind(2)
+        m = focused_attention_matrix_1d(q, k, self.scale, None if self.dwc is None else self.dwc.weight,
+                                        num_heads=self.num_heads, p=self.focusing_factor,
+                                        normaliser=self.normaliser, prefix=self.num_prefix_tokens,
+                                        causal=self.causal)  # (B, h, d, L, L)
+        return m.mean(2) if channel is None else m[:, :, int(channel)]
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, p={self.focusing_factor}, "
+                f"normaliser={self.normaliser}, causal={self.causal}, prefix={self.num_prefix_tokens}")
 
 
 def remap_q_kv(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:

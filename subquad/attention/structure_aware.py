@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -11,6 +12,7 @@ from torch import nn
 
 from .._shapes import check_heads, check_tokens, known_equal, merge_heads, sizes, tracing
 from ..backend import cpu_schedules, real_dft_active
+from ..errors import UserError
 from ..layers.precision import compute_dtype, no_autocast
 from .base import AttentionCaps, TokenMixer
 from .functional.structure_aware import (
@@ -29,7 +31,7 @@ from .functional.structure_aware import (
 )
 from .registry import register_attention
 
-__all__ = ["StructureAwareAttention"]
+__all__ = ["StructureAwareAttention", "StructureAwareAttention1d"]
 
 _FORMS = ("fft", "eq8", "eq9", "eq10")
 
@@ -76,7 +78,9 @@ class StructureAwareAttention(TokenMixer):
         dim: channels C.
         num_heads: heads h (C_h = C / h).
         D: structural-pattern size (>= 1; 8 for hierarchical models, 16 for LiSANet-I).
-        input_size: token grid the kernels are sized for, (H0, W0) or (T0, H0, W0) (3-D form). Default 14 x 14.
+        input_size: token grid the kernels are sized for, (H0, W0) or (T0, H0, W0) (3-D form). Default 14 x 14
+            when the class is built directly; `build_attention` without it builds the 1-D form
+            (`StructureAwareAttention1d`).
         qkv_bias: bias of `qkv`.
         shared_kernel_b: one W^b for all heads (the paper's single-head N x D form) instead of one per head.
         local_kernel: None (global kernels, the paper's LiSA) or an odd k: k x k (k x k x k) zero-padded local
@@ -109,8 +113,25 @@ class StructureAwareAttention(TokenMixer):
     """
 
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False,
-                         complexity="O(N log N)", sequence=False,
-                         notes="fp16/bf16 inputs compute the FFT core in fp32", grid_ndims=(2, 3))
+                         complexity="O(N log N)", sequence=True,
+                         notes="fp16/bf16 inputs compute the FFT core in fp32; without input_size: the 1-D form "
+                               "(kernels over token offsets, length via seq_len)", grid_ndims=(2, 3))
+
+    @classmethod
+    def resolve(cls, options: dict) -> tuple[type, dict]:
+        """`build_attention`'s factory: without `input_size` the 1-D form (`StructureAwareAttention1d`); no causal
+        form."""
+        opts = dict(options)
+        if opts.pop("causal", False):
+            raise UserError("structure_aware has no causal form: its structural vectors correlate every key with "
+                            "global relative-position kernels, so every output reads every token (causal=False only)")
+        if opts.get("input_size") is None:
+            return StructureAwareAttention1d, opts
+        if opts.get("seq_len") is not None:
+            raise UserError("structure_aware: seq_len sizes the 1-D form; with input_size (the grid form) leave it "
+                            "out")
+        opts.pop("seq_len", None)
+        return cls, opts
 
     @classmethod
     def takes_prefix_tokens(cls) -> bool:
@@ -187,6 +208,7 @@ class StructureAwareAttention(TokenMixer):
         self.proj_drop = nn.Dropout(proj_drop)
         # Eval-only cache of the kernel spectra: key -> (spectrum_a, spectrum_b). Not state (not saved).
         self._spectra_cache: dict = {}
+        self.caps = dataclasses.replace(type(self).caps, sequence=False)
         if not self.qkv.weight.is_meta:
             self.reset_parameters()
 
@@ -355,3 +377,61 @@ class StructureAwareAttention(TokenMixer):
         _, _, a_hat = lisa_eq10_ref(q, k, v, ka, kb, self.struct_proj.to(q.dtype), grid, boundary,
                                     return_structure=True)
         return a_hat
+
+
+class StructureAwareAttention1d(StructureAwareAttention):
+    """LiSA on 1-D token sequences (ours: LiSA defines it on image and video grids): the same operator with the
+    relative-position kernels indexed by the 1-D token offset, i.e. the grid form on a 1 x L grid with the FFT over
+    the sequence (`fft_dims='1d'`). `build_attention("structure_aware", C, h)` without `input_size` builds it.
+
+    Shapes: x (B, L, C) -> (B, L, C); hw is ignored; no masks, no prefix tokens.
+    Paper: LiSA (arXiv 2211.16289), Eq. 8-13, with 1-D relative positions.
+    Official: none published.
+    Symbols: as `StructureAwareAttention`; the kernels are (C, D, K) and (h or 1, D, K) with K = seq_len
+        (circular) or 2 seq_len - 1 (boundary='zero').
+
+    Length: the kernels are stored on `seq_len` tokens (default 512) and resized by the grid form's 'pad' rule: each
+    offset keeps its weight in token units; at longer sequences the offsets beyond the stored ones get weight 0, at
+    shorter ones the kernel is cropped around offset 0. With boundary='circular' the convolution wraps around the
+    sequence ends (Eq. 13's circulant approximation); boundary='zero' does not.
+
+    Args:
+        seq_len: the length the kernels are stored on.
+        other: as `StructureAwareAttention` (no local kernels, kernel_resize 'pad' only).
+    """
+
+    caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=False, supports_mask=False,
+                         complexity="O(N log N)", sequence=True, notes="LiSA over 1-D token offsets")
+    name = "structure_aware"
+
+    def __init__(self, dim: int, num_heads: int = 8, D: int = 8, seq_len: int | None = None, qkv_bias: bool = True,
+                 shared_kernel_b: bool = False, boundary: str = "circular", d_chunk: int | None = None,
+                 normalize_v: bool = False, checkpoint_kernels: bool = False, proj_drop: float = 0.0,
+                 num_prefix_tokens: int = 0, form: str = "fft", shared_rpe: bool = False,
+                 input_size: None = None, device=None, dtype=None) -> None:
+        seq_len = 512 if seq_len is None else seq_len
+        if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+            raise UserError(f"structure_aware (1-D): seq_len={seq_len!r} must be an int >= 1")
+        super().__init__(dim, num_heads, D, (1, seq_len), qkv_bias, shared_kernel_b, None, boundary, d_chunk, "pad",
+                         normalize_v, checkpoint_kernels, proj_drop, num_prefix_tokens, "1d", form, shared_rpe,
+                         device, dtype)
+        self.seq_len = seq_len
+        self.caps = type(self).caps
+
+    def forward(self, x: torch.Tensor, hw: Sequence[int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        check_tokens(x, self.dim, "StructureAwareAttention1d ('structure_aware')")
+        return super().forward(x, (1, x.shape[1]), mask)
+
+    def forward_ref(self, x: torch.Tensor, hw: Sequence[int] | None = None,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Explicit reference of `forward` (Eq. 10 with materialised 1-D RPE tensors)."""
+        check_tokens(x, self.dim, "StructureAwareAttention1d ('structure_aware')")
+        if mask is not None:
+            raise ValueError("structure_aware does not support masks; pass mask=None")
+        return super().forward_ref(x, (1, x.shape[1]))
+
+    @torch.no_grad()
+    def attention_matrix(self, x: torch.Tensor, hw: Sequence[int] | None = None) -> torch.Tensor:
+        check_tokens(x, self.dim, "StructureAwareAttention1d ('structure_aware')")
+        return super().attention_matrix(x, (1, x.shape[1]))

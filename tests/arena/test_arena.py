@@ -285,12 +285,12 @@ def test_shipped_tasks_load_and_name_registered_mechanisms():
 
 def test_quick_listops_run_and_a_2d_mechanism_skipped(tmp_path, capsys):
     out = tmp_path / "lo"
-    assert main(["arena", "run", "--task", "listops", "--attention", "softmax,structure_aware", "--seeds", "0",
+    assert main(["arena", "run", "--task", "listops", "--attention", "softmax,cswin", "--seeds", "0",
                  "--budget", "quick", "--out", str(out)]) == 0
     rows = {r["attention"]: r for r in _board(out)}
     assert rows["softmax"]["status"] == "ok" and 0 <= float(rows["softmax"]["mean_acc"]) <= 100
-    assert rows["structure_aware"]["status"] == "skipped" and "grid" in rows["structure_aware"]["reason"]
-    assert "skip structure_aware" in capsys.readouterr().out
+    assert rows["cswin"]["status"] == "skipped" and "grid" in rows["cswin"]["reason"]
+    assert "skip cswin" in capsys.readouterr().out
 
 
 def test_a_task_file_is_the_recipe_its_cells_train(tmp_path, capsys):

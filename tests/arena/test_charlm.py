@@ -122,7 +122,7 @@ def test_charlm_task_file():
 def test_refusals_and_missing_corpus(tmp_path, monkeypatch, capsys):
     train = load_task("charlm").recipe("quick")
     assert "causal" in lm.refusal(train, {"attention": "enhanced_linear"})
-    assert "2-D token grid" in lm.refusal(train, {"attention": "structure_aware"})
+    assert "2-D token grid" in lm.refusal(train, {"attention": "cswin"})
     assert "has no causal mode" in lm.refusal(train, {"attention": "linear_cosformer"})
     # caps allow it, the options do not: refused when the host is built (meta device)
     why = lm.refusal(train, {"attention": "linear", "attn_kw": {"feature_map": "l1"}})

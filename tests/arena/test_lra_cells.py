@@ -102,7 +102,7 @@ def test_interrupted_cell_resumes_to_the_same_numbers(quick_data, tmp_path):
 def test_refusals(quick_data):
     lo = _quick_train(_task("listops"), quick_data["listops"])
     pf = _quick_train(_task("pathfinder32"), quick_data["pathfinder32"])
-    assert lra.refusal(lo, {"attention": "structure_aware"}) == \
+    assert lra.refusal(lo, {"attention": "cswin"}) == \
         "needs a 2-D token grid (hw); listops is a 1-D sequence"
     assert "class token" in lra.refusal({**pf, "pool": "cls_last"}, {"attention": "window"})
     assert "cannot be built" in lra.refusal(pf, {"attention": "window", "attn_kw": {"window_size": 0}})

@@ -216,3 +216,26 @@ def test_quick_arena_run_and_claims(tmp_path):
 
     res = {r["id"]: r for r in check_claims(out, task)}
     assert res["ls-long-range"]["score"] == "acc_beyond" and res["ls-long-range"]["verdict"] == "inconclusive"
+
+
+def test_the_1d_forms_the_claims_name_are_admitted_and_run_at_2x_and_4x():
+    """focused_linear (both tasks) and global_filter (bidirectional only: no causal form) build in the host and
+    run at the extrapolation lengths the cell evaluates."""
+    from subquad.arena.recall import build_model
+
+    for name in ("recall", "recall_causal"):
+        task = load_task(name)
+        train = task.recipe("quick")
+        assert refusal(train, task.mechanism("focused_linear")) is None
+        assert refusal(train, task.mechanism("focused_linear_d128")) is None
+        gf = refusal(train, {"attention": "global_filter"})
+        assert (gf is None) == (name == "recall"), gf
+        labels = ("focused_linear", "global_filter") if name == "recall" else ("focused_linear",)
+        for label in labels:
+            model = build_model(cell_config(train, task.mechanism(label)))
+            for f in (1, 2, 4):
+                b = make_recall(name, 2, 128 * f, 8, VOCAB, seed=0)
+                with torch.no_grad():
+                    y = model(b.tokens, b.query_pos)
+                assert y.shape == (2, 8, VOCAB) and torch.isfinite(y).all(), (name, label, f)
+    assert "no causal mode" in refusal(load_task("recall_causal").recipe("quick"), {"attention": "global_filter"})

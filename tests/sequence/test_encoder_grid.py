@@ -6,13 +6,12 @@ import pytest
 import torch
 
 import subquad
-from subquad.attention import ATTENTION_REGISTRY, Request, check
+from subquad.attention import ATTENTION_REGISTRY
 from subquad.errors import UserError
 from subquad.sequence import create_sequence_model
 
-# Mechanisms that need the grid (a causal-only 1-D mechanism fails Request(sequence=True) for another reason).
-SPATIAL = [n for n in subquad.list_attention()
-           if any("grid" in r for r in check(ATTENTION_REGISTRY.get(n).builder.caps, Request(sequence=True)))]
+# Mechanisms whose grid form needs the grid (some also have a 1-D form, built without input_size).
+SPATIAL = [n for n in subquad.list_attention() if ATTENTION_REGISTRY.get(n).builder.caps.needs_hw]
 # Options so that windows / stripes / filters fit a 4 x 8 grid.
 SMALL_KW = {"window": {"window_size": 4}, "cswin": {"split_size": 2}, "long_short": {"window_size": 2, "rank": 3},
             "structure_aware": {"D": 4}}

@@ -98,7 +98,7 @@ def test_a_mechanism_without_a_causal_form_is_refused():
     with pytest.raises(ValueError, match="'enhanced_linear' has no causal mode.*sliding_window"):
         CharLM(40, 16, 1, 2, attention="enhanced_linear")
     with pytest.raises(ValueError, match="needs a 2-D token grid"):
-        CharLM(40, 16, 1, 2, attention="structure_aware")
+        CharLM(40, 16, 1, 2, attention="cswin")
     with pytest.raises(UserError, match="linear_l1. has no causal mode"):
         build_lm(40, LMConfig(attention="linear_l1", dim=16, depth=1, num_heads=2))
 

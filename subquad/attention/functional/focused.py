@@ -12,6 +12,10 @@ The DWC is one depthwise k x k conv over the d head channels, shared by every he
 (prefix rows of the DWC term are 0). `normaliser='mean'` is the current code (mean(k), 1/sqrt(n)
 scaling, i.e. eps enters n times larger), `'sum'` the original release.
 
+1-D forms (ours; docs/deviations.md): `focused_linear_attention_1d` (fast) and `focused_linear_attention_1d_ref` (dense)
+on (B, L, C) sequences: the same feature map and core, a depthwise conv1d over the tokens as the DWC ('same' padding,
+or causal padding with the causal prefix-sum core), no positional encoding.
+
 Paper: FLatten (arXiv 2308.00442), Eq. 5-6 (focused function f_p), Eq. 10-12 (rank restoration with DWC).
 Official: LeapLabTHU/FLatten-Transformer `models/flatten_{swin,pvt,pvt_v2,cswin}.py` `FocusedLinearAttention.forward`.
 Symbols: p focusing factor (paper p), k DWC kernel size, s = softplus(scale) per channel, h heads, d = C / h.
@@ -23,7 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from ..._shapes import known_equal
-from .linear import depthwise_conv_matrix, linear_attention, linear_attention_matrix, linear_attention_ref
+from .linear import (
+    causal_linear_attention_chunked,
+    depthwise_conv_matrix,
+    linear_attention,
+    linear_attention_matrix,
+    linear_attention_ref,
+)
 
 __all__ = [
     "SR_MODES",
@@ -34,6 +44,11 @@ __all__ = [
     "focused_linear_attention_ref",
     "focused_linear_attention_kv",
     "focused_attention_matrix",
+    "focused_linear_attention_1d",
+    "focused_linear_attention_1d_ref",
+    "focused_attention_matrix_1d",
+    "depthwise_conv_matrix_1d",
+    "dwc_padding_1d",
 ]
 
 SR_MODES = ("bilinear", "flat1d")
@@ -283,3 +298,140 @@ def focused_attention_matrix(q: torch.Tensor, k: torch.Tensor, scale: torch.Tens
     a = a.clone()
     a[:, :, prefix:, prefix:] += m
     return a
+
+
+def _check_1d(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int, normaliser: str,
+              prefix: int, causal: bool) -> None:
+    if normaliser not in ("mean", "sum"):
+        raise ValueError(f"normaliser={normaliser!r} is not one of ('mean', 'sum')")
+    if q.dim() != 3 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"focused linear attention (1-D): q {tuple(q.shape)}, k {tuple(k.shape)} and "
+                         f"v {tuple(v.shape)} must be equal (B, L, C)")
+    if q.shape[-1] % num_heads:
+        raise ValueError(f"focused linear attention (1-D): C={q.shape[-1]} must be a multiple of "
+                         f"num_heads={num_heads}")
+    if not 0 <= prefix <= q.shape[1] or (causal and prefix):
+        raise ValueError(f"focused linear attention (1-D): prefix={prefix} must be in [0, L] (0 when causal)")
+
+
+def dwc_padding_1d(kernel_size: int, causal: bool) -> tuple[int, int]:
+    """Zero padding (left, right) of the 1-D DWC: 'same' (k // 2 each side, odd k) or causal (k - 1 on the left),
+    so that output t reads inputs t - k // 2 .. t + k // 2, or t - k + 1 .. t."""
+    return (kernel_size - 1, 0) if causal else (kernel_size // 2, kernel_size // 2)
+
+
+def depthwise_conv_matrix_1d(weight: torch.Tensor, length: int, causal: bool) -> torch.Tensor:
+    """Explicit (C, L, L) matrices of the 1-D depthwise convolution `dwc_padding_1d` pads (no bias):
+    conv(x)[c, i] = sum_j M[c, i, j] x[c, j]. weight: (C, 1, k)."""
+    k = weight.shape[-1]
+    left = dwc_padding_1d(k, causal)[0]
+    i = torch.arange(length, device=weight.device)
+    # tap a of output i reads input j = i + a - left: a = j - i + left, valid for 0 <= a < k
+    tap = i[None, :] - i[:, None] + left  # (L_i, L_j)
+    valid = (tap >= 0) & (tap < k)
+    m = weight[:, 0][:, tap.clamp(0, k - 1)]  # (C, L, L)
+    return m * valid.to(weight.dtype)
+
+
+def _dwc_1d_fast(v: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, num_heads: int,
+                 causal: bool) -> torch.Tensor:
+    """(B, L, C) -> (B, L, C): the d-channel kernel (d, 1, k) shared by every head, by conv1d."""
+    C = v.shape[-1]
+    w = torch.cat([weight] * num_heads)  # (C, 1, k), head-major
+    b = None if bias is None else torch.cat([bias] * num_heads)
+    x = F.pad(v.transpose(1, 2), dwc_padding_1d(weight.shape[-1], causal))
+    return F.conv1d(x, w, b, groups=C).transpose(1, 2)
+
+
+def _causal_mean_queries(qf: torch.Tensor) -> torch.Tensor:
+    """phi(q_t) / (t + 1): the prefix mean of the causal 'mean' normaliser (numerator and denominator are both
+    linear in phi(q_t), so scaling the query divides both by the t + 1 keys it sees and leaves eps fixed)."""
+    L = qf.shape[-2]
+    count = torch.arange(1, L + 1, device=qf.device, dtype=qf.dtype)[:, None]  # (L, 1)
+    return qf / count
+
+
+def focused_linear_attention_1d(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor,
+                                dwc_weight: torch.Tensor | None, dwc_bias: torch.Tensor | None = None, *,
+                                num_heads: int, p: float = 3.0, normaliser: str = "mean", prefix: int = 0,
+                                causal: bool = False, chunk_size: int = 64) -> torch.Tensor:
+    """Fast 1-D focused linear attention on a token sequence (ours: FLatten defines the operator on image grids).
+
+    Bidirectional: the 2-D operator with the grid replaced by the sequence: LinearCore(phi(q), phi(k), v) (K^T V
+    first) + DWC_1d(v) with a 'same'-padded depthwise conv1d over the tokens after the `prefix` leading tokens.
+    Causal (prefix 0): out_t = sum_{j<=t} (phi(q_t).phi(k_j)) v_j / c_t / (sum_{j<=t} phi(q_t).phi(k_j) / c_t
+    + eps) + DWC_1d(v)_t with c_t = t + 1 ('mean': the prefix mean) or 1 ('sum'), the linear part by chunked prefix
+    sums (`causal_linear_attention_chunked`), the conv left-padded by k - 1 (taps t - k + 1 .. t).
+
+    Args:
+        q, k, v: (B, L, C) projected queries, keys, values (no positional encoding).
+        scale: (1, 1, C) raw `scale` parameter.
+        dwc_weight: (d, 1, k) 1-D depthwise kernel shared by every head, or None (no DWC); dwc_bias: (d,) or None.
+        num_heads: h; p: focusing factor; normaliser: 'mean' or 'sum'.
+        prefix: leading non-sequence tokens (class tokens): linear-attention queries and keys, no DWC term.
+        causal: the causal form; chunk_size: tokens per chunk of its fast path (speed only).
+
+    Returns:
+        (B, L, C), before the output projection.
+    """
+    _check_1d(q, k, v, num_heads, normaliser, prefix, causal)
+    s = F.softplus(scale)
+    e = FEATURE_EPS / s
+    qf, kf = _focus(torch.addcdiv(e, F.relu(q), s), p), _focus(torch.addcdiv(e, F.relu(k), s), p)
+    h = num_heads
+    if causal:
+        qh = _split(qf, h)
+        if normaliser == "mean":
+            qh = _causal_mean_queries(qh)
+        out = _merge(causal_linear_attention_chunked(qh, _split(kf, h), _split(v, h), NORM_EPS, chunk_size))
+    else:
+        out = _merge(linear_attention(_split(qf, h), _split(kf, h), _split(v, h), normaliser, NORM_EPS, order="kv"))
+    if dwc_weight is None:
+        return out
+    conv = _dwc_1d_fast(v[:, prefix:], dwc_weight, dwc_bias, h, causal)
+    if prefix:
+        return torch.cat([out[:, :prefix], out[:, prefix:] + conv], dim=1)
+    return out + conv
+
+
+def focused_attention_matrix_1d(q: torch.Tensor, k: torch.Tensor, scale: torch.Tensor,
+                                dwc_weight: torch.Tensor | None, *, num_heads: int, p: float = 3.0,
+                                normaliser: str = "mean", prefix: int = 0, causal: bool = False) -> torch.Tensor:
+    """Dense (B, h, d, L, L) token-mixing matrices of the 1-D operator, per head channel:
+    out[:, head, :, c] = M[:, head, c] @ v[:, head, :, c] + dwc_bias[c] (rows >= prefix). Built explicitly: the
+    kernel matrix A_ij = phi(q_i).phi(k_j) (lower triangle when causal), row-normalised, plus the conv matrix."""
+    _check_1d(q, k, k, num_heads, normaliser, prefix, causal)
+    h, (B, L, C) = num_heads, q.shape
+    qf, kf = _split(focused_feature_map(q, scale, p), h), _split(focused_feature_map(k, scale, p), h)
+    a = qf @ kf.transpose(-2, -1)  # (B, h, L, L)
+    if causal:
+        a = a.tril()
+    if normaliser == "mean":
+        # the mean over the keys each query sees: t + 1 (causal) or L
+        seen = torch.arange(1, L + 1, dtype=a.dtype, device=a.device)[:, None] if causal else L
+        a = a / seen
+    a = a / (a.sum(-1, keepdim=True) + NORM_EPS)
+    m = a.unsqueeze(2).expand(B, h, C // h, L, L)  # (B, h, d, L, L)
+    if dwc_weight is None:
+        return m
+    conv = depthwise_conv_matrix_1d(dwc_weight.to(a.dtype), L - prefix, causal)  # (d, L_g, L_g)
+    m = m.clone()
+    m[..., prefix:, prefix:] += conv
+    return m
+
+
+def focused_linear_attention_1d_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor,
+                                    dwc_weight: torch.Tensor | None, dwc_bias: torch.Tensor | None = None, *,
+                                    num_heads: int, p: float = 3.0, normaliser: str = "mean", prefix: int = 0,
+                                    causal: bool = False, chunk_size: int = 64) -> torch.Tensor:
+    """Dense reference of `focused_linear_attention_1d` (same arguments and result; `chunk_size` unused): the
+    explicit matrices of `focused_attention_matrix_1d` applied to v, float64-capable."""
+    m = focused_attention_matrix_1d(q, k, scale, dwc_weight, num_heads=num_heads, p=p, normaliser=normaliser,
+                                    prefix=prefix, causal=causal)  # (B, h, d, L, L)
+    vh = _split(v, num_heads)  # (B, h, L, d)
+    out = torch.einsum("bhcij,bhjc->bhic", m, vh)
+    if dwc_bias is not None:
+        bias = torch.zeros_like(out[0, 0])  # (L, d)
+        bias[prefix:] = dwc_bias
+        out = out + bias
+    return _merge(out)
