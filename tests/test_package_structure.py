@@ -186,3 +186,26 @@ def test_every_reference_lives_in_functional(tmp_path):
     probe.write_text("def probe(x):\n    return x\n\n\ndef probe_ref(x):\n    return x\n")
     assert _refs_outside_functional({"subquad.attention.probe": probe}) == ["subquad.attention.probe:probe_ref"]
     assert _refs_outside_functional({"subquad.attention.functional.probe": probe}) == []
+
+
+def _dict_updates(path: Path) -> list[str]:
+    """`<anything>.__dict__.update(...)` calls: an object filled from a dict instead of named fields."""
+    return [f"{path.name}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "update"
+            and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "__dict__"]
+
+
+def test_engine_objects_have_named_fields(tmp_path):
+    """The engine's and the dense engine's tasks take named fields (no `self.__dict__.update(run)`), and the shared
+    loop takes keyword arguments only."""
+    import inspect
+
+    from subquad.engine.loop import Loop
+
+    files = sorted((ROOT / "engine").glob("*.py")) + sorted((ROOT / "dense").glob("*.py"))
+    assert [h for p in files for h in _dict_updates(p)] == []
+    probe = tmp_path / "probe.py"
+    probe.write_text("class T:\n    def __init__(self, run):\n        self.__dict__.update(run)\n")
+    assert _dict_updates(probe) == ["probe.py:3"]  # the check sees one where there is one
+    params = list(inspect.signature(Loop.__init__).parameters.values())[1:]
+    assert [p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY] == []

@@ -172,7 +172,7 @@ class Loop:
         ema: a timm ModelEmaV3, updated after each update. checkpoint_every: > 0: write the state every N updates.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, state_path: Path,
+    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, state_path: Path,
                  info: DistInfo | None = None, accum_steps: int = 1, clip: Callable[[], Any] | None = None,
                  ema: Any = None, checkpoint_every: int = 0, sync_cuda: bool = False) -> None:
         self.model, self.optimizer, self.precision, self.state_path = model, optimizer, precision, Path(state_path)
