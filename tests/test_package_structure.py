@@ -209,3 +209,28 @@ def test_engine_objects_have_named_fields(tmp_path):
     assert _dict_updates(probe) == ["probe.py:3"]  # the check sees one where there is one
     params = list(inspect.signature(Loop.__init__).parameters.values())[1:]
     assert [p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY] == []
+
+
+def _set_before_super(path: Path) -> list[str]:
+    """`self.<attr> = ...` in an `__init__` before its `super().__init__(...)` call: state a subclass hands to its
+    base class's constructor behind its back (pass it as an argument instead)."""
+    hits = []
+    classes = [c for c in ast.walk(ast.parse(path.read_text())) if isinstance(c, ast.ClassDef)]
+    for cls in classes:
+        for f in [f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"]:
+            calls = [i for i, st in enumerate(f.body) if "super().__init__(" in ast.unparse(st)]
+            for st in f.body[:calls[0]] if calls else []:
+                hits += [f"{path.name}:{n.lineno} {cls.name}.{t.attr}" for n in ast.walk(st)
+                         if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                         for tgt in (n.targets if isinstance(n, ast.Assign) else [n.target]) for t in ast.walk(tgt)
+                         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"]
+    return hits
+
+
+def test_no_constructor_sets_state_before_its_base_constructor(tmp_path):
+    """A base class never reads attributes that a subclass set before calling it (the focused-linear and long-short
+    modules pass their projection settings to the base constructor as arguments)."""
+    assert [h for p in MODULES.values() for h in _set_before_super(p)] == []
+    probe = tmp_path / "probe.py"
+    probe.write_text("class A(B):\n    def __init__(self, x):\n        self.x = x\n        super().__init__()\n")
+    assert _set_before_super(probe) == ["probe.py:3 A.x"]
