@@ -234,3 +234,49 @@ def test_no_constructor_sets_state_before_its_base_constructor(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("class A(B):\n    def __init__(self, x):\n        self.x = x\n        super().__init__()\n")
     assert _set_before_super(probe) == ["probe.py:3 A.x"]
+
+
+# The layers of the package, lowest first: a unit (a top-level module or subpackage of subquad; the functional core
+# counts as its own unit) imports only units of lower layers, at module level or inside a function. Written down
+# from the tree as it is (attention never imports models; only the command imports the command).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "version", "files"),
+    ("_shapes", "backend", "registry", "config"),
+    ("layers", "data", "export"),
+    ("attention.functional",),
+    ("attention",),
+    ("models", "sequence", "analysis"),
+    ("bench",),
+    ("subquad", "engine"),  # `subquad` is the package's __init__ (the public API)
+    ("dense",),
+    ("arena",),
+    ("cli",),
+    ("__main__",),
+)
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    if parts[1:3] == ["attention", "functional"]:
+        return "attention.functional"
+    return parts[1] if len(parts) > 1 else "subquad"
+
+
+def _layer_violations(modules: dict[str, Path]) -> list[str]:
+    layer = {u: i for i, units in enumerate(LAYERS) for u in units}
+    bad = [f"{m}: {_unit(m)} is in no layer of LAYERS" for m in modules if _unit(m) not in layer]
+    for m, p in modules.items():
+        for i in sorted(_imports(m, p, True)):
+            a, b = _unit(m), _unit(i)
+            if a != b and a in layer and layer.get(b, len(LAYERS)) >= layer[a]:
+                bad.append(f"{m} imports {i} ({a} must not import {b})")
+    return bad
+
+
+def test_imports_go_down_the_layers(monkeypatch):
+    assert _layer_violations(MODULES) == []
+    # and the check sees an upward import where there is one (attention importing a model)
+    probe = {"subquad.attention.probe": "def f():\n    from ..models.cvt_ls import CvTLS\n"}
+    monkeypatch.setattr(Path, "read_text", lambda self: probe[self.name])
+    assert _layer_violations({"subquad.attention.probe": Path("subquad.attention.probe")}) == [
+        "subquad.attention.probe imports subquad.models.cvt_ls (attention must not import models)"]

@@ -959,7 +959,7 @@ def load_lm(checkpoint: str | os.PathLike, device: torch.device | None = None,
                    dropout=float(ma.get("dropout", 0.0)), emb_dropout=float(ma.get("emb_dropout", 0.0)),
                    residual=ma.get("residual", "official"))
     model = (model_fn or build_lm)(int(ma["vocab_size"]), cfg)
-    from ..attention.legacy import remap_legacy
+    from .legacy import remap_legacy
 
     model.load_state_dict(remap_legacy(load_file(path), model))
     model.to(device or torch.device("cpu")).eval()
