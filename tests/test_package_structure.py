@@ -280,3 +280,18 @@ def test_imports_go_down_the_layers(monkeypatch):
     monkeypatch.setattr(Path, "read_text", lambda self: probe[self.name])
     assert _layer_violations({"subquad.attention.probe": Path("subquad.attention.probe")}) == [
         "subquad.attention.probe imports subquad.models.cvt_ls (attention must not import models)"]
+
+
+def _head_split_permutes(path: Path) -> list[str]:
+    """`.permute(2, 0, 3, 1, 4)`: the q/k/v head split, whose one home is `_shapes.split_packed_heads`."""
+    return [f"{path.name}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "permute"
+            and [getattr(a, "value", None) for a in n.args] == [2, 0, 3, 1, 4]]
+
+
+def test_the_head_split_lives_in_shapes(tmp_path):
+    assert [h for m, p in MODULES.items() if m != "subquad._shapes" for h in _head_split_permutes(p)] == []
+    assert _head_split_permutes(ROOT / "_shapes.py")  # the check sees the one it allows
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(x):\n    return x.reshape(1, 2, 3, 4, 5).permute(2, 0, 3, 1, 4)\n")
+    assert _head_split_permutes(probe) == ["probe.py:2"]
