@@ -29,6 +29,7 @@ __all__ = [
     "tokens_to_map",
     "map_to_tokens",
     "split_heads",
+    "split_packed_heads",
     "merge_heads",
     "pad_to_multiple",
     "ceil_div",
@@ -186,6 +187,14 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """(B, N, C) -> (B, h, N, d)."""
     B, N, C = x.shape
     return x.reshape(B, N, num_heads, C // num_heads).transpose(1, 2)
+
+
+def split_packed_heads(x: torch.Tensor, parts: int, num_heads: int) -> tuple[torch.Tensor, ...]:
+    """A packed projection (B, N, parts * C) -> `parts` tensors (B, h, N, d), d = C / h: q, k, v from a fused
+    `qkv` (parts=3) or k, v from a `kv` (parts=2). Packed channels are part-major, then head-major (the layout of
+    timm's and the official `qkv` Linear layers). The results are views of x."""
+    B, N, _ = x.shape
+    return x.reshape(B, N, parts, num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:

@@ -65,7 +65,7 @@ def _model() -> nn.Module:
 
 def _loop(model: nn.Module, path: Path, **kw) -> Loop:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    return Loop(model, opt, Precision(torch.device("cpu"), False), path, **kw)
+    return Loop(model=model, optimizer=opt, precision=Precision(torch.device("cpu"), False), state_path=path, **kw)
 
 
 def test_accumulation_and_clipping_match_a_hand_written_loop(tmp_path):

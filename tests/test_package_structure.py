@@ -186,3 +186,112 @@ def test_every_reference_lives_in_functional(tmp_path):
     probe.write_text("def probe(x):\n    return x\n\n\ndef probe_ref(x):\n    return x\n")
     assert _refs_outside_functional({"subquad.attention.probe": probe}) == ["subquad.attention.probe:probe_ref"]
     assert _refs_outside_functional({"subquad.attention.functional.probe": probe}) == []
+
+
+def _dict_updates(path: Path) -> list[str]:
+    """`<anything>.__dict__.update(...)` calls: an object filled from a dict instead of named fields."""
+    return [f"{path.name}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "update"
+            and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "__dict__"]
+
+
+def test_engine_objects_have_named_fields(tmp_path):
+    """The engine's and the dense engine's tasks take named fields (no `self.__dict__.update(run)`), and the shared
+    loop takes keyword arguments only."""
+    import inspect
+
+    from subquad.engine.loop import Loop
+
+    files = sorted((ROOT / "engine").glob("*.py")) + sorted((ROOT / "dense").glob("*.py"))
+    assert [h for p in files for h in _dict_updates(p)] == []
+    probe = tmp_path / "probe.py"
+    probe.write_text("class T:\n    def __init__(self, run):\n        self.__dict__.update(run)\n")
+    assert _dict_updates(probe) == ["probe.py:3"]  # the check sees one where there is one
+    params = list(inspect.signature(Loop.__init__).parameters.values())[1:]
+    assert [p.name for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY] == []
+
+
+def _set_before_super(path: Path) -> list[str]:
+    """`self.<attr> = ...` in an `__init__` before its `super().__init__(...)` call: state a subclass hands to its
+    base class's constructor behind its back (pass it as an argument instead)."""
+    hits = []
+    classes = [c for c in ast.walk(ast.parse(path.read_text())) if isinstance(c, ast.ClassDef)]
+    for cls in classes:
+        for f in [f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"]:
+            calls = [i for i, st in enumerate(f.body) if "super().__init__(" in ast.unparse(st)]
+            for st in f.body[:calls[0]] if calls else []:
+                hits += [f"{path.name}:{n.lineno} {cls.name}.{t.attr}" for n in ast.walk(st)
+                         if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                         for tgt in (n.targets if isinstance(n, ast.Assign) else [n.target]) for t in ast.walk(tgt)
+                         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"]
+    return hits
+
+
+def test_no_constructor_sets_state_before_its_base_constructor(tmp_path):
+    """A base class never reads attributes that a subclass set before calling it (the focused-linear and long-short
+    modules pass their projection settings to the base constructor as arguments)."""
+    assert [h for p in MODULES.values() for h in _set_before_super(p)] == []
+    probe = tmp_path / "probe.py"
+    probe.write_text("class A(B):\n    def __init__(self, x):\n        self.x = x\n        super().__init__()\n")
+    assert _set_before_super(probe) == ["probe.py:3 A.x"]
+
+
+# The layers of the package, lowest first: a unit (a top-level module or subpackage of subquad; the functional core
+# counts as its own unit) imports only units of lower layers, at module level or inside a function. Written down
+# from the tree as it is (attention never imports models; only the command imports the command).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "version", "files"),
+    ("_shapes", "backend", "registry", "config"),
+    ("layers", "data", "export"),
+    ("attention.functional",),
+    ("attention",),
+    ("models", "sequence", "analysis"),
+    ("bench",),
+    ("subquad", "engine"),  # `subquad` is the package's __init__ (the public API)
+    ("dense",),
+    ("arena",),
+    ("cli",),
+    ("__main__",),
+)
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    if parts[1:3] == ["attention", "functional"]:
+        return "attention.functional"
+    return parts[1] if len(parts) > 1 else "subquad"
+
+
+def _layer_violations(modules: dict[str, Path]) -> list[str]:
+    layer = {u: i for i, units in enumerate(LAYERS) for u in units}
+    bad = [f"{m}: {_unit(m)} is in no layer of LAYERS" for m in modules if _unit(m) not in layer]
+    for m, p in modules.items():
+        for i in sorted(_imports(m, p, True)):
+            a, b = _unit(m), _unit(i)
+            if a != b and a in layer and layer.get(b, len(LAYERS)) >= layer[a]:
+                bad.append(f"{m} imports {i} ({a} must not import {b})")
+    return bad
+
+
+def test_imports_go_down_the_layers(monkeypatch):
+    assert _layer_violations(MODULES) == []
+    # and the check sees an upward import where there is one (attention importing a model)
+    probe = {"subquad.attention.probe": "def f():\n    from ..models.cvt_ls import CvTLS\n"}
+    monkeypatch.setattr(Path, "read_text", lambda self: probe[self.name])
+    assert _layer_violations({"subquad.attention.probe": Path("subquad.attention.probe")}) == [
+        "subquad.attention.probe imports subquad.models.cvt_ls (attention must not import models)"]
+
+
+def _head_split_permutes(path: Path) -> list[str]:
+    """`.permute(2, 0, 3, 1, 4)`: the q/k/v head split, whose one home is `_shapes.split_packed_heads`."""
+    return [f"{path.name}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "permute"
+            and [getattr(a, "value", None) for a in n.args] == [2, 0, 3, 1, 4]]
+
+
+def test_the_head_split_lives_in_shapes(tmp_path):
+    assert [h for m, p in MODULES.items() if m != "subquad._shapes" for h in _head_split_permutes(p)] == []
+    assert _head_split_permutes(ROOT / "_shapes.py")  # the check sees the one it allows
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(x):\n    return x.reshape(1, 2, 3, 4, 5).permute(2, 0, 3, 1, 4)\n")
+    assert _head_split_permutes(probe) == ["probe.py:2"]

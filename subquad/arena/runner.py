@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.checkpoint import write_json
+from ..engine.signals import SignalHandlers
 from ..errors import UserError
 from .tasks import ARENA_FILE, Task, kind_module, load_task, options_text, task_of_run
 
@@ -59,7 +59,7 @@ def _interrupt_at(point: str, label: str, seed: int, pid: int) -> None:
         os.kill(pid, signal.SIGINT)
 
 
-class _Interrupts:
+class _Interrupts(SignalHandlers):
     """While active (in the main thread), SIGINT and SIGTERM raise KeyboardInterrupt, whatever handler the process
     inherited (a background job of a script starts with SIGINT ignored). Inside `deferred()` the exception is held
     until the block ends, so that a cell's process is never started without being tracked."""
@@ -67,7 +67,7 @@ class _Interrupts:
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
-        self._old: dict[int, Any] = {}
+        super().__init__()
         self._deferring = False
         self._pending = False
 
@@ -76,17 +76,6 @@ class _Interrupts:
             self._pending = True
             return
         raise KeyboardInterrupt
-
-    def __enter__(self) -> _Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        self._old = {}
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._shapes import check_heads, map_to_tokens, merge_heads, tokens_to_map
+from .._shapes import check_heads, map_to_tokens, merge_heads, split_packed_heads, tokens_to_map
 from ..errors import UserError
 from ..layers.init import init_linears_
 from ..layers.precision import fp32_island
@@ -80,9 +80,7 @@ class EnhancedLinearAttention(TokenMixer):
         init_linears_(self.qkv, self.proj)
 
     def _qkv(self, x: torch.Tensor):
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return qkv.unbind(0)  # each (B, h, N, d)
+        return split_packed_heads(self.qkv(x), 3, self.num_heads)  # each (B, h, N, d)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:

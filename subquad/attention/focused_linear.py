@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +29,37 @@ from .functional.focused import (
 )
 from .registry import register_attention, register_attention_form
 
-__all__ = ["FocusedLinearAttention", "FocusedLinearAttention1d", "FocusedLinearCore", "remap_q_kv", "remap_legacy"]
+__all__ = ["FocusedLinearAttention", "FocusedLinearAttention1d", "FocusedLinearCore", "KeyReduction", "remap_q_kv",
+           "remap_legacy"]
 
 DWC_INITS = ("default", "pvt_v2")
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyReduction:
+    """PVT's reduction of the key/value grid before the linear attention (`FocusedLinearAttention`; the core
+    without projections keeps the full grid).
+
+    Args:
+        sr_ratio: PVT spatial reduction (a strided sr_ratio x sr_ratio conv; 1: none).
+        linear_sr: PVTv2's pooled reduction to a 7x7 key grid (with sr_ratio 1).
+        sr_mode: 'bilinear' (2-D resize of the V map for the DWC) or 'flat1d' (official 1-D interpolation).
+    """
+
+    sr_ratio: int = 1
+    linear_sr: bool = False
+    sr_mode: str = "bilinear"
+
+    def __post_init__(self) -> None:
+        who = "focused_linear attention"
+        if self.sr_mode not in SR_MODES:
+            raise ValueError(f"{who}: sr_mode={self.sr_mode!r} is not one of {SR_MODES}")
+        if int(self.sr_ratio) != self.sr_ratio or self.sr_ratio < 1:
+            raise ValueError(f"{who}: sr_ratio={self.sr_ratio} must be a positive int")
+        if self.sr_ratio > 1 and self.linear_sr:
+            raise ValueError(f"{who}: use either sr_ratio > 1 or linear_sr=True (PVTv2 uses sr_ratio=1 with linear)")
+        object.__setattr__(self, "sr_ratio", int(self.sr_ratio))
+        object.__setattr__(self, "linear_sr", bool(self.linear_sr))
 
 
 @register_attention_form("focused_linear", "host_qkv")
@@ -67,16 +96,14 @@ class FocusedLinearCore(TokenMixer):
         lepe: add CSwin's LePE `get_v` (depthwise 3x3 on the v map) to the output.
         dwc_init: 'default' (PyTorch init; Swin, PVT, CSwin) or 'pvt_v2' (normal(0, sqrt(2 / fan_out))).
         fused: K^T V fast path (True) or the dense reference (False); both compute the same function.
+        reduction: the key-grid reduction (`KeyReduction`; None: the full grid).
+        input_projections, output_projection: builders of a subclass's projection modules, called as
+            `build(dd)` (dd: the device/dtype keywords) before the scale and after the LePE, the official order.
     """
 
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False, complexity="O(N)",
                          sequence=False, notes="FLatten; DWC needs the grid; PE resized bicubically at other grids")
     name = "focused_linear"
-    # Set by FocusedLinearAttention before this __init__ runs (the input projections and key-grid reduction).
-    _qkv_bias: bool | None = None
-    sr_ratio: int = 1
-    linear_sr: bool = False
-    sr_mode: str = "bilinear"
 
     @classmethod
     def stage_kwargs(cls, stage: dict) -> dict:
@@ -89,7 +116,9 @@ class FocusedLinearCore(TokenMixer):
     def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
                  focusing_factor: float = 3, kernel_size: int = 5, normaliser: str = "mean",
                  num_prefix_tokens: int = 0, lepe: bool = False, dwc_init: str = "default", fused: bool = True,
-                 device=None, dtype=None) -> None:
+                 device=None, dtype=None, *, reduction: KeyReduction | None = None,
+                 input_projections: Callable[[dict], None] | None = None,
+                 output_projection: Callable[[dict], None] | None = None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         who = "focused_linear attention"
@@ -114,9 +143,13 @@ class FocusedLinearCore(TokenMixer):
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.dwc_init = dwc_init
         self.fused = fused
+        reduction = reduction or KeyReduction()
+        self.sr_ratio, self.linear_sr, self.sr_mode = reduction.sr_ratio, reduction.linear_sr, reduction.sr_mode
         # Construction order = the official modules' (input projections, scale, PE, dwc, LePE, output projection):
-        # a seeded build draws its initial values as before.
-        self._build_input_projections(dd)
+        # a seeded build draws its initial values as before. The projection builders (FocusedLinearAttention's) run
+        # once the settings above are stored; each gets the device/dtype keywords.
+        if input_projections is not None:
+            input_projections(dd)
         self.pe_hw = self._kv_hw(self.input_size)
         n_pe = self.num_prefix_tokens + self.pe_hw[0] * self.pe_hw[1]
         self.scale = nn.Parameter(torch.empty(1, 1, dim, **dd))
@@ -126,15 +159,10 @@ class FocusedLinearCore(TokenMixer):
         d = self.head_dim
         self.dwc = nn.Conv2d(d, d, kernel_size, padding=kernel_size // 2, groups=d, **dd) if kernel_size else None
         self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd) if lepe else None
-        self._build_output_projection(dd)
+        if output_projection is not None:
+            output_projection(dd)
         if not self.scale.is_meta:
             self.reset_parameters()
-
-    def _build_input_projections(self, dd: dict) -> None:
-        """None here: the host projects q, k, v."""
-
-    def _build_output_projection(self, dd: dict) -> None:
-        """None here: the host projects the output."""
 
     def reset_parameters(self) -> None:
         """Official init: zero `scale` and `positional_encoding`; Linear trunc_normal(0.02), zero bias; `dwc` keeps
@@ -283,23 +311,18 @@ class FocusedLinearAttention(FocusedLinearCore):
                  linear_sr: bool = False, sr_mode: str = "bilinear", normaliser: str = "mean",
                  num_prefix_tokens: int = 0, lepe: bool = False, dwc_init: str = "default", proj_drop: float = 0.0,
                  fused: bool = True, device=None, dtype=None) -> None:
-        who = "focused_linear attention"
-        if sr_mode not in SR_MODES:
-            raise ValueError(f"{who}: sr_mode={sr_mode!r} is not one of {SR_MODES}")
-        if int(sr_ratio) != sr_ratio or sr_ratio < 1:
-            raise ValueError(f"{who}: sr_ratio={sr_ratio} must be a positive int")
-        if sr_ratio > 1 and linear_sr:
-            raise ValueError(f"{who}: use either sr_ratio > 1 or linear_sr=True (PVTv2 uses sr_ratio=1 with linear)")
-        self._qkv_bias = bool(qkv_bias)
-        self.sr_ratio, self.linear_sr, self.sr_mode = int(sr_ratio), bool(linear_sr), sr_mode
-        self._proj_drop_p = proj_drop
-        super().__init__(dim, num_heads, input_size, focusing_factor, kernel_size, normaliser, num_prefix_tokens,
-                         lepe, dwc_init, fused, device, dtype)
-        self.caps = FocusedLinearCore.caps
+        super().__init__(dim, num_heads, input_size, focusing_factor=focusing_factor, kernel_size=kernel_size,
+                         normaliser=normaliser, num_prefix_tokens=num_prefix_tokens, lepe=lepe, dwc_init=dwc_init,
+                         fused=fused, device=device, dtype=dtype,
+                         reduction=KeyReduction(sr_ratio=sr_ratio, linear_sr=linear_sr, sr_mode=sr_mode),
+                         input_projections=lambda dd: self._build_input_projections(bool(qkv_bias), dd),
+                         output_projection=lambda dd: self._build_output_projection(proj_drop, dd))
+        self.caps = FocusedLinearCore.caps  # the grid form (the registered name also has 1-D forms)
 
-    def _build_input_projections(self, dd: dict) -> None:
+    def _build_input_projections(self, qkv_bias: bool, dd: dict) -> None:
+        """The fused `qkv` and the key-grid reduction's modules (`sr`, `norm`; `pool`, `act` for linear_sr)."""
         dim = self.dim
-        self.qkv = nn.Linear(dim, dim * 3, bias=self._qkv_bias, **dd)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias, **dd)
         if self.linear_sr:
             self.pool = nn.AdaptiveAvgPool2d(7)
             self.sr = nn.Conv2d(dim, dim, 1, **dd)
@@ -309,9 +332,9 @@ class FocusedLinearAttention(FocusedLinearCore):
             self.sr = nn.Conv2d(dim, dim, self.sr_ratio, stride=self.sr_ratio, **dd)
             self.norm = nn.LayerNorm(dim, **dd)
 
-    def _build_output_projection(self, dd: dict) -> None:
+    def _build_output_projection(self, proj_drop: float, dd: dict) -> None:
         self.proj = nn.Linear(self.dim, self.dim, **dd)
-        self.proj_drop = nn.Dropout(self._proj_drop_p)
+        self.proj_drop = nn.Dropout(proj_drop)
 
     def _project(self, x: torch.Tensor, hw: tuple[int, int]):
         """x (B, N, C) -> q (B, N, C), k, v (B, n, C) and the key grid."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._shapes import check_heads, merge_heads
+from .._shapes import check_heads, merge_heads, split_packed_heads
 from ..layers.init import init_linears_
 from .base import AttentionCaps, TokenMixer
 from .functional.linear_angular import linear_angular, linear_angular_matrix, linear_angular_ref
@@ -78,9 +78,7 @@ class LinearAngularAttention(TokenMixer):
         self.dconv.reset_parameters()
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return qkv[0], qkv[1], qkv[2]  # (B, h, N, d) each
+        return split_packed_heads(self.qkv(x), 3, self.num_heads)  # (B, h, N, d) each
 
     def _run(self, x: torch.Tensor, fused: bool) -> torch.Tensor:
         q, k, v = self._qkv(x)

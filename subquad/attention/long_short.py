@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -146,12 +147,12 @@ class LongShortCore(TokenMixer):
             Sec. 3, DualLN, and Fig. 2 right).
         dp_conv: W^P is a weight-standardised depthwise 3x3 conv on the token map followed by the Linear (CvT*-LS,
             Transformer-LS App. E; needs hw); default False (the Linear alone).
+        input_projection, output_projection: builders of a subclass's fused `qkv` and output projection, called as
+            `build(dd)` (dd: the device/dtype keywords) in the official construction order (see `__init__`).
     """
 
     caps = _CAPS
     name = "long_short"
-    _qkv_bias: bool | None = None  # LongShortAttention sets it: the fused q/k/v projection is built
-    _proj_drop: float | None = None  # LongShortAttention sets it: the output projection is built
 
     # A host with convolutional q/k/v projections keeps keys and values at full resolution (stride 1 for q, k
     # and v, Transformer-LS App. E), unlike CvT's softmax baseline.
@@ -189,7 +190,9 @@ class LongShortCore(TokenMixer):
                  dims: int | None = None, global_token_rule: str = "vision", num_prefix_tokens: int = 0,
                  qk_scale: float | None = None, rpe: bool | None = None, attn_drop: float = 0.0,
                  input_size: tuple[int, int] | None = None, fused: bool = True, group: int | None = None,
-                 dual_ln: bool = True, dp_conv: bool = False, device=None, dtype=None) -> None:
+                 dual_ln: bool = True, dp_conv: bool = False, device=None, dtype=None, *,
+                 input_projection: Callable[[dict], None] | None = None,
+                 output_projection: Callable[[dict], None] | None = None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         who = "long_short attention"
@@ -229,15 +232,14 @@ class LongShortCore(TokenMixer):
         local_ln = window_size > 0 or (num_prefix_tokens > 0 and rule == "vision")
         # Construction order = the RNG draw order of the official forms (ImageNet: qkv, proj, W^P; CvT*-LS: W^P
         # before the output projection), so a seeded build initialises as before.
-        if self._qkv_bias is not None:
-            self.qkv = _fused_qkv(dim, self._qkv_bias, dd)
+        if input_projection is not None:
+            input_projection(dd)
         if dp_conv:
             self.dp_conv = StdConv2d(dim, dim, 3, padding=1, groups=dim, bias=False, **dd)
             if rank:
                 self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
-        if self._proj_drop is not None:
-            self.proj = nn.Linear(dim, dim, **dd)
-            self.proj_drop = nn.Dropout(self._proj_drop)
+        if output_projection is not None:
+            output_projection(dd)
         if rank and not dp_conv:
             self.to_dynamic_projection = nn.Linear(dim, num_heads * rank, **dd)
         self.dual_ln_dp = _dual_ln(dim, dual_ln and global_ln, dd)
@@ -458,9 +460,19 @@ class LongShortAttention(LongShortCore):
         if causal:
             raise ValueError("LongShortAttention is the bidirectional form; build the causal one with "
                              "build_attention('long_short', dim, num_heads, causal=True)")
-        self._qkv_bias, self._proj_drop = bool(qkv_bias), float(proj_drop)
-        super().__init__(dim, num_heads, window_size, rank, dims, global_token_rule, num_prefix_tokens, qk_scale,
-                         rpe, attn_drop, input_size, fused, group, dual_ln, dp_conv, device, dtype)
+        super().__init__(dim, num_heads, window_size=window_size, rank=rank, dims=dims,
+                         global_token_rule=global_token_rule, num_prefix_tokens=num_prefix_tokens, qk_scale=qk_scale,
+                         rpe=rpe, attn_drop=attn_drop, input_size=input_size, fused=fused, group=group,
+                         dual_ln=dual_ln, dp_conv=dp_conv, device=device, dtype=dtype,
+                         input_projection=lambda dd: self._build_qkv(bool(qkv_bias), dd),
+                         output_projection=lambda dd: self._build_proj(float(proj_drop), dd))
+
+    def _build_qkv(self, qkv_bias: bool, dd: dict) -> None:
+        self.qkv = _fused_qkv(self.dim, qkv_bias, dd)
+
+    def _build_proj(self, proj_drop: float, dd: dict) -> None:
+        self.proj = nn.Linear(self.dim, self.dim, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
 
     def _project(self, x: torch.Tensor):
         return self.qkv(x).chunk(3, dim=-1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._shapes import check_heads, merge_heads
+from .._shapes import check_heads, merge_heads, split_packed_heads
 from ..layers.init import init_linears_
 from .base import AttentionCaps, TokenMixer
 from .functional.softmax import (
@@ -78,9 +78,7 @@ class SlidingWindowAttention(TokenMixer):
         init_linears_(self.qkv, self.proj)
 
     def _qkv(self, x: torch.Tensor):
-        B, T, C = x.shape
-        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return qkv.unbind(0)  # each (B, h, T, d)
+        return split_packed_heads(self.qkv(x), 3, self.num_heads)  # each (B, h, T, d)
 
     def _run(self, x: torch.Tensor, mask, fused: bool) -> torch.Tensor:
         self._check_input(x, None, mask)

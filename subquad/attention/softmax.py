@@ -8,7 +8,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from .._shapes import check_heads, check_hw, map_to_tokens, merge_heads, split_heads, tokens_to_map
+from .._shapes import check_heads, check_hw, map_to_tokens, merge_heads, split_heads, split_packed_heads, tokens_to_map
 from .base import AttentionCaps, TokenMixer
 from .functional.rotary import rotary, rotary_ref
 from .functional.softmax import (
@@ -148,11 +148,9 @@ class MultiHeadAttention(TokenMixer):
     def _qkv(self, x: torch.Tensor, hw: tuple[int, int] | None = None, explicit: bool = False):
         if self.reduces:
             kv_src = self._reduced_tokens(x, hw, explicit)  # (B, n, C)
-            B, n, C = kv_src.shape
-            k, v = self.kv(kv_src).reshape(B, n, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            k, v = split_packed_heads(self.kv(kv_src), 2, self.num_heads)  # (B, h, n, d) each
             return split_heads(self.q(x), self.num_heads), k, v
-        B, N, C = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = split_packed_heads(self.qkv(x), 3, self.num_heads)
         if self.rope:
             rot = rotary_ref if explicit else rotary
             q, k = rot(q, self.rope_base), rot(k, self.rope_base)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
-from .._shapes import as_hw, check_heads, known_equal, merge_heads, size_oblivious, tracing
+from .._shapes import as_hw, check_heads, known_equal, merge_heads, size_oblivious, split_packed_heads, tracing
 from .base import AttentionCaps, TokenMixer
 from .functional.window import (
     WindowGeometry,
@@ -192,9 +192,7 @@ class WindowAttention(TokenMixer):
         return (bias + m[:, None]).reshape(1, nW * h, L, L)
 
     def _qkv(self, x: torch.Tensor):
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return qkv.unbind(0)  # each (B, h, N, d)
+        return split_packed_heads(self.qkv(x), 3, self.num_heads)  # each (B, h, N, d)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -311,15 +311,32 @@ def _read_resume(cfg: DenseConfig, out: Path, kind: str) -> dict[str, Any] | Non
     return state
 
 
+@dataclasses.dataclass(kw_only=True, eq=False, repr=False)
 class _DenseTask(TrainTask):
     """Detection / segmentation in the shared loop: epochs over the seeded sampler, the iteration-wise lr, an
-    evaluation every `eval_interval` epochs and after the last, run files at each epoch end."""
+    evaluation every `eval_interval` epochs and after the last, run files at each epoch end. The fields are the
+    run's pieces, built by `_train` (`task`: 'detect' or 'segment'; `meta`, `st_meta`: see `_metas`)."""
 
-    def __init__(self, cfg: DenseConfig, task: str, info: DistInfo, run: dict[str, Any]) -> None:
-        self.cfg, self.task, self.info = cfg, task, info
-        self.__dict__.update(run)  # loop, model, ddp_model, sampler, loader, val_set, num_classes, meta, ...
+    cfg: DenseConfig
+    task: str
+    info: DistInfo
+    loop: Loop
+    model: nn.Module
+    ddp_model: nn.Module
+    sampler: Any
+    loader: DataLoader
+    val_set: Any
+    num_classes: int
+    kind: str
+    out: Path
+    on_epoch_end: Callable | None
+    on_update: Callable | None
+    meta: dict[str, Any]
+    st_meta: dict[str, str]
+
+    def __post_init__(self) -> None:
         self.ipe = len(self.loader)
-        self.total_steps = cfg.max_iters or cfg.epochs * self.ipe
+        self.total_steps = self.cfg.max_iters or self.cfg.epochs * self.ipe
         self.epochs = math.ceil(self.total_steps / self.ipe)
         self.rows: list[dict[str, Any]] = []
         self.best, self.best_epoch, self.metrics = -1.0, -1, {}
@@ -451,12 +468,12 @@ def _train(cfg: DenseConfig, task: str, info: DistInfo, on_epoch_end: Callable |
         ddp_model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     clip = (lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)) \
         if cfg.clip_grad is not None else None
-    loop = Loop(model, build_optimizer(model, cfg), Precision(device, cfg.amp, cfg.amp_dtype), out / "last_state.pth",
-                info, clip=clip, checkpoint_every=checkpoint_every)
-    run = {"loop": loop, "model": model, "ddp_model": ddp_model, "sampler": sampler, "loader": loader,
-           "val_set": val_set, "num_classes": num_classes, "kind": kind, "out": out, "on_epoch_end": on_epoch_end,
-           "on_update": on_update, **_metas(cfg, task, kind, source, num_classes, out)}
-    dtask = _DenseTask(cfg, task, info, run)
+    loop = Loop(model=model, optimizer=build_optimizer(model, cfg), precision=Precision(device, cfg.amp, cfg.amp_dtype),
+                state_path=out / "last_state.pth", info=info, clip=clip, checkpoint_every=checkpoint_every)
+    dtask = _DenseTask(cfg=cfg, task=task, info=info, loop=loop, model=model, ddp_model=ddp_model, sampler=sampler,
+                       loader=loader, val_set=val_set, num_classes=num_classes, kind=kind, out=out,
+                       on_epoch_end=on_epoch_end, on_update=on_update,
+                       **_metas(cfg, task, kind, source, num_classes, out))
     n_params = sum(p.numel() for p in model.parameters())
     if cfg.dry_run:
         return {"dry_run": True, "config": dataclasses.asdict(cfg), "task": task, "kind": kind,

@@ -371,7 +371,7 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
         remap = getattr(sys.modules.get(type(net).__module__), "remap_official", None)
         sd = remap(sd, net) if callable(remap) else sd
     # Checkpoints written before the layout options left the mechanisms: their keys renamed (a no-op otherwise).
-    from ..attention.legacy import remap_legacy
+    from .legacy import remap_legacy
 
     load_into(net, remap_legacy(sd, net), what=f"checkpoint {os.fspath(weights)!r}")
     net.eval()
@@ -418,7 +418,7 @@ def _load_timm_checkpoint(weights: Path, sd: dict[str, torch.Tensor], meta: dict
         kwargs["in_chans"] = int(in_chans)
     net = build_model(name, num_classes, None, device=device, model_kwargs=kwargs)
     # Checkpoints written before the layout options left the mechanisms: their keys renamed (a no-op otherwise).
-    from ..attention.legacy import remap_legacy
+    from .legacy import remap_legacy
 
     load_into(net, remap_legacy(sd, net), what=f"checkpoint {os.fspath(weights)!r}")
     net.eval()

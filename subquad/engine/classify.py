@@ -399,14 +399,36 @@ def _criterion(cfg: TrainConfig, num_classes: int) -> tuple[Any, nn.Module]:
     return None, nn.CrossEntropyLoss()
 
 
+@dataclasses.dataclass(kw_only=True, eq=False, repr=False)
 class _ClassifyTask(TrainTask):
     """Image classification in the shared loop: epochs over the seeded sampler, validation and files at each
-    epoch end, the per-update lr schedule."""
+    epoch end, the per-update lr schedule. The fields are the run's pieces, built by `_train`; `meta` and
+    `st_meta` are the fields every epoch's sidecar and safetensors header share (`_metas`)."""
 
-    def __init__(self, cfg: TrainConfig, info: DistInfo, run: dict[str, Any]) -> None:
-        self.cfg, self.info = cfg, info
-        self.__dict__.update(run)  # model, ddp_model, sampler, train_loader, val_loader, scheduler, seg, ...
-        self.epochs = cfg.epochs
+    cfg: TrainConfig
+    info: DistInfo
+    loop: Loop
+    model: nn.Module
+    ddp_model: nn.Module
+    sampler: Any
+    train_loader: DataLoader
+    val_loader: DataLoader
+    scheduler: Any
+    seg: dict[str, int]
+    extend_note: str
+    ema: Any
+    precision: Precision
+    mixup_fn: Any
+    criterion: nn.Module
+    out: Path
+    global_batch: int
+    on_epoch_end: Callable | None
+    on_update: Callable | None
+    meta: dict[str, Any]
+    st_meta: dict[str, str]
+
+    def __post_init__(self) -> None:
+        self.epochs = self.cfg.epochs
         self.rows: list[dict[str, Any]] = []
         self.best_top1, self.best_epoch, self.metrics = -1.0, -1, {}
         self.best_state: dict[str, torch.Tensor] | None = None
@@ -414,7 +436,7 @@ class _ClassifyTask(TrainTask):
         # sums of the running epoch.
         self.clock = {"seen": 0, "train_time": 0.0, "train_cpu": 0.0, "wall": 0.0}
         self.sums = {"seen": 0, "loss_sum": 0.0, "loss_n": 0, "time": 0.0, "cpu": 0.0}
-        self.use_bar = info.is_main and sys.stderr.isatty()
+        self.use_bar = self.info.is_main and sys.stderr.isatty()
 
     def load(self, state: dict[str, Any], out: Path) -> None:
         if not self.extend_note or self.cfg.resume_schedule == "continue":
@@ -562,14 +584,13 @@ def _train(cfg: TrainConfig, info: DistInfo, on_epoch_end: Callable | None, on_u
                 "scheduler": type(scheduler).__name__, "output": os.fspath(out)}
     clip = (lambda: dispatch_clip_grad(model.parameters(), cfg.clip_grad, mode=cfg.clip_mode)) \
         if cfg.clip_grad is not None else None
-    loop = Loop(model, optimizer, precision, out / "last_state.pth", info, cfg.grad_accum_steps, clip, ema,
-                cfg.checkpoint_every)
-    task = _ClassifyTask(cfg, info, {
-        "loop": loop, "model": model, "ddp_model": ddp_model, "sampler": sampler, "train_loader": train_loader,
-        "val_loader": val_loader, "scheduler": scheduler, "seg": seg, "extend_note": extend_note, "ema": ema,
-        "precision": precision, "mixup_fn": mixup_fn, "criterion": criterion, "out": out,
-        "global_batch": cfg.batch_size * info.world_size, "on_epoch_end": on_epoch_end, "on_update": on_update,
-        **_metas(cfg, model, dcfg, source, out)})
+    loop = Loop(model=model, optimizer=optimizer, precision=precision, state_path=out / "last_state.pth", info=info,
+                accum_steps=cfg.grad_accum_steps, clip=clip, ema=ema, checkpoint_every=cfg.checkpoint_every)
+    task = _ClassifyTask(
+        cfg=cfg, info=info, loop=loop, model=model, ddp_model=ddp_model, sampler=sampler, train_loader=train_loader,
+        val_loader=val_loader, scheduler=scheduler, seg=seg, extend_note=extend_note, ema=ema, precision=precision,
+        mixup_fn=mixup_fn, criterion=criterion, out=out, global_batch=cfg.batch_size * info.world_size,
+        on_epoch_end=on_epoch_end, on_update=on_update, **_metas(cfg, model, dcfg, source, out))
     if state is not None:
         done = _resume(loop, task, loop.for_rank(state), out)
         if done is not None:

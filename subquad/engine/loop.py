@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from torch import nn
 from .checkpoint import save_state
 from .distributed import DistInfo, all_reduce_sum
 from .rng import rng_state, set_rng_state
+from .signals import SignalHandlers
 
 __all__ = ["Loop", "TrainTask", "Position", "Precision", "Preempted", "StopSignals"]
 
@@ -60,7 +60,7 @@ class Preempted(SystemExit):
         self.signum, self.path, self.position = signum, path, pos
 
 
-class StopSignals:
+class StopSignals(SignalHandlers):
     """While active (main thread only), the first SIGTERM / SIGINT is recorded instead of stopping the process;
     a second one of the same kind acts as usual, one of the other kind is ignored (a terminal's Ctrl-C reaches a
     process and its parent, which may then stop it with SIGTERM: it already is stopping)."""
@@ -68,26 +68,15 @@ class StopSignals:
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
+        super().__init__()
         self.signum = 0
-        self._old: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == self.signum:
-            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+            signal.signal(signum, self.previous(signum))
             signal.raise_signal(signum)
             return
         self.signum = self.signum or signum
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        self._old = {}
 
 
 class Precision:
@@ -172,7 +161,7 @@ class Loop:
         ema: a timm ModelEmaV3, updated after each update. checkpoint_every: > 0: write the state every N updates.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, state_path: Path,
+    def __init__(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, state_path: Path,
                  info: DistInfo | None = None, accum_steps: int = 1, clip: Callable[[], Any] | None = None,
                  ema: Any = None, checkpoint_every: int = 0, sync_cuda: bool = False) -> None:
         self.model, self.optimizer, self.precision, self.state_path = model, optimizer, precision, Path(state_path)

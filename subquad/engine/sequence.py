@@ -406,8 +406,9 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
     # The recipe's warm-up fraction is kept when --max-steps scales the budget down.
     scheduler = one_cycle(optimizer, cfg.lr, steps, cfg.warmup / max(cfg.steps, 1))
     out.mkdir(parents=True, exist_ok=True)
-    loop = Loop(model, optimizer, Precision(device, cfg.amp, "float16", cpu=False), out / "last_state.pth",
-                DistInfo(device=device), checkpoint_every=cfg.checkpoint_every, sync_cuda=True)
+    loop = Loop(model=model, optimizer=optimizer, precision=Precision(device, cfg.amp, "float16", cpu=False),
+                state_path=out / "last_state.pth", info=DistInfo(device=device), checkpoint_every=cfg.checkpoint_every,
+                sync_cuda=True)
     task = _LRATask(cfg, loop, scheduler, sets, steps, out, log, on_eval, on_update)
     if state is not None:
         task.load(state)
@@ -781,8 +782,9 @@ def _train_lm(cfg: LMConfig, info: DistInfo, log: Callable[[str], None] | None,
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
     clip = (lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)) if cfg.clip_grad > 0 else None
-    loop = Loop(model, optimizer, Precision(device, cfg.amp, cfg.amp_dtype), out / "last_state.pth", info,
-                clip=clip, checkpoint_every=cfg.checkpoint_every, sync_cuda=True)
+    loop = Loop(model=model, optimizer=optimizer, precision=Precision(device, cfg.amp, cfg.amp_dtype),
+                state_path=out / "last_state.pth", info=info, clip=clip, checkpoint_every=cfg.checkpoint_every,
+                sync_cuda=True)
     task = _LMTask(cfg, loop, phases, meta, data, out, log, on_eval, on_update)
     task.fwd = fwd
     if state is not None:
@@ -957,7 +959,7 @@ def load_lm(checkpoint: str | os.PathLike, device: torch.device | None = None,
                    dropout=float(ma.get("dropout", 0.0)), emb_dropout=float(ma.get("emb_dropout", 0.0)),
                    residual=ma.get("residual", "official"))
     model = (model_fn or build_lm)(int(ma["vocab_size"]), cfg)
-    from ..attention.legacy import remap_legacy
+    from .legacy import remap_legacy
 
     model.load_state_dict(remap_legacy(load_file(path), model))
     model.to(device or torch.device("cpu")).eval()

@@ -162,8 +162,10 @@ class Stage(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim, **dd)) if cls_token else None
         P = int(cls_token)
         self.blocks = nn.ModuleList([
-            Block(dim, ConvProjAttention(dim, num_heads, attn, P, window_size, rank, True, attn_drop, drop, grid,
-                                         attn_kwargs=attn_kwargs, **dd), mlp_ratio, dpr[j], drop, **dd)
+            Block(dim, ConvProjAttention(dim, num_heads, attn=attn, num_prefix_tokens=P, window_size=window_size,
+                                         rank=rank, qkv_bias=True, attn_drop=attn_drop, proj_drop=drop, grid=grid,
+                                         attn_kwargs=attn_kwargs, **dd),
+                  mlp_ratio=mlp_ratio, drop_path=dpr[j], drop=drop, **dd)
             for j in range(depth)])
         self.grad_checkpointing = False
 

@@ -104,23 +104,26 @@ class PVTHost(Backbone):
         return (img_size, img_size) if isinstance(img_size, int) else tuple(img_size), names, \
             drop_path_rates(drop_path_rate, lists["depths"])
 
-    def _make_blocks(self, i: int, depth: int, dim: int, heads: int, mlp_ratio: float, attn: str, stage: dict,
-                     attn_kwargs: dict | None, conv_mlp: bool, drop: float, dpr: list[float], stride: int,
-                     feature_module: str, dd: dict) -> nn.ModuleList:
-        """Stage i's blocks (`block{i+1}`); records its feature info."""
+    # The official per-stage module names, `<name>{i+1}` for stage i (PVT v1 and v2 register them stage by stage).
+    stage_modules: tuple[str, ...] = ("patch_embed", "block")
+
+    def _make_blocks(self, i: int, *, depth: int, dim: int, num_heads: int, mlp_ratio: float, attn: str,
+                     stage: dict, attn_kwargs: dict | None, conv_mlp: bool, drop: float, dpr: list[float],
+                     stride: int, feature_module: str, dd: dict) -> nn.ModuleList:
+        """Stage i's blocks (`block{i+1}`); records its feature info (`feature_module`: the module it names)."""
         self.feature_info.append(dict(num_chs=dim, reduction=stride, module=f"{feature_module}{i + 1}"))
-        return nn.ModuleList([PVTBlock(dim, heads, mlp_ratio, attn, stage, attn_kwargs, conv_mlp, drop, dpr[j], **dd)
+        return nn.ModuleList([PVTBlock(dim=dim, num_heads=num_heads, mlp_ratio=mlp_ratio, attn=attn, stage=stage,
+                                       attn_kwargs=attn_kwargs, conv_mlp=conv_mlp, drop=drop, drop_path=dpr[j], **dd)
                               for j in range(depth)])
+
+    def _register_stage(self, i: int, **modules: nn.Module) -> None:
+        """Registers stage i's modules under their official names (`patch_embed=m` -> `patch_embed{i+1}`)."""
+        for name, module in modules.items():
+            setattr(self, f"{name}{i + 1}", module)
 
     def _stage(self, i: int) -> tuple[nn.Module, nn.ModuleList]:
         """(`patch_embed{i+1}`, `block{i+1}`) of a kept stage."""
-        if i == 0:
-            return self.patch_embed1, self.block1
-        if i == 1:
-            return self.patch_embed2, self.block2
-        if i == 2:
-            return self.patch_embed3, self.block3
-        return self.patch_embed4, self.block4
+        return getattr(self, f"patch_embed{i + 1}"), getattr(self, f"block{i + 1}")
 
     def _embed(self, i: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         return x
@@ -137,12 +140,9 @@ class PVTHost(Backbone):
         return self._stage_norm(i, x), hw
 
     def _truncate(self, num_stages: int) -> None:
-        if num_stages < 4 <= self.num_stages:
-            del self.patch_embed4, self.block4
-        if num_stages < 3 <= self.num_stages:
-            del self.patch_embed3, self.block3
-        if num_stages < 2 <= self.num_stages:
-            del self.patch_embed2, self.block2
+        for i in range(num_stages, self.num_stages):
+            for name in self.stage_modules:
+                delattr(self, f"{name}{i + 1}")
         self.num_stages = num_stages
 
 
@@ -190,51 +190,36 @@ class FlattenPVT(PVTHost):
         img_hw, names, dpr = self._setup(
             img_size, in_chans, patch_size * 8, attn, stage_attn, drop_path_rate, embed_dims=embed_dims,
             num_heads=num_heads, mlp_ratios=mlp_ratios, depths=depths, sr_ratios=sr_ratios, la_sr_ratios=la_sr_ratios)
+        # Each stage's patch embedding: (input channels, patch): the stem, then 2x2 merges.
+        embeds = [(in_chans, patch_size)] + [(embed_dims[i - 1], 2) for i in range(1, 4)]
         grid, stride = (img_hw[0] // patch_size, img_hw[1] // patch_size), patch_size
-        stages = []
-        for i in range(4):
+        for i, (embed_in, patch) in enumerate(embeds):
             if i > 0:
                 grid, stride = (grid[0] // 2, grid[1] // 2), stride * 2
             self.grids.append(grid)
-            p = patch_size if i == 0 else 2
-            embed = PatchEmbedLN(in_chans if i == 0 else embed_dims[i - 1], embed_dims[i], p, **dd)
-            pos = nn.Parameter(torch.zeros(1, grid[0] * grid[1], embed_dims[i], **dd))
             stage = dict(grid=grid, qkv_bias=qkv_bias, sr_ratio=sr_ratios[i],
                          la_sr_ratio=la_sr_ratios[i], hints=dict(focusing_factor=focusing_factor,
                                                                  kernel_size=kernel_size), host="PVT stages")
-            stages.append((embed, pos, nn.Dropout(drop_rate),
-                           self._make_blocks(i, depths[i], embed_dims[i], num_heads[i], mlp_ratios[i], names[i],
-                                             stage, attn_kwargs, False, drop_rate, dpr[i], stride, "block", dd)))
-        # The official names, registered stage by stage in the official order.
-        ((self.patch_embed1, self.pos_embed1, self.pos_drop1, self.block1),
-         (self.patch_embed2, self.pos_embed2, self.pos_drop2, self.block2),
-         (self.patch_embed3, self.pos_embed3, self.pos_drop3, self.block3),
-         (self.patch_embed4, self.pos_embed4, self.pos_drop4, self.block4)) = stages
+            self._register_stage(
+                i, patch_embed=PatchEmbedLN(embed_in, embed_dims[i], patch_size=patch, **dd),
+                pos_embed=nn.Parameter(torch.zeros(1, grid[0] * grid[1], embed_dims[i], **dd)),
+                pos_drop=nn.Dropout(drop_rate),
+                block=self._make_blocks(i, depth=depths[i], dim=embed_dims[i], num_heads=num_heads[i],
+                                        mlp_ratio=mlp_ratios[i], attn=names[i], stage=stage, attn_kwargs=attn_kwargs,
+                                        conv_mlp=False, drop=drop_rate, dpr=dpr[i], stride=stride,
+                                        feature_module="block", dd=dd))
         self._init_head(num_classes, global_pool, drop_rate, **dd)
         self._finish_init()
 
+    stage_modules = ("patch_embed", "pos_embed", "pos_drop", "block")
+
     def _pos(self, i: int) -> tuple[nn.Parameter, nn.Dropout]:
         """(`pos_embed{i+1}`, `pos_drop{i+1}`) of a kept stage."""
-        if i == 0:
-            return self.pos_embed1, self.pos_drop1
-        if i == 1:
-            return self.pos_embed2, self.pos_drop2
-        if i == 2:
-            return self.pos_embed3, self.pos_drop3
-        return self.pos_embed4, self.pos_drop4
+        return getattr(self, f"pos_embed{i + 1}"), getattr(self, f"pos_drop{i + 1}")
 
     def _embed(self, i: int, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         pos, drop = self._pos(i)
         return drop(x + resize_pos_embed_2d(pos, self.grids[i], hw))
-
-    def _truncate(self, num_stages: int) -> None:
-        if num_stages < 4 <= self.num_stages:
-            del self.pos_embed4, self.pos_drop4
-        if num_stages < 3 <= self.num_stages:
-            del self.pos_embed3, self.pos_drop3
-        if num_stages < 2 <= self.num_stages:
-            del self.pos_embed2, self.pos_drop2
-        super()._truncate(num_stages)
 
     def _init_extra(self) -> None:
         for i in range(self.num_stages):

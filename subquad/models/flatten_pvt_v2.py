@@ -75,44 +75,31 @@ class FlattenPVTv2(PVTHost):
             img_size, in_chans, stem[1] * 8, attn, stage_attn, drop_path_rate, embed_dims=embed_dims,
             num_heads=num_heads, mlp_ratios=mlp_ratios, depths=depths, sr_ratios=sr_ratios, la_sr_ratios=la_sr_ratios)
         # Construction grids as the official code computes them (floors of img / stride).
+        # Each stage's overlapping patch embedding: (input channels, kernel, stride): the stem, then 3x3 stride-2.
+        embeds = [(in_chans, *stem)] + [(embed_dims[i - 1], 3, 2) for i in range(1, 4)]
         grid, stride = (img_hw[0] // stem[1], img_hw[1] // stem[1]), stem[1]
-        stages = []
-        for i in range(4):
+        for i, (embed_in, kernel, embed_stride) in enumerate(embeds):
             if i > 0:
                 grid, stride = (grid[0] // 2, grid[1] // 2), stride * 2
             self.grids.append(grid)
-            k, s = stem if i == 0 else (3, 2)
-            embed = OverlapPatchEmbed(in_chans if i == 0 else embed_dims[i - 1], embed_dims[i], k, s, **dd)
             stage = dict(grid=grid, qkv_bias=qkv_bias, sr_ratio=sr_ratios[i],
                          la_sr_ratio=la_sr_ratios[i], hints=dict(focusing_factor=focusing_factor,
                                                                  kernel_size=kernel_size, linear_sr=linear,
                                                                  dwc_init="pvt_v2"), host="PVTv2 stages")
-            blocks = self._make_blocks(i, depths[i], embed_dims[i], num_heads[i], mlp_ratios[i], names[i], stage,
-                                       attn_kwargs, True, drop_rate, dpr[i], stride, "norm", dd)
-            stages.append((embed, blocks, nn.LayerNorm(embed_dims[i], eps=1e-6, **dd)))
-        # The official names, registered stage by stage in the official order.
-        ((self.patch_embed1, self.block1, self.norm1), (self.patch_embed2, self.block2, self.norm2),
-         (self.patch_embed3, self.block3, self.norm3), (self.patch_embed4, self.block4, self.norm4)) = stages
+            self._register_stage(
+                i, patch_embed=OverlapPatchEmbed(embed_in, embed_dims[i], patch_size=kernel, stride=embed_stride, **dd),
+                block=self._make_blocks(i, depth=depths[i], dim=embed_dims[i], num_heads=num_heads[i],
+                                        mlp_ratio=mlp_ratios[i], attn=names[i], stage=stage, attn_kwargs=attn_kwargs,
+                                        conv_mlp=True, drop=drop_rate, dpr=dpr[i], stride=stride,
+                                        feature_module="norm", dd=dd),
+                norm=nn.LayerNorm(embed_dims[i], eps=1e-6, **dd))
         self._init_head(num_classes, global_pool, drop_rate, **dd)
         self._finish_init()
 
-    def _stage_norm(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        if i == 0:
-            return self.norm1(x)
-        if i == 1:
-            return self.norm2(x)
-        if i == 2:
-            return self.norm3(x)
-        return self.norm4(x)
+    stage_modules = ("patch_embed", "block", "norm")
 
-    def _truncate(self, num_stages: int) -> None:
-        if num_stages < 4 <= self.num_stages:
-            del self.norm4
-        if num_stages < 3 <= self.num_stages:
-            del self.norm3
-        if num_stages < 2 <= self.num_stages:
-            del self.norm2
-        super()._truncate(num_stages)
+    def _stage_norm(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, f"norm{i + 1}")(x)
 
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return x

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, register_notrace_module, trunc_normal_
 from torch import nn
 
-from .._shapes import as_hw, known_equal, merge_heads
+from .._shapes import as_hw, known_equal, merge_heads, split_packed_heads
 from ..attention import build_stage_attention, list_attention
 from ..attention.functional.softmax import softmax_attention, softmax_attention_ref
 from ..errors import UserError
@@ -126,8 +126,7 @@ class ViLFullAttention(nn.Module):
         return torch.cat([top, bottom], dim=1)
 
     def _qkv(self, x: torch.Tensor):
-        B, N, C = x.shape
-        return self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return split_packed_heads(self.qkv(x), 3, self.num_heads)  # (B, h, N, d) each
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
         q, k, v = self._qkv(x)

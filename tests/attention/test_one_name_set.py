@@ -1,5 +1,5 @@
 """One set of parameter names per mechanism: the "host_qkv" forms, the long-short factory, and checkpoints of
-subquad <= 0.1 (the `layout` / `qkv_layout` era) loading through `subquad.attention.legacy.remap_legacy`.
+subquad <= 0.1 (the `layout` / `qkv_layout` era) loading through `subquad.engine.legacy.remap_legacy`.
 
 `tests/_fixtures/legacy_names.safetensors` (118 KB) was written by the code at commit 86abbea, before the change:
 state dicts, inputs and outputs of an LRA classifier with `layout="lra"` long-short attention (keys `W_q`, `W_k`,
@@ -20,13 +20,13 @@ from safetensors.torch import load_file
 import subquad
 from subquad.attention import build_attention, get_attention_form, list_attention
 from subquad.attention.focused_linear import FocusedLinearCore, remap_q_kv
-from subquad.attention.legacy import remap_legacy
 from subquad.attention.long_short import (
     ChunkedLongShortAttention,
     LongShortAttention,
     LongShortCore,
     remap_lra_official,
 )
+from subquad.engine.legacy import remap_legacy
 from subquad.sequence.encoder import LRAClassifier
 
 FIXTURE = Path(__file__).resolve().parents[1] / "_fixtures" / "legacy_names.safetensors"

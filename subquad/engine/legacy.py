@@ -16,10 +16,10 @@ __all__ = ["remap_legacy"]
 
 def remap_legacy(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
     """Old subquad key names -> current ones for `model` (see the module docstring)."""
+    from ..attention.focused_linear import remap_legacy as focused_legacy
+    from ..attention.long_short import remap_legacy as long_short_legacy
     from ..models.cvt_ls import CvTLS
     from ..models.cvt_ls import remap_legacy as cvt_legacy
-    from .focused_linear import remap_legacy as focused_legacy
-    from .long_short import remap_legacy as long_short_legacy
 
     if isinstance(model, CvTLS):
         state_dict = cvt_legacy(state_dict, model)
