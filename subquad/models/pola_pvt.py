@@ -48,7 +48,7 @@ register_family(__name__, FlattenPVT, [
     Variant("pola_pvt_micro", dict(img_size=32, patch_size=2, embed_dims=(32, 64, 96, 128), num_heads=(1, 2, 3, 4),
                                    mlp_ratios=(2, 2, 2, 2), depths=(1, 1, 1, 1), attn="polarity"),
             dict(img_size=32, source="test/demo variant (patch 2)", notes="not a paper model"),
-            cfg=dict(input_size=(3, 32, 32), crop_pct=1.0)),
+            cfg=dict(input_size=(3, 32, 32), crop_pct=1.0, notes="test/demo variant")),
     Variant("pola_pvt_tiny", dict(**_PVT, depths=(2, 2, 2, 2)),
             dict(top1=78.8, ref_params=12_924_648 - 1024, ref_gmacs=2.257)),
     Variant("pola_pvt_small", dict(**_PVT, depths=(3, 4, 6, 3)),

@@ -44,7 +44,7 @@ register_family(__name__, FlattenSwin, [
                                     mlp_ratio=2.0, window_size=3, attn=POLA_LLSS),
             dict(img_size=64, source="test/demo variant (stage grids 16/8/4/2, 'S' window 3: padded, shifted, "
                                      "masked)", notes="not a paper model"),
-            cfg=dict(input_size=(3, 64, 64), crop_pct=1.0)),
+            cfg=dict(input_size=(3, 64, 64), crop_pct=1.0, notes="test/demo variant")),
     Variant("pola_swin_tiny", _T, dict(top1=82.6, ref_params=29_285_696, ref_gmacs=4.659)),
     Variant("pola_swin_small", _S, dict(top1=83.6, ref_params=50_603_600, ref_gmacs=8.91)),
     Variant("pola_swin_base", _B, dict(top1=83.8, ref_params=89_137_864, ref_gmacs=15.708)),
