@@ -34,7 +34,8 @@ def _func_inputs(hw, B=2, C=12, h=3, dwc=True, dtype=torch.float64, ksize=5):
     N = hw[0] * hw[1]
     inputs = [torch.randn(B, N, C, dtype=dtype) for _ in range(4)]  # q, k, v, g
     inputs += [torch.randn(1, 1, C, dtype=dtype), torch.randn(1, h, 1, d, dtype=dtype)]
-    inputs += [torch.randn(d, 1, ksize, ksize, dtype=dtype) * 0.2, torch.randn(d, dtype=dtype) * 0.1] if dwc else [None, None]
+    dw = [torch.randn(d, 1, ksize, ksize, dtype=dtype) * 0.2, torch.randn(d, dtype=dtype) * 0.1]
+    inputs += dw if dwc else [None, None]
     return inputs, dict(hw=hw, num_heads=h, alpha=4.0)
 
 
