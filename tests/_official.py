@@ -1,9 +1,10 @@
-"""The official model code (L2ViT, FLatten-Transformer, Transformer-LS), loaded by file path for parity checks.
+"""The official model code (L2ViT, FLatten-Transformer, Transformer-LS, PolaFormer), loaded by file path for parity
+checks.
 
 Test and benchmark support (parity tests, `benchmarks/official.py`); not part of the package. It imports no
 official code at import time: every function takes the root of the official checkouts (the folder holding `L2ViT/`,
-`FLatten-Transformer/` and `transformer-ls/`; tests and benchmarks read it from `SUBQUAD_OFFICIAL_ROOT`). The files
-are never installed.
+`FLatten-Transformer/`, `transformer-ls/` and `PolaFormer/`; tests and benchmarks read it from
+`SUBQUAD_OFFICIAL_ROOT`). The files are never installed.
 
 While an official file executes: timm's `register_model` is a no-op (their names, e.g. `flatten_pvt_tiny`, are also
 ours); when einops is not installed a stand-in is put in `sys.modules` (the FLatten files import `rearrange` but call
@@ -32,10 +33,11 @@ from torch import nn
 
 from subquad.errors import UserError
 
-__all__ = ["OFFICIAL_NAMES", "official_file", "load_module", "load_l2vit", "load_flatten", "load_msvit",
+__all__ = ["OFFICIAL_NAMES", "official_file", "load_module", "load_l2vit", "load_flatten", "load_pola", "load_msvit",
            "build_official", "official_files", "quiet"]
 
-ROOT_HINT = "SUBQUAD_OFFICIAL_ROOT must name the folder holding L2ViT/, FLatten-Transformer/ and transformer-ls/"
+ROOT_HINT = ("SUBQUAD_OFFICIAL_ROOT must name the folder holding L2ViT/, FLatten-Transformer/, transformer-ls/ and "
+             "PolaFormer/")
 
 _L2VIT = "L2ViT/classification/models/l2vit.py"
 _FLATTEN = "FLatten-Transformer/models/{}.py"
@@ -56,6 +58,13 @@ _CSWIN_FNS = {"flatten_cswin_tiny": ("FLatten_CSWin_64_24181_tiny_224", 224),
               "flatten_cswin_base_384": ("FLatten_CSWin_96_36292_base_384", 384)}
 _PVT = [f"flatten_pvt_{n}" for n in ("tiny", "small", "medium", "large")]
 _PVT_V2 = [f"flatten_pvt_v2_b{b}" for b in range(6)]
+# PolaFormer (ZacharyMeng/PolaFormer): cfgs/pola_swin_*.yaml (window 56, 'LLSS') and cfgs/pola_pvt_*.yaml ('LLLL');
+# alpha 4, kernel 5 and PVT la_sr_ratios 1111 are config.py defaults.
+_POLA = "PolaFormer/models/{}.py"
+_POLA_SWIN = {"pola_swin_tiny": (96, (2, 2, 6, 2), (3, 6, 12, 24)),
+              "pola_swin_small": (96, (2, 2, 18, 2), (3, 6, 12, 24)),
+              "pola_swin_base": (128, (2, 2, 18, 2), (4, 8, 16, 32))}
+_POLA_PVT = ["pola_pvt_tiny", "pola_pvt_small"]
 
 
 def _vil_arch(blocks: tuple[int, int], w: int) -> str:
@@ -67,7 +76,7 @@ def _vil_arch(blocks: tuple[int, int], w: int) -> str:
 _VIL = {"vil_ls_medium": (_vil_arch((4, 16), 7), 224), "vil_ls_base": (_vil_arch((8, 24), 7), 224),
         "vil_ls_medium_384": (_vil_arch((4, 16), 8), 384)}
 
-OFFICIAL_NAMES: tuple[str, ...] = (*_L2VIT_FNS, *_SWIN, *_PVT, *_PVT_V2, *_CSWIN_FNS, *_VIL)
+OFFICIAL_NAMES: tuple[str, ...] = (*_L2VIT_FNS, *_SWIN, *_PVT, *_PVT_V2, *_CSWIN_FNS, *_VIL, *_POLA_SWIN, *_POLA_PVT)
 
 
 def _ls_root(root: str | Path) -> Path:
@@ -94,6 +103,8 @@ def official_files(root: str | Path, name: str) -> list[Path]:
         return [official_file(_ls_root(root), rel) for rel in _MSVIT]
     if name in _SWIN or name in _CSWIN_FNS or name in _PVT or name in _PVT_V2:
         return [official_file(root, _FLATTEN.format(_flatten_file(name)))]
+    if name in _POLA_SWIN or name in _POLA_PVT:
+        return [official_file(root, _POLA.format("pola_swin" if name in _POLA_SWIN else "pola_pvt"))]
     raise UserError(f"no official code for model {name!r}; known: {', '.join(OFFICIAL_NAMES)}")
 
 
@@ -206,6 +217,11 @@ def load_flatten(root: str | Path, file: str) -> types.ModuleType:
     return load_module(official_file(root, _FLATTEN.format(file)), f"_official_{file}")
 
 
+def load_pola(root: str | Path, file: str) -> types.ModuleType:
+    """An official PolaFormer model file: `file` is `pola_swin` or `pola_pvt`."""
+    return load_module(official_file(root, _POLA.format(file)), f"_official_{file}")
+
+
 def load_msvit(root: str | Path) -> types.ModuleType:
     """The official Transformer-LS `imagenet/models/msvit.py` with its `layers` package (whose `__init__` and the
     models package's torchvision import are skipped: the package is assembled from the two layer files)."""
@@ -258,6 +274,14 @@ def _builder(root: str | Path, name: str, img_size: int | None) -> Callable[...,
         mod = load_flatten(root, "flatten_pvt_v2" if name in _PVT_V2 else "flatten_pvt")
         extra = {"img_size": img_size} if img_size else {}
         return partial(getattr(mod, name), la_sr_ratios="1111", attn_type="LLLL", **extra)
+    if name in _POLA_SWIN:
+        embed_dim, depths, heads = _POLA_SWIN[name]
+        size = img_size or 224
+        return partial(load_pola(root, "pola_swin").PolaSwinTransformer, img_size=size, embed_dim=embed_dim,
+                       depths=list(depths), num_heads=list(heads), window_size=size // 4, attn_type="LLSS")
+    if name in _POLA_PVT:
+        extra = {"img_size": img_size} if img_size else {}
+        return partial(getattr(load_pola(root, "pola_pvt"), name), la_sr_ratios="1111", attn_type="LLLL", **extra)
     if name in _VIL:
         arch, size = _VIL[name]
         # launch/eval + config/msvit.yaml + config/defaults.py: norm_embed, shared w / kv, LN eps 1e-6, no avg pool.

@@ -27,4 +27,5 @@ from . import cswin  # noqa: E402,F401
 from .linear import LinearAttention  # noqa: E402,F401
 from . import sliding_window  # noqa: E402,F401
 from . import linear_angular  # noqa: E402,F401
+from .polarity import PolarityLinearAttention  # noqa: E402,F401
 from . import host_forms  # noqa: E402,F401

@@ -75,3 +75,5 @@ from . import lisanet  # noqa: E402,F401
 from . import flatten_swin  # noqa: E402,F401
 from . import flatten_cswin  # noqa: E402,F401
 from . import cvt_ls  # noqa: E402,F401
+from . import pola_pvt  # noqa: E402,F401
+from . import pola_swin  # noqa: E402,F401

@@ -1,0 +1,144 @@
+"""PolaFormer polarity-aware linear attention: the polarity feature maps, the full token-level operator (dense
+reference and fast path).
+
+Token-level shapes (the module boundary, before the head split): q, k, v and the gate g (B, N, C) with N = H * W
+grid tokens, channel layout head-major (channel = head * d + c). Inside, the linear core runs on (B, h, N, 2d) from
+`functional/linear.py` (the normaliser 'mean' with eps 1e-6, FLatten's, which the official code reuses).
+
+Operator (official code; paper Eq. 6-9 with the learned power of Sec. 4.2):
+    q' = q / s, k' = (k + PE) / s with s = softplus(scale) per channel;
+    per head, with the learned exponent p = 1 + alpha * sigmoid(power) per head channel (p in (1, 1 + alpha)):
+        q+ = ReLU(q')^p, q- = ReLU(-q')^p, k+ = ReLU(k')^p, k- = ReLU(-k')^p;
+        K = [k+, k-], Q_sim = [q+, q-] (same-sign pairs), Q_opp = [q-, q+] (opposite-sign pairs);
+        v = [v1, v2] split along the head channels (v1 the first ceil(d / 2), as `torch.chunk`);
+        o_sim = LinearCore(Q_sim, K, v1), o_opp = LinearCore(Q_opp, K, v2), o = [o_sim, o_opp];
+    out = (o + DWC(v_grid)) * g.
+The DWC is one depthwise k x k conv over the d head channels, shared by every head (as FLatten's), on the grid.
+
+Paper: PolaFormer (arXiv 2501.15061), Sec. 4.1 Eq. 6-9 (polarity-aware attention; the same-/opposite-sign halves
+of V), Sec. 4.2 (learnable power function) and Sec. 4.3 / Fig. 3 (DWC for rank restoration, the gate).
+Official: ZacharyMeng/PolaFormer `models/pola_swin.py` and `models/pola_pvt.py` `PolaLinearAttention.forward`.
+Symbols: h heads, d = C / h, alpha (official `alpha`, 4), p the learned power, k DWC kernel size (5).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .linear import depthwise_conv_matrix, linear_attention, linear_attention_ref
+
+__all__ = ["polarity_features", "polarity_linear_attention_ref", "polarity_linear_attention_kv"]
+
+NORM_EPS = 1e-6
+
+
+def _split(x: torch.Tensor, h: int) -> torch.Tensor:
+    B, L, C = x.shape
+    return x.reshape(B, L, h, C // h).transpose(1, 2)  # (B, h, L, d)
+
+
+def _merge(x: torch.Tensor) -> torch.Tensor:
+    B, h, L, d = x.shape
+    return x.transpose(1, 2).reshape(B, L, h * d)
+
+
+def polarity_features(x: torch.Tensor, scale: torch.Tensor, power: torch.Tensor, alpha: float,
+                      num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positive and negative parts of x / softplus(scale), each raised to the learned power, per head.
+
+    Args:
+        x: (B, L, C) projected queries or keys (keys with the positional encoding added).
+        scale: (1, 1, C) raw `scale` parameter (softplus applied here).
+        power: (1, h, 1, d) raw `power` parameter; the exponent is 1 + alpha * sigmoid(power).
+        alpha: the power range.
+        num_heads: h.
+
+    Returns:
+        (ReLU(x')^p, ReLU(-x')^p), each (B, h, L, d).
+    """
+    xs = _split(x / F.softplus(scale), num_heads)
+    p = 1 + alpha * torch.sigmoid(power)
+    return F.relu(xs).pow(p), F.relu(-xs).pow(p)
+
+
+def _check(q, k, v, g, hw, num_heads: int) -> None:
+    B, N, C = q.shape
+    if C % num_heads:
+        raise ValueError(f"polarity attention: C={C} must be a multiple of num_heads={num_heads}")
+    if hw[0] * hw[1] != N:
+        raise ValueError(f"polarity attention: hw={hw[0]}x{hw[1]} != N={N}")
+    if k.shape != q.shape or v.shape != q.shape or g.shape != q.shape:
+        raise ValueError(f"polarity attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} and "
+                         f"g {tuple(g.shape)} must have the same shape")
+
+
+def _halves(q, k, v, scale, power, alpha, h):
+    """(Q_sim, Q_opp, K, v1, v2) on (B, h, ., .)."""
+    qp, qn = polarity_features(q, scale, power, alpha, h)
+    kp, kn = polarity_features(k, scale, power, alpha, h)
+    vh = _split(v, h)
+    d1 = (vh.shape[-1] + 1) // 2  # torch.chunk(v, 2): the first half takes the odd channel
+    return torch.cat([qp, qn], -1), torch.cat([qn, qp], -1), torch.cat([kp, kn], -1), vh[..., :d1], vh[..., d1:]
+
+
+def polarity_linear_attention_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                                 scale: torch.Tensor, power: torch.Tensor, dwc_weight: torch.Tensor | None,
+                                 dwc_bias: torch.Tensor | None = None, *, hw: tuple[int, int], num_heads: int,
+                                 alpha: float = 4.0) -> torch.Tensor:
+    """Fast polarity-aware linear attention (K^T V first for both halves, DWC by conv2d).
+
+    Args:
+        q: (B, N, C) projected queries, N = H * W.
+        k: (B, N, C) projected keys with the positional encoding already added.
+        v: (B, N, C) projected values.
+        g: (B, N, C) the gate (the fourth projection).
+        scale: (1, 1, C) raw `scale` parameter.
+        power: (1, h, 1, d) raw `power` parameter.
+        dwc_weight: (d, 1, k, k) depthwise kernel shared by the heads (`dwc.weight`), or None for no DWC term;
+            dwc_bias: (d,) or None.
+        hw: grid (H, W).
+        num_heads: h.
+        alpha: power range (exponent in (1, 1 + alpha)).
+
+    Returns:
+        (B, N, C), before the output projection.
+    """
+    _check(q, k, v, g, hw, num_heads)
+    h = num_heads
+    q_sim, q_opp, kk, v1, v2 = _halves(q, k, v, scale, power, alpha, h)
+    o = torch.cat([linear_attention(q_sim, kk, v1, "mean", NORM_EPS, order="kv"),
+                   linear_attention(q_opp, kk, v2, "mean", NORM_EPS, order="kv")], -1)  # (B, h, N, d)
+    out = _merge(o)
+    if dwc_weight is not None:
+        B, N, C = v.shape
+        vm = v.transpose(1, 2).reshape(B, C, hw[0], hw[1]).contiguous(memory_format=torch.channels_last)
+        # The d-channel kernel shared by all heads is the C-channel depthwise kernel repeated h times (head-major).
+        w = torch.cat([dwc_weight] * h)
+        b = None if dwc_bias is None else torch.cat([dwc_bias] * h)
+        conv = F.conv2d(vm, w, b, padding=(w.shape[-2] // 2, w.shape[-1] // 2), groups=C)
+        out = out + conv.flatten(2).transpose(1, 2)
+    return out * g
+
+
+def polarity_linear_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                                  scale: torch.Tensor, power: torch.Tensor, dwc_weight: torch.Tensor | None,
+                                  dwc_bias: torch.Tensor | None = None, *, hw: tuple[int, int], num_heads: int,
+                                  alpha: float = 4.0) -> torch.Tensor:
+    """Dense reference of `polarity_linear_attention_kv` (same arguments and result).
+
+    The same-sign and opposite-sign kernel matrices A_sim = Q_sim K^T / N and A_opp = Q_opp K^T / N (N x N per
+    head) are built explicitly and row-normalised; the DWC is an explicit N x N matrix per head channel.
+    """
+    _check(q, k, v, g, hw, num_heads)
+    h = num_heads
+    q_sim, q_opp, kk, v1, v2 = _halves(q, k, v, scale, power, alpha, h)
+    o = torch.cat([linear_attention_ref(q_sim, kk, v1, "mean", NORM_EPS),
+                   linear_attention_ref(q_opp, kk, v2, "mean", NORM_EPS)], -1)  # (B, h, N, d)
+    if dwc_weight is not None:
+        m = depthwise_conv_matrix(dwc_weight.to(v.dtype), tuple(hw))  # (d, N, N)
+        conv = torch.einsum("cij,bhjc->bhic", m, _split(v, h))  # (B, h, N, d)
+        if dwc_bias is not None:
+            conv = conv + dwc_bias
+        o = o + conv
+    return _merge(o) * g
