@@ -1,6 +1,7 @@
 """InLine attention (`"inline"`): injective linear attention plus the local residual whose 3 x 3 depthwise kernel is
 predicted per sample from the token mean. `InLineAttention` owns the fused `qkv` projection (the PVT checkpoints'
-`q` + `kv` are concatenated into it by `remap_q_kv`), the kernel predictor `residual` and `proj`."""
+`q` + `kv` are concatenated into it by `remap_q_kv`), the kernel predictor `residual` and `proj`; `InLineCore` is the
+"host_qkv" form (CSwin blocks project q, k, v themselves) with `residual` and CSwin's LePE `get_v`."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from ..layers.precision import fp32_island
 from .base import AttentionCaps, TokenMixer
 from .functional.inline import KERNELS, LOCAL_K, inline_attention_kv, inline_attention_matrix, inline_attention_ref
 from .functional.linear import depthwise_conv_matrix
-from .registry import register_attention
+from .registry import register_attention, register_attention_form
 
-__all__ = ["InLineAttention"]
+__all__ = ["InLineAttention", "InLineCore"]
 
 
 @register_attention("inline")
@@ -56,6 +57,15 @@ class InLineAttention(TokenMixer):
     caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False, complexity="O(N)",
                          sequence=False, notes="InLine; the local residual needs the grid (no 1-D form)")
     name = "inline"
+
+    @classmethod
+    def stage_kwargs(cls, stage: dict) -> dict:
+        """The generic options, plus CSwin's `lepe` hint for the "host_qkv" form (`InLineCore`), the one form a
+        host that hints `lepe` (CSwin blocks, which project q, k, v themselves) builds."""
+        kw = super().stage_kwargs(stage)
+        if stage.get("hints", {}).get("lepe"):
+            kw["lepe"] = True
+        return kw
 
     def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
                  qkv_bias: bool = True, kernel_func: str = "identity", local_residual: bool = True,
@@ -145,3 +155,79 @@ class InLineAttention(TokenMixer):
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, kernel_func={self.kernel_func}, "
                 f"local_residual={self.residual is not None}, prefix={self.num_prefix_tokens}")
+
+
+@register_attention_form("inline", "host_qkv")
+class InLineCore(TokenMixer):
+    """InLine attention on q, k, v that the host projects (`forward_qkv`): the form of InLine-CSwin's 'I' blocks,
+    one global branch with every head, whose block owns `qkv` and `proj`. It owns the kernel predictor `residual` and,
+    with `lepe=True`, CSwin's LePE `get_v` (depthwise 3 x 3 with bias on the value map, added to the output).
+
+    Shapes: `forward_qkv(q, k, v, hw, x)`: q, k, v (B, N, C), N = H * W, x (B, N', C) whose token mean predicts the
+    local kernels -> (B, N, C), no output projection.
+    Paper: arXiv 2412.06590, Sec. 4.1 Eq. 5 and Sec. 4.2.
+    Official: LeapLabTHU/InLine `models/inline_cswin.py` `InLineAttention` (with `CSWinBlock.forward`, which passes
+        the mean of the block input before `norm1`; `InLineCSWin` does the same by `reads_block_input`).
+    Symbols: as `InLineAttention`.
+
+    Args:
+        dim, num_heads, input_size, kernel_func, local_residual, fused: as `InLineAttention`.
+        lepe: build `get_v` and add LePE(V).
+    """
+
+    caps = InLineAttention.caps
+    name = "inline"
+    #: The host passes the block input before its norm as `x` (the official InLine-CSwin token mean).
+    reads_block_input = True
+
+    def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
+                 kernel_func: str = "identity", local_residual: bool = True, lepe: bool = False, fused: bool = True,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        who = "inline attention (host_qkv)"
+        self.dim, self.num_heads = dim, num_heads
+        self.head_dim = check_heads(dim, num_heads, who)
+        if kernel_func not in KERNELS:
+            raise UserError(f"{who}: kernel_func={kernel_func!r} is not one of {KERNELS}")
+        self.kernel_func, self.fused = kernel_func, fused
+        self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd) if lepe else None
+        self.residual = nn.Sequential(
+            nn.Conv1d(dim, dim, 1, groups=num_heads, **dd),
+            nn.GELU(),
+            nn.Conv1d(dim, dim * LOCAL_K * LOCAL_K, 1, groups=num_heads, **dd),
+        ) if local_residual else None
+
+    local_kernels = InLineAttention.local_kernels
+
+    def forward(self, x: torch.Tensor, hw=None, mask=None) -> torch.Tensor:
+        raise ValueError("inline attention built with host_qkv=True has no projections; call "
+                         "forward_qkv(q, k, v, hw, x)")
+
+    def forward_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int],
+                    x: torch.Tensor | None = None, fused: bool | None = None) -> torch.Tensor:
+        """(B, N, C) q, k, v on the grid hw -> (B, N, C); x: the tokens whose mean predicts the local kernels
+        (required with the local residual)."""
+        hw = self._check_input(q, hw)
+        if k.shape != q.shape or v.shape != q.shape:
+            raise ValueError(f"inline forward_qkv: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} "
+                             "must have the same shape")
+        if self.residual is not None and (x is None or x.shape[0] != q.shape[0] or x.shape[-1] != q.shape[-1]):
+            raise ValueError("inline forward_qkv: x (B, N', C), whose token mean predicts the local kernels, is needed")
+        fused = self.fused if fused is None else fused
+        w = self.local_kernels(x)
+        fn = inline_attention_kv if fused else inline_attention_ref
+        o = fp32_island(fn, q, k, v, w, hw=tuple(hw), num_heads=self.num_heads, kernel=self.kernel_func)
+        if self.get_v is None:
+            return o
+        B, N, C = v.shape
+        if fused:
+            lepe = self.get_v(v.transpose(1, 2).reshape(B, C, *hw)).flatten(2).transpose(1, 2)
+        else:
+            m = depthwise_conv_matrix(self.get_v.weight, tuple(hw))  # (C, N, N)
+            lepe = torch.einsum("cij,bjc->bic", m.to(v.dtype), v) + self.get_v.bias
+        return o + lepe.to(o.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, kernel_func={self.kernel_func}, "
+                f"local_residual={self.residual is not None}, lepe={self.get_v is not None}")
