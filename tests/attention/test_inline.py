@@ -167,3 +167,20 @@ def test_errors():
     with pytest.raises(ValueError, match="local_weight"):
         inline_attention_kv(*(torch.randn(1, 4, 4) for _ in range(3)), torch.randn(1, 4, 2, 2), hw=(2, 2),
                             num_heads=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_host_qkv_form_fast_vs_ref(dtype):
+    """The CSwin form (`host_qkv=True`): InLine + local residual + LePE on the host's q, k, v; x predicts the
+    kernels."""
+    m = subquad.build_attention("inline", 16, 2, input_size=(7, 5), host_qkv=True, lepe=True)
+    assert not hasattr(m, "qkv") and not hasattr(m, "proj") and m.get_v is not None
+    with torch.no_grad():
+        m.get_v.bias.normal_(0, 0.1)
+    q, k, v, x = (torch.randn(2, 35, 16) for _ in range(4))
+    compare_module(m, lambda mm, *t: mm.forward_qkv(*t[:3], (7, 5), x=t[3]),
+                   lambda mm, *t: mm.forward_qkv(*t[:3], (7, 5), x=t[3], fused=False), [q, k, v, x], dtype)
+    with pytest.raises(ValueError, match="forward_qkv"):
+        m(q, (7, 5))
+    with pytest.raises(ValueError, match="token mean"):
+        m.forward_qkv(q, k, v, (7, 5))
