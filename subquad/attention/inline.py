@@ -171,8 +171,8 @@ class InLineCore(TokenMixer):
     Symbols: as `InLineAttention`.
 
     Args:
-        dim, num_heads, input_size, kernel_func, local_residual, fused: as `InLineAttention`.
-        lepe: build `get_v` and add LePE(V).
+        dim, num_heads, input_size, kernel_func, local_residual, num_prefix_tokens, fused: as `InLineAttention`.
+        lepe: build `get_v` and add LePE(V) on the grid tokens.
     """
 
     caps = InLineAttention.caps
@@ -181,8 +181,8 @@ class InLineCore(TokenMixer):
     reads_block_input = True
 
     def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
-                 kernel_func: str = "identity", local_residual: bool = True, lepe: bool = False, fused: bool = True,
-                 device=None, dtype=None) -> None:
+                 kernel_func: str = "identity", local_residual: bool = True, lepe: bool = False,
+                 num_prefix_tokens: int = 0, fused: bool = True, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         who = "inline attention (host_qkv)"
@@ -190,7 +190,10 @@ class InLineCore(TokenMixer):
         self.head_dim = check_heads(dim, num_heads, who)
         if kernel_func not in KERNELS:
             raise UserError(f"{who}: kernel_func={kernel_func!r} is not one of {KERNELS}")
+        if int(num_prefix_tokens) != num_prefix_tokens or num_prefix_tokens < 0:
+            raise UserError(f"{who}: num_prefix_tokens={num_prefix_tokens!r} must be an int >= 0")
         self.kernel_func, self.fused = kernel_func, fused
+        self.num_prefix_tokens = int(num_prefix_tokens)
         self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd) if lepe else None
         self.residual = nn.Sequential(
             nn.Conv1d(dim, dim, 1, groups=num_heads, **dd),
@@ -217,16 +220,18 @@ class InLineCore(TokenMixer):
         fused = self.fused if fused is None else fused
         w = self.local_kernels(x)
         fn = inline_attention_kv if fused else inline_attention_ref
-        o = fp32_island(fn, q, k, v, w, hw=tuple(hw), num_heads=self.num_heads, kernel=self.kernel_func)
+        P = self.num_prefix_tokens
+        o = fp32_island(fn, q, k, v, w, hw=tuple(hw), num_heads=self.num_heads, kernel=self.kernel_func, prefix=P)
         if self.get_v is None:
             return o
         B, N, C = v.shape
+        vg = v[:, P:]  # (B, H*W, C)
         if fused:
-            lepe = self.get_v(v.transpose(1, 2).reshape(B, C, *hw)).flatten(2).transpose(1, 2)
+            lepe = self.get_v(vg.transpose(1, 2).reshape(B, C, *hw)).flatten(2).transpose(1, 2)
         else:
-            m = depthwise_conv_matrix(self.get_v.weight, tuple(hw))  # (C, N, N)
-            lepe = torch.einsum("cij,bjc->bic", m.to(v.dtype), v) + self.get_v.bias
-        return o + lepe.to(o.dtype)
+            m = depthwise_conv_matrix(self.get_v.weight, tuple(hw))  # (C, N_g, N_g)
+            lepe = torch.einsum("cij,bjc->bic", m.to(v.dtype), vg) + self.get_v.bias
+        return torch.cat([o[:, :P], o[:, P:] + lepe.to(o.dtype)], dim=1) if P else o + lepe.to(o.dtype)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, kernel_func={self.kernel_func}, "

@@ -43,7 +43,7 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module, resize
 
 _PVT = dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16), mlp_ratios=(8, 8, 4, 4), attn="inline")
 register_family(__name__, FlattenPVT, [
-    Variant("inline_pvt_micro", dict(img_size=32, patch_size=2, embed_dims=(32, 64, 96, 128), num_heads=(1, 2, 3, 4),
+    Variant("inline_pvt_micro", dict(img_size=32, patch_size=2, embed_dims=(32, 64, 96, 128), num_heads=(2, 2, 4, 4),
                                      mlp_ratios=(2, 2, 2, 2), depths=(1, 1, 1, 1), attn="inline"),
             dict(img_size=32, source="test/demo variant (patch 2)", notes="not a paper model"),
             cfg=dict(input_size=(3, 32, 32), crop_pct=1.0)),

@@ -83,7 +83,7 @@ _T = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), attn=(_I,
 _S = dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24), attn=(_I, _I, _W, _W))
 _B = dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32), attn=(_I, _I, (_I,) * 2 + (_W,) * 16, _W))
 register_family(__name__, InLineSwin, [
-    Variant("inline_swin_micro", dict(img_size=64, embed_dim=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8),
+    Variant("inline_swin_micro", dict(img_size=64, embed_dim=32, depths=(1, 1, 2, 1), num_heads=(2, 2, 4, 8),
                                       mlp_ratio=2.0, window_size=3, attn=(_I, _I, (_I, _W), _W)),
             dict(img_size=64, source="test/demo variant (stage grids 16/8/4/2; stage 3 mixes inline and window "
                                      "blocks as InLine-Swin-B)", notes="not a paper model"),

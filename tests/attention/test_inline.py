@@ -184,3 +184,17 @@ def test_host_qkv_form_fast_vs_ref(dtype):
         m(q, (7, 5))
     with pytest.raises(ValueError, match="token mean"):
         m.forward_qkv(q, k, v, (7, 5))
+
+
+def test_host_qkv_form_prefix_tokens():
+    """With a class token (CvT hosts): fast vs reference; the class row gets neither local term nor LePE."""
+    m = subquad.build_attention("inline", 16, 2, host_qkv=True, lepe=True, num_prefix_tokens=1).double()
+    q, k, v, x = (torch.randn(2, 1 + 20, 16, dtype=torch.float64) for _ in range(4))
+    compare_module(m, lambda mm, *t: mm.forward_qkv(*t[:3], (4, 5), x=t[3]),
+                   lambda mm, *t: mm.forward_qkv(*t[:3], (4, 5), x=t[3], fused=False), [q, k, v, x], torch.float64)
+    y1 = m.forward_qkv(q, k, v, (4, 5), x=x)
+    with torch.no_grad():
+        m.get_v.bias.add_(1.0)
+    y2 = m.forward_qkv(q, k, v, (4, 5), x=x)
+    torch.testing.assert_close(y1[:, 0], y2[:, 0])
+    assert not torch.allclose(y1[:, 1:], y2[:, 1:])
