@@ -43,10 +43,12 @@ class InLineCSWinBlock(CSWinBlock):
 
 
 class InLineCSWin(FlattenCSWin):
-    """`FlattenCSWin` with `InLineCSWinBlock` blocks (same arguments, parameters and keys)."""
+    """`FlattenCSWin` with `InLineCSWinBlock` blocks (same arguments, parameters and keys); `attn=None` is
+    InLine-CSwin's ("inline", "inline", "cswin", "cswin")."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, attn: str | tuple | None = None, attn_kwargs: dict | None = None, **kwargs) -> None:
+        attn = ("inline", "inline", "cswin", "cswin") if attn is None else attn  # None: InLine-CSwin's IISS
+        super().__init__(*args, attn=attn, attn_kwargs=attn_kwargs, **kwargs)
         for i in range(self.num_stages):
             for blk in getattr(self, f"stage{i + 1}"):
                 blk.__class__ = InLineCSWinBlock

@@ -33,18 +33,21 @@ class InLineSwin(FlattenSwin):
     stage 3: 2 InLine blocks, then 16 window blocks). Every other argument is `FlattenSwin`'s.
 
     Args:
-        attn: a name for every stage, or one entry per stage, each a name or a tuple of `depths[i]` names.
+        attn: a name for every stage, or one entry per stage, each a name or a tuple of `depths[i]` names; None:
+            InLine-Swin-T's ("inline", "inline", "inline", "window").
         other: see `FlattenSwin`.
     """
 
-    def __init__(self, *args, attn: str | Sequence[str | Sequence[str]] | None = None, **kwargs) -> None:
+    def __init__(self, *args, attn: str | Sequence[str | Sequence[str]] | None = None,
+                 attn_kwargs: dict | None = None, **kwargs) -> None:
+        attn = ("inline", "inline", "inline", "window") if attn is None else attn  # None: InLine-Swin-T's IIIS
         per_block = {}
         if isinstance(attn, (list, tuple)):
             per_block = {i: tuple(a) for i, a in enumerate(attn) if isinstance(a, (list, tuple))}
             attn = tuple(a[0] if i in per_block and a else a for i, a in enumerate(attn))
-        super().__init__(*args, attn=attn, **kwargs)
+        super().__init__(*args, attn=attn, attn_kwargs=attn_kwargs, **kwargs)
         if per_block:
-            self._mix_blocks(per_block, kwargs)
+            self._mix_blocks(per_block, {**kwargs, "attn_kwargs": attn_kwargs})
 
     def _mix_blocks(self, per_block: dict[int, tuple[str, ...]], kw: dict) -> None:
         """Rebuild the blocks of stage i whose name differs from the stage's first, then re-initialise."""
