@@ -23,6 +23,7 @@ from . import structure_aware  # noqa: E402,F401
 from . import global_filter  # noqa: E402,F401
 from . import long_short  # noqa: E402,F401
 from .focused_linear import FocusedLinearAttention  # noqa: E402,F401
+from .inline import InLineAttention  # noqa: E402,F401
 from . import cswin  # noqa: E402,F401
 from .linear import LinearAttention  # noqa: E402,F401
 from . import sliding_window  # noqa: E402,F401

@@ -77,3 +77,7 @@ from . import flatten_cswin  # noqa: E402,F401
 from . import cvt_ls  # noqa: E402,F401
 from . import pola_pvt  # noqa: E402,F401
 from . import pola_swin  # noqa: E402,F401
+from . import inline_deit  # noqa: E402,F401
+from . import inline_pvt  # noqa: E402,F401
+from . import inline_swin  # noqa: E402,F401
+from . import inline_cswin  # noqa: E402,F401
