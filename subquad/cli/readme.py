@@ -38,6 +38,9 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "lisa": ("LiSA", "Lightweight Structure-Aware Attention for Visual Understanding (arXiv 2211.16289)"),
     "long_short": ("Transformer-LS", "Long-Short Transformer: Efficient Transformers for Language and Vision "
                    "(arXiv 2107.02192)"),
+    "inline": ("InLine", "Bridging the Divide: Reconsidering Softmax and Linear Attention (arXiv 2412.06590)"),
+    "polaformer": ("PolaFormer", "PolaFormer: Polarity-aware Linear Attention for Vision Transformers "
+                   "(arXiv 2501.15061)"),
     "vit": ("ViT / DeiT host", "Training data-efficient image transformers (DeiT, arXiv 2012.12877)"),
 }
 
