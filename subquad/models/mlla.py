@@ -242,13 +242,15 @@ def remap_official(state_dict: dict[str, torch.Tensor], model: nn.Module) -> dic
     """Official MLLA checkpoint -> our state dict (identical names).
 
     Unwraps `model` / `model_ema` / `state_dict` and drops the RoPE tables `layers.{s}.blocks.{b}.attn.rope.rotations`
-    (recomputed for every input grid). No parameter is sized by the resolution, so nothing is resized.
+    (recomputed for every input grid; also `rope.rotations` of a bare official `LinearAttention`). No parameter is
+    sized by the resolution, so nothing is resized.
 
     Args:
         state_dict: official checkpoint (wrapped or flat).
         model: the target Mlla.
     """
-    return {k: v for k, v in unwrap_state_dict(state_dict).items() if not k.endswith(_DROPPED_SUFFIXES)}
+    return {k: v for k, v in unwrap_state_dict(state_dict).items()
+            if not ("." + k).endswith(_DROPPED_SUFFIXES)}
 
 
 def mlla_release(key: str, top1: float) -> dict:

@@ -42,6 +42,7 @@ def test_official_layout_loads_strictly(tmp_path, name, device):
 def test_remap_unwraps_and_drops_only_rope_tables():
     sd = {"layers.0.blocks.0.attn.rope.rotations": torch.zeros(2), "head.bias": torch.ones(3)}
     assert set(remap_official({"model_ema": sd}, None)) == {"head.bias"}
+    assert set(remap_official({"rope.rotations": torch.zeros(2), "qk.bias": torch.ones(2)}, None)) == {"qk.bias"}
 
 
 @pytest.mark.parametrize("size", [(64, 64), (65, 47), (33, 90)])
