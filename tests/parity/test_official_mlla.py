@@ -101,3 +101,15 @@ def test_key_fixture_and_param_count_match_official(off, name):
     fixture = json.loads((Path(__file__).resolve().parents[1] / "_fixtures" / "mlla_keys.json").read_text())
     assert {k: list(v.shape) for k, v in o.state_dict().items()} == fixture["models"][name]
     assert sum(p.numel() for p in o.parameters()) == subquad.models.CARDS[name].ref_params
+
+
+def test_release_urls_are_the_readme_links(official_root):
+    readme = (Path(official_root) / "MLLA" / "README.md")
+    if not readme.is_file():
+        pytest.skip(f"{readme} not found")
+    import timm
+
+    tags = timm.list_pretrained("mlla_*")
+    assert sorted(tags) == ["mlla_base.in1k", "mlla_small.in1k", "mlla_tiny.in1k"]
+    for t in tags:
+        assert timm.models.get_pretrained_cfg(t).url in readme.read_text(), t
