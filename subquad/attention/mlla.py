@@ -29,7 +29,8 @@ class MllaAttention(TokenMixer):
     """MLLA linear attention with 2-D RoPE and LePE (official `LinearAttention`).
 
     Shapes: x (B, N, C) with hw=(H, W), N = H * W -> (B, N, C).
-    Paper: Han et al., "Demystify Mamba in Vision: A Linear Attention Perspective" (arXiv 2405.16605), Sec. 5.
+    Paper: Han et al., "Demystify Mamba in Vision: A Linear Attention Perspective" (arXiv 2405.16605): the MLLA
+        model (renamed MILA in the final version), its linear attention with RoPE and LePE.
     Official: LeapLabTHU/MLLA `models/mlla.py` (`LinearAttention`, `RoPE`): parameter names `qk` (one Linear for
         q and k) and `lepe` (depthwise 3x3) are the official ones; the official `rope.rotations` buffer is not kept
         (the angles are built for the grid of each call, so any H x W works; the official code fixes the grid at

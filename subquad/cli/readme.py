@@ -38,6 +38,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "lisa": ("LiSA", "Lightweight Structure-Aware Attention for Visual Understanding (arXiv 2211.16289)"),
     "long_short": ("Transformer-LS", "Long-Short Transformer: Efficient Transformers for Language and Vision "
                    "(arXiv 2107.02192)"),
+    "mlla": ("MLLA", "Demystify Mamba in Vision: A Linear Attention Perspective (arXiv 2405.16605)"),
     "vit": ("ViT / DeiT host", "Training data-efficient image transformers (DeiT, arXiv 2012.12877)"),
 }
 

@@ -7,7 +7,8 @@ block's token mixer comes from `attn` (one name, or one per stage; default `"mll
 takes a 2-D grid may be named, built with `input_size` = the stage grid.
 
 Paper: Han et al., "Demystify Mamba in Vision: A Linear Attention Perspective" (NeurIPS 2024, arXiv 2405.16605),
-    Sec. 5 and Fig. 2 (the MLLA block), Tab. 2 (ImageNet-1K).
+    the MLLA model (renamed MILA in the final version) and its block (the paper's macro-design figure); sizes and
+    ImageNet-1K numbers from the official README.
 Official: LeapLabTHU/MLLA `models/mlla.py` (`MLLA`, `MLLABlock`, `Stem`, `PatchMerging`, `ConvLayer`); variants in
     `cfgs/mlla_{t,s,b}.yaml`.
     Official code: the grid of every block is fixed at construction (the RoPE table, `input_resolution`) and the
@@ -101,7 +102,7 @@ class MllaPatchMerging(nn.Module):
 
 @register_notrace_module
 class MllaBlock(nn.Module):
-    """The MLLA block (paper Fig. 2(c); official `MLLABlock`), with any token mixer in place of the attention.
+    """The MLLA block (the paper's macro-design figure; official `MLLABlock`), any token mixer as its attention.
 
     x = x + CPE1(x); y = LN1(x); g = SiLU(act_proj(y)); y = SiLU(DWC3x3(in_proj(y))); y = attn(y, hw);
     x = x + DropPath(out_proj(y * g)); x = x + CPE2(x); x = x + DropPath(MLP(LN2(x))).
@@ -163,7 +164,7 @@ class Mlla(Backbone):
     Shapes: images (B, in_chans, H, W), any H, W >= 32; stage i tokens (B, H_i * W_i, C * 2^i) with
     H_0 = ceil(H / 4) and H_{i+1} = ceil(H_i / 2) (stride-2 convolutions with padding 1). No position embedding.
 
-    Paper: arXiv 2405.16605, Sec. 5, Tab. 2. Official: LeapLabTHU/MLLA `models/mlla.py` `MLLA`.
+    Paper: arXiv 2405.16605 (MLLA / MILA). Official: LeapLabTHU/MLLA `models/mlla.py` `MLLA`.
 
     Args:
         img_size: construction resolution (passed on as each stage's grid; the model runs at any size).
@@ -261,7 +262,7 @@ def mlla_release(key: str, top1: float) -> dict:
 
 MLLA_CFG = dict(first_conv="patch_embed.conv1.conv", license="mit", paper_ids="arXiv:2405.16605",
                 origin_url="https://github.com/" + MLLA_CODE)
-MLLA_CARD = dict(family="mlla", source=MLLA_PAPER + " Tab. 2 and the official README", code=MLLA_CODE,
+MLLA_CARD = dict(family="mlla", source=MLLA_PAPER + " and the official README (Pretrained Models)", code=MLLA_CODE,
                  notes="ref_params measured from the official class at 66b6d29; ref_gmacs from subquad's counter")
 
 _T = dict(embed_dim=64, depths=(2, 4, 8, 4), num_heads=(2, 4, 8, 16))

@@ -2,7 +2,7 @@
 token-mean normaliser and the LePE term; the keys-first fast path and its dense float64 reference.
 
 Paper: Han et al., "Demystify Mamba in Vision: A Linear Attention Perspective" (NeurIPS 2024, arXiv 2405.16605),
-    Sec. 3 (linear attention, Eq. 3-4) and Sec. 5 (MLLA: linear attention with RoPE and LePE in Mamba's block).
+    the MLLA model (renamed MILA in the final version): linear attention with RoPE and LePE in Mamba's block.
 Official: LeapLabTHU/MLLA `models/mlla.py` (`RoPE`, `LinearAttention.forward`).
 
 Inputs are token layouts (B, N, C) with N = H * W (row-major), because the official 2-D RoPE rotates the C channels
