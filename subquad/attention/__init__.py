@@ -30,3 +30,4 @@ from . import sliding_window  # noqa: E402,F401
 from . import linear_angular  # noqa: E402,F401
 from .polarity import PolarityLinearAttention  # noqa: E402,F401
 from . import host_forms  # noqa: E402,F401
+from . import mlla  # noqa: E402,F401

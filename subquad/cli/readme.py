@@ -41,6 +41,7 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "inline": ("InLine", "Bridging the Divide: Reconsidering Softmax and Linear Attention (arXiv 2412.06590)"),
     "polaformer": ("PolaFormer", "PolaFormer: Polarity-aware Linear Attention for Vision Transformers "
                    "(arXiv 2501.15061)"),
+    "mlla": ("MLLA", "Demystify Mamba in Vision: A Linear Attention Perspective (arXiv 2405.16605)"),
     "vit": ("ViT / DeiT host", "Training data-efficient image transformers (DeiT, arXiv 2012.12877)"),
 }
 

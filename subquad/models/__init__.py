@@ -81,3 +81,4 @@ from . import inline_deit  # noqa: E402,F401
 from . import inline_pvt  # noqa: E402,F401
 from . import inline_swin  # noqa: E402,F401
 from . import inline_cswin  # noqa: E402,F401
+from . import mlla  # noqa: E402,F401

@@ -87,7 +87,7 @@ def test_no_release_says_so():
 @pytest.mark.parity
 def test_release_urls_are_the_readme_links(official_root):
     """Every release URL appears in the official README it comes from (`?dl=1` added to Dropbox links)."""
-    files = ("L2ViT/readme.md", "FLatten-Transformer/README.md", "transformer-ls/imagenet/README.md")
+    files = ("L2ViT/readme.md", "FLatten-Transformer/README.md", "transformer-ls/imagenet/README.md", "MLLA/README.md")
     readmes = "".join((Path(official_root) / p).read_text() for p in files)
     for t in [t for t in timm.list_pretrained() if subquad.models.is_subquad_model(t)]:
         url = timm.models.get_pretrained_cfg(t).url
