@@ -145,7 +145,8 @@ class SequenceConfig:
     data: str = _f("", "the data folder / corpus (required unless --resume)")
     attention: str = _f("long_short", "registered mechanism")
     attn_kw: dict[str, dict[str, Any]] = _f({}, "mechanism options, per mechanism name (only the entry of "
-                                            "`attention` is used; --attn-opt KEY=VALUE adds to it)", cli=False)
+                                            "`attention` is used; --attn-opt KEY=VALUE adds to it)", flag="--attn-opt",
+                                            cli=False)
     dim: int = _f(128, "model width")
     depth: int = _f(2, "layers")
     num_heads: int = _f(4, "heads")
@@ -207,7 +208,8 @@ class LRAConfig(SequenceConfig):
     workers: int = _f(0, "data-loader workers")
     output: str = _again(_S, "output", "", "run directory (default runs/<time>-lra-<task>-<attention>)")
     grid: list[int] | None = _f(None, "token grid (H, W) of image-like tasks (pathfinder 32x32), passed to the "
-                                "mechanisms as hw (2-D mechanisms); the command line's --grid H,W", cli=False)
+                                "mechanisms as hw (2-D mechanisms); the command line's --grid H,W", flag="--grid",
+                                cli=False)
     odd_attn_kw: dict[str, dict[str, Any]] = _f({}, "extra options, per mechanism, for the odd-numbered blocks "
                                                 "(window: {shift_size: w // 2}, Swin's alternation)", cli=False)
     lcm_kernel_size: int = _f(0, "> 0: the L2ViT LCM branch x + LCM(LN(x)) after each attention (needs --grid; "
