@@ -87,6 +87,8 @@ class DenseConfig:
     eval_limit: int = _f(0, "evaluate a seeded subset of this many images (0: all)")
     eval_interval: int = _f(0, "evaluate every N epochs during training (0: after the last epoch only)")
     log_interval: int = _f(20, "iterations between log lines")
+    checkpoint_every: int = _f(0, "also write the resumable state (last_state.pth) every N iterations, inside epochs "
+                               "(0: at epoch ends only); SIGTERM / SIGINT always write it before stopping")
     output: str = _f("", "run directory (default runs/<time>-<task>-<model>)")
     resume: str = _f("", "continue the run in this directory from its last_* files")
     device: str = _f("", "cpu, cuda, cuda:1, ... (default: cuda when available)")

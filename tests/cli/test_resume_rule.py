@@ -117,12 +117,12 @@ def test_dense_resume_refuses_a_change_and_records_an_extension(tmp_path, task, 
     run.mkdir()
     write_args(run, DenseConfig(model="l2vit_micro", epochs=1, lr=1e-4, output=str(run)))
     p = _parser()
-    # Before: the flag was taken, trained with the saved optimizer and schedule state and written into args.yaml.
+    # The dense trainer rewrites args.yaml on resume: a changed flag is refused before it could be recorded there.
     assert main([task, "train", "--resume", str(run), "--lr", "0.5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.endswith(f"--resume {run} continues the run with its own settings (args.yaml); drop --lr 0.5 (the run "
-                        "has 0.0001); only --device, --workers, --log-interval, --dry-run, --epochs and --max-iters "
-                        "may change"), err
+                        "has 0.0001); only --device, --workers, --checkpoint-every, --log-interval, --dry-run, "
+                        "--epochs and --max-iters may change"), err
     assert "lr: 0.0001" in (run / "args.yaml").read_text()
     cfg = resolve_dense_config(p.parse_args([task, "train", "--resume", str(run), "--epochs", "3"]), task)
     assert (cfg.epochs, cfg.lr, cfg.resume) == (3, 1e-4, str(run))
