@@ -96,7 +96,7 @@ def run_train(args: argparse.Namespace) -> int:
 
         raise UserError(f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}")
     try:
-        r = train_dense(cfg, args.task, checkpoint_every=cfg.checkpoint_every)
+        r = train_dense(cfg, args.task)
     except Preempted as e:  # SIGTERM / SIGINT: the state is written and its place printed
         return int(e.code)
     if r.get("dry_run"):
