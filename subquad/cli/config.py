@@ -1,8 +1,11 @@
-"""Command-line parsers generated from the config dataclasses; recipe files are read by `subquad.config`.
+"""Command-line flags, recipe layers and the `--resume` rule of every training command, generated from its config
+dataclass (`TrainConfig`, `LRAConfig`, `LMConfig`, `DenseConfig`); recipe files are read by `subquad.config`.
 
-Every `TrainConfig` field becomes a `--flag` (underscores to dashes, timm's names) with its `help` metadata; booleans
-become on/off switches (`--amp` / `--no-amp`). Flags are parsed with `argparse.SUPPRESS` defaults so that only the
-flags a user typed override the YAML (`-c/--config FILE.yaml`) and, with `--resume DIR`, the run's own args.yaml.
+Every field becomes a `--flag` (underscores to dashes, or the field's `flag` metadata) with its `help` metadata;
+booleans become on/off switches (`--amp` / `--no-amp`); fields marked `cli=False` are set by recipes only. Flags are
+parsed with `argparse.SUPPRESS` defaults so that only the flags a user typed override the recipe YAML (`-c/--config`)
+and, with `--resume DIR`, the run's own args.yaml; a typed setting that differs from the run's is refused
+(`resume_run`, `subquad.engine.config.resume_changes`).
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ import argparse
 from pathlib import Path
 
 from subquad.config import CONFIG_ROOT, find_config, load_run_args, load_yaml
-from subquad.engine.config import TrainConfig, config_fields, merge_config
+from subquad.engine.config import TrainConfig, apply_layers, flag_name, resume_run
 
 __all__ = ["add_config_arguments", "find_config", "load_yaml", "resolve_config", "shipped_configs", "check_run_output",
-           "load_run_args", "CONFIG_ROOT"]
+           "load_run_args", "CONFIG_ROOT", "typed_fields", "apply_layers", "resume_run", "add_sequence_arguments",
+           "attn_options", "recipe_layers"]
 
 # The shipped recipe folders `-c NAME` searches for `subquad train`.
 TRAIN_CONFIG_DIRS = ("imagenet", "fmnist", "kinetics400")
@@ -30,84 +34,123 @@ def _type_of(t: str):
 
 def add_config_arguments(p: argparse.ArgumentParser, exclude: tuple[str, ...] = (), config_cls: type | None = None,
                          config_help: str = "YAML recipe of TrainConfig keys: a file, or a shipped recipe by "
-                         "name (e.g. l2vit_tiny = subquad/configs/imagenet/l2vit_tiny.yaml)") -> None:
-    """Add one flag per field of `config_cls` (TrainConfig by default; any config dataclass built with `_f`) to `p`
-    (defaults suppressed, so only typed flags override a recipe; the dataclass default shows in --help)."""
+                         "name (e.g. l2vit_tiny = subquad/configs/imagenet/l2vit_tiny.yaml)",
+                         default_note: str = "{default!r}") -> None:
+    """Add `-c/--config` and one flag per field of `config_cls` (TrainConfig by default; any config dataclass built
+    with `_f`) to `p` (defaults suppressed, so only typed flags override a recipe; `default_note` formats the
+    default that --help shows)."""
     import dataclasses
 
     config_cls = config_cls or TrainConfig
     defaults = config_cls()
     p.add_argument("-c", "--config", default=argparse.SUPPRESS, metavar="FILE|NAME", help=config_help)
     for f in dataclasses.fields(config_cls):
-        if f.name in exclude:
+        if f.name in exclude or not f.metadata.get("cli", True):
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_name(f)
         names = [f.metadata["short"], flag] if f.metadata.get("short") else [flag]
-        t = str(f.type)
-        default = getattr(defaults, f.name)
         help_text = f.metadata["help"]
         # A help text that explains its default already ("(default: the model's)") is not given a second one.
         if "(default" not in help_text:
-            help_text += f" (default: {default!r})"
-        help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
-        if t.startswith("dict"):
-            p.add_argument(*names, type=str, default=argparse.SUPPRESS, metavar="JSON", help=help_text)
-        elif t.startswith("bool") and f.name.startswith("no_"):
-            # A negative switch (--no-aug) is only switched on: BooleanOptionalAction would add --no-no-aug.
-            p.add_argument(*names, action="store_true", default=argparse.SUPPRESS, help=help_text)
-        elif t.startswith("bool"):
-            p.add_argument(*names, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
-        elif t.startswith("list"):
-            p.add_argument(*names, type=float, nargs="+", default=argparse.SUPPRESS, help=help_text)
-        else:
-            p.add_argument(*names, type=_type_of(t), default=argparse.SUPPRESS, choices=f.metadata.get("choices"),
-                           help=help_text)
+            help_text += f" (default: {default_note.format(default=getattr(defaults, f.name))})"
+        _add_flag(p, names, str(f.type), f.name, help_text.replace("%", "%%"),  # argparse %-formats help strings
+                  f.metadata.get("choices"))
+        # Hidden aliases: a field spelled otherwise on the command line keeps its own spelling; `subquad lra train`
+        # once spelled --train-limit / --eval-limit as --limit-train / --limit-eval.
+        aliases = ["--" + f.name.replace("_", "-")] if flag != "--" + f.name.replace("_", "-") else []
         if f.name.endswith("_limit"):
-            # `subquad lra train` once spelled these --limit-train / --limit-eval: a hidden alias.
-            alias = "--limit-" + f.name.removesuffix("_limit").replace("_", "-")
-            p.add_argument(alias, dest=f.name, type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            aliases.append("--limit-" + f.name.removesuffix("_limit").replace("_", "-"))
+        for alias in aliases:
+            _add_flag(p, [alias], str(f.type), f.name, argparse.SUPPRESS, f.metadata.get("choices"))
 
 
-# What `train --resume` may change: where and how the run computes and reports, and how far it goes (--epochs above
-# the run's extends it; see --resume-schedule). Any other flag that differs from the run's args.yaml is refused.
-RESUME_FREE = ("device", "workers", "pin_mem", "checkpoint_every", "log_interval", "epochs", "resume_schedule",
-               "dry_run", "resume")
+def _add_flag(p: argparse.ArgumentParser, names: list[str], t: str, dest: str, help_text: str, choices) -> None:
+    kw = {"dest": dest, "default": argparse.SUPPRESS, "help": help_text}
+    if t.startswith("dict"):
+        p.add_argument(*names, type=str, metavar="JSON", **kw)
+    elif t.startswith("bool") and dest.startswith("no_"):
+        # A negative switch (--no-aug) is only switched on: BooleanOptionalAction would add --no-no-aug.
+        p.add_argument(*names, action="store_true", **kw)
+    elif t.startswith("bool"):
+        p.add_argument(*names, action=argparse.BooleanOptionalAction, **kw)
+    elif t.startswith("list"):
+        p.add_argument(*names, type=int if t.startswith("list[int") else float, nargs="+", **kw)
+    else:
+        p.add_argument(*names, type=_type_of(t), choices=choices, **kw)
+
+
+def add_sequence_arguments(p: argparse.ArgumentParser, config_cls: type, config_help: str) -> None:
+    """The flags of `subquad lra train` / `lm train`: one per field of `config_cls` (LRAConfig, LMConfig), `-c`,
+    `--resume DIR`, `--attn-opt KEY=VALUE` and `--overwrite`."""
+    add_config_arguments(p, config_cls=config_cls, config_help=config_help,
+                         default_note="the recipe's, else {default!r}")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the run in DIR from its last state (an evaluation, --checkpoint-every or a SIGTERM) "
+                   "with the settings of DIR/args.yaml; a flag that would change them is refused (--device, "
+                   "--checkpoint-every and the like may be given); ends bit-identical to an uninterrupted run")
+    p.add_argument("--attn-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="mechanism option (YAML value) added to the recipe's attn_kw of --attention, e.g. --attn-opt "
+                   "window_size=16 --attn-opt rank=2")
+    p.add_argument("--overwrite", action="store_true",
+                   help="train into --output even if it is a folder that is not empty (a run there is still refused)")
+
+
+def attn_options(cfg, opts: list[str], shortcuts: dict | None = None, always: bool = True) -> dict:
+    """{"attn_kw": ...}: `cfg.attn_kw` with the `--attn-opt KEY=VALUE` options (and `shortcuts`, e.g. --window-size)
+    added to the entry of `cfg.attention` ({} when none is given and not `always`)."""
+    from subquad.config import parse_yaml
+    from subquad.errors import UserError
+
+    if not (opts or shortcuts or always):
+        return {}
+    entry = dict(cfg.attn_kw.get(cfg.attention, {}))
+    for o in opts:
+        if "=" not in o:
+            raise UserError(f"--attn-opt expects KEY=VALUE, got {o!r}")
+        k, v = o.split("=", 1)
+        entry[k.strip()] = parse_yaml(v, f"--attn-opt {o}")
+    entry.update(shortcuts or {})
+    return {"attn_kw": {**cfg.attn_kw, cfg.attention: entry}}
+
+
+def recipe_layers(args: argparse.Namespace, subdirs: tuple[str, ...]) -> list[tuple[str, dict]]:
+    """[(path, values)] of the `-c/--config` recipe when one is given."""
+    if not getattr(args, "config", None):
+        return []
+    path = find_config(args.config, subdirs)
+    return [(str(path), load_yaml(path))]
+
+
+def typed_fields(args: argparse.Namespace, config_cls: type) -> dict:
+    """The fields of `config_cls` whose flags were typed (the parser suppresses the others; recipe-only fields have
+    none)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(config_cls) if f.metadata.get("cli", True)}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
 
 
 def resolve_config(args: argparse.Namespace) -> TrainConfig:
-    """defaults < --config YAML < (--resume DIR)/args.yaml < explicit flags; with --resume, a flag that would change
-    the run is refused (`RESUME_FREE` lists those that may change)."""
-    fields = {f.name for f in config_fields()}
-    explicit = {k: v for k, v in vars(args).items() if k in fields}
-    cfg = TrainConfig()
-    if getattr(args, "config", None):
-        path = find_config(args.config, TRAIN_CONFIG_DIRS)
-        cfg = merge_config(cfg, load_yaml(path), origin=str(path))
-    resume = explicit.get("resume") or cfg.resume
-    if not resume:
-        return merge_config(cfg, explicit, origin="command line")
+    """defaults < --config YAML < explicit flags; with --resume DIR: DIR/args.yaml < --config YAML < flags, and a
+    setting that would change the run is refused (`resume_run`; an extension may change --epochs and
+    --resume-schedule, and a restarted cosine --lr and --min-lr)."""
+    explicit = typed_fields(args, TrainConfig)
+    layers = [*recipe_layers(args, TRAIN_CONFIG_DIRS), ("command line", explicit)]
+    cfg = apply_layers(TrainConfig(), layers)
+    if not cfg.resume:
+        return cfg
     from subquad.engine.checkpoint import refuse_other_run
 
-    refuse_other_run(resume)
-    run = merge_config(cfg, load_run_args(resume), origin=str(Path(resume) / "args.yaml"))
-    new = merge_config(run, explicit, origin="command line")
-    _refuse_changes(resume, run, new, list(explicit))
-    return new
+    refuse_other_run(cfg.resume)
+    return resume_run(TrainConfig, cfg.resume, layers, extend=("epochs", "resume_schedule"), exempt=_train_exempt)
 
 
-def _refuse_changes(resume: str, run: TrainConfig, new: TrainConfig, flags: list[str]) -> None:
-    """Refuse the typed `flags` whose value differs from the run's."""
-    from subquad.engine.runfiles import refuse_resume_changes
-
-    free = set(RESUME_FREE)
-    if new.epochs > run.epochs and new.resume_schedule == "restart":
-        free |= {"lr", "min_lr"}  # the extension's new cosine runs from --lr to --min-lr
-    if new.output and Path(new.output).resolve() == Path(resume).resolve():
+def _train_exempt(run: TrainConfig, new: TrainConfig) -> set[str]:
+    """`subquad train --resume`: the extension's new cosine runs from --lr to --min-lr; --output may name the run."""
+    free = {"lr", "min_lr"} if new.epochs > run.epochs and new.resume_schedule == "restart" else set()
+    if new.output and Path(new.output).resolve() == Path(new.resume).resolve():
         free.add("output")
-    changed = [f"--{k.replace('_', '-')} {getattr(new, k)!r} (the run has {getattr(run, k)!r})" for k in flags
-               if k not in free and getattr(new, k) != getattr(run, k)]
-    refuse_resume_changes(resume, changed, [f"--{k.replace('_', '-')}" for k in RESUME_FREE if k != "resume"],
-                          verb="change")
+    return free
 
 
 def shipped_configs() -> list[Path]:

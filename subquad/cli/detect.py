@@ -38,9 +38,6 @@ def add_task_parser(sub, task: str) -> argparse.ArgumentParser:
     tr.add_argument("--overwrite", action="store_true",
                     help="train into --output even if it is a folder that is not empty (a run there is still "
                     "refused: continue it with --resume)")
-    tr.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
-                    help="also write the resumable state (last_state.pth) every N iterations, inside epochs (0: at "
-                    "epoch ends only); SIGTERM / SIGINT always write it before stopping")
     tr.set_defaults(func=run_train, task=task)
     ev = cmds.add_parser("eval", help="evaluate a run", description=(
         f"Evaluate a run on its data's validation split: {keys} as fractions in [0, 1]. Writes results.json to the "
@@ -94,12 +91,12 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = resolve_dense_config(args, args.task)
     if not cfg.resume and not cfg.dry_run:
         check_run_output(cfg.output, args.overwrite)
-    if args.checkpoint_every < 0:
+    if cfg.checkpoint_every < 0:
         from subquad.errors import UserError
 
-        raise UserError(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
+        raise UserError(f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}")
     try:
-        r = train_dense(cfg, args.task, checkpoint_every=args.checkpoint_every)
+        r = train_dense(cfg, args.task)
     except Preempted as e:  # SIGTERM / SIGINT: the state is written and its place printed
         return int(e.code)
     if r.get("dry_run"):

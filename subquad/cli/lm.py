@@ -18,41 +18,11 @@ import argparse
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
 
-from subquad.config import load_yaml, parse_yaml
+from subquad.cli.config import add_sequence_arguments
+from subquad.config import load_run_args, load_yaml
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "charlm"
-
-_FLAGS: list[tuple[str, type, str]] = [
-    ("dim", int, "model width"),
-    ("depth", int, "layers"),
-    ("num_heads", int, "heads"),
-    ("ffn_dim", int, "FFN width (0 = 4 x dim)"),
-    ("dropout", float, "dropout on attention outputs and in the FFN"),
-    ("emb_dropout", float, "dropout on the embeddings and the last hidden state"),
-    ("residual", str, "standard (textbook pre-LN, final LN) or official (Transformer-LS normalised-input residual)"),
-    ("seq_len", int, "training sample length (tokens)"),
-    ("batch_size", int, "batch size"),
-    ("lr", float, "learning rate after warm-up (fixed)"),
-    ("warmup", int, "linear warm-up steps"),
-    ("weight_decay", float, "AdamW weight decay"),
-    ("clip_grad", float, "gradient-norm clipping (0 = off, as the official runs)"),
-    ("max_steps", int, "training steps"),
-    ("max_minutes", float, "wall-clock budget in minutes (0 = none); stops early and evaluates"),
-    ("eval_every", int, "evaluate valid BPC every N steps"),
-    ("eval_ctx", int, "evaluation context length"),
-    ("eval_score", int, "tokens scored per evaluation window (the last ones; paper 512)"),
-    ("eval_batch", int, "evaluation windows per batch"),
-    ("eval_tokens", int, "valid tokens scored at each periodic evaluation (0 = all)"),
-    ("final_eval_tokens", int, "valid/test tokens scored at the end (0 = the whole splits)"),
-    ("seed", int, "random seed"),
-    ("checkpoint_every", int, "also write the resumable state every N steps (0: at evaluations only); SIGTERM / "
-     "SIGINT always write it before stopping"),
-    ("device", str, "cpu, cuda, ... (default: cuda when available)"),
-    ("output", str, "run directory (default runs/<time>-lm-<attention>)"),
-]
-
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("lm", help="character-level LM: prepare a corpus, train (BPC), eval, generate",
@@ -77,30 +47,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     pr.add_argument("--limit-bytes", type=int, default=0, help="keep only the first N bytes")
     pr.set_defaults(func=run_prepare)
 
-    t = lsub.add_parser("train", help="train the character LM and report BPC on valid/test")
-    t.add_argument("--data", default=None,
-                   help="prepared corpus folder (subquad lm prepare), or enwik8:PATH / text8:PATH (the file or its "
-                   "zip, split 90M/5M/5M; a file of another size 90/5/5 %%); required unless --resume")
-    t.add_argument("--resume", default=None, metavar="RUN",
-                   help="continue the run in RUN from its last state (an evaluation, --checkpoint-every or a SIGTERM) "
-                   "with its own settings (only --device and --checkpoint-every may be given); ends bit-identical "
-                   "to an uninterrupted run")
-    t.add_argument("--attention", default="long_short",
-                   help="a mechanism with a causal form: long_short (default), softmax, sliding_window, linear_elu1, "
-                   "linear_relu")
-    t.add_argument("-c", "--config", default=None,
-                   help="YAML recipe, a file or a shipped name (default small = subquad/configs/charlm/small.yaml; "
-                   "base = the paper's model)")
-    t.add_argument("--attn-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="mechanism option (YAML value), e.g. --attn-opt window_size=128")
-    for name, typ, help_text in _FLAGS:
-        t.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=help_text)
-    t.add_argument("--amp", action="store_true", default=None,
-                   help="mixed precision: autocast in training and evaluation (see --amp-dtype)")
-    t.add_argument("--amp-dtype", default=None, choices=("bfloat16", "float16"),
-                   help="autocast dtype with --amp (default bfloat16; float16 adds a grad scaler on CUDA)")
-    t.add_argument("--overwrite", action="store_true",
-                   help="train into --output even if it is a folder that is not empty (a run there is still refused)")
+    t = lsub.add_parser("train", help="train the character LM and report BPC on valid/test",
+                        description="Train the character LM; writes args.yaml, summary.csv, last/best.safetensors "
+                        "(+ JSON sidecars) and results.json. Precedence: defaults < the recipe (-c, default small) < "
+                        "flags; with --resume DIR: DIR/args.yaml < flags.")
+    from subquad.engine.config import LMConfig
+
+    add_sequence_arguments(t, LMConfig, "YAML recipe, a file or a shipped name (default small = "
+                           "subquad/configs/charlm/small.yaml; base = the paper's model)")
     t.set_defaults(func=run_train)
 
     e = lsub.add_parser("eval", help="bits per character of a trained checkpoint on a split (sliding windows)")
@@ -153,89 +107,47 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 
 def resolve_config(args: argparse.Namespace):
-    from subquad.cli.config import find_config
-    from subquad.engine.sequence import LMConfig
+    """defaults < the recipe (-c, default small) < the flags -> LMConfig; with --resume DIR: DIR/args.yaml < -c YAML
+    < the flags, a setting that would change the run refused (`subquad.cli.config.resume_run`)."""
+    from subquad.cli.config import apply_layers, attn_options, recipe_layers, resume_run, typed_fields
+    from subquad.engine.config import LMConfig
     from subquad.errors import UserError
 
+    explicit = typed_fields(args, LMConfig)
+    opts = getattr(args, "attn_opt", None) or []
     if getattr(args, "resume", None):
-        return _resume_config(args)
-    if not args.data:
+        layers = [*recipe_layers(args, ("charlm",)), ("command line", explicit)]
+        run = apply_layers(LMConfig(), [(f"{args.resume}/args.yaml", load_run_args(args.resume))])
+        layers.append(("command line", attn_options(apply_layers(run, layers), opts, always=False)))
+        cfg = resume_run(LMConfig, args.resume, layers)
+        return dataclasses.replace(cfg, resume=True, output=str(args.resume))
+    if not explicit.get("data"):
         raise UserError("--data is required (a prepared corpus folder, enwik8:PATH or text8:PATH) unless --resume")
-    path = find_config(args.config, ("charlm",)) if args.config else CONFIG_DIR / "small.yaml"
-    values: dict[str, Any] = load_yaml(path)
-    fields = {f.name for f in dataclasses.fields(LMConfig)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise UserError(f"unknown LM config key(s) {unknown}; allowed: {sorted(fields)}")
-    values.update(data=args.data, attention=args.attention)
-    for name, _, _ in _FLAGS:
-        v = getattr(args, name, None)
-        if v is not None:
-            values[name] = v
-    for name in ("amp", "amp_dtype"):
-        if getattr(args, name, None) is not None:
-            values[name] = getattr(args, name)
-    opts = dict(values.get("attn_kw", {}).get(args.attention, {}))
-    for o in args.attn_opt:
-        if "=" not in o:
-            raise UserError(f"--attn-opt expects KEY=VALUE, got {o!r}")
-        k, v = o.split("=", 1)
-        opts[k.strip()] = parse_yaml(v, f"--attn-opt {o}")
-    values["attn_kw"] = {**values.get("attn_kw", {}), args.attention: opts}
-    if values.get("phases"):
-        given = [f"--{n.replace('_', '-')}" for n in ("seq_len", "batch_size", "lr", "warmup")
-                 if getattr(args, n, None) is not None]
+    small = CONFIG_DIR / "small.yaml"
+    layers = recipe_layers(args, ("charlm",)) or [(str(small), load_yaml(small))]
+    cfg = apply_layers(LMConfig(), [*layers, ("command line", explicit)])
+    if cfg.phases:
+        given = [f"--{n.replace('_', '-')}" for n in ("seq_len", "batch_size", "lr", "warmup") if n in explicit]
         if given:
-            raise UserError(f"{path.name} trains in phases, each with its own sequence length, batch, lr and "
-                            f"warm-up; {', '.join(given)} does not apply (edit `phases:` in a copy of the recipe; "
-                            "--max-steps caps the total)")
-    return LMConfig(**values)
-
-
-def _resume_config(args: argparse.Namespace):
-    """--resume RUN: the run's own args.yaml with resume on (and --device when given)."""
-    from subquad.engine.runfiles import refuse_resume_changes
-    from subquad.engine.sequence import LMConfig
-    from subquad.errors import UserError
-
-    out = Path(args.resume)
-    given = [f"--{n.replace('_', '-')}" for n, _, _ in _FLAGS
-             if n not in ("device", "checkpoint_every") and getattr(args, n, None) is not None]
-    given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--data", args.data),
-                             ("--amp", getattr(args, "amp", None)), ("--amp-dtype", getattr(args, "amp_dtype", None)))
-              if v]
-    refuse_resume_changes(out, given, ["--device", "--checkpoint-every"])
-    if not (out / "args.yaml").is_file():
-        raise UserError(f"--resume {out}: no args.yaml there (not a `subquad lm train` run directory)")
-    values = load_yaml(out / "args.yaml")
-    fields = {f.name for f in dataclasses.fields(LMConfig)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise UserError(f"--resume {out}: args.yaml has unknown key(s) {unknown}")
-    if args.attention != values.get("attention") and args.attention != "long_short":
-        raise UserError(f"--resume {out}: the run has --attention {values.get('attention')!r}, not "
-                        f"{args.attention!r}")
-    values.update(resume=True, output=str(out))
-    for name in ("device", "checkpoint_every"):
-        if getattr(args, name, None) is not None:
-            values[name] = getattr(args, name)
-    return LMConfig(**values)
+            raise UserError(f"{Path(layers[0][0]).name} trains in phases, each with its own sequence length, batch, "
+                            f"lr and warm-up; {', '.join(given)} does not apply (edit `phases:` in a copy of the "
+                            "recipe; --max-steps caps the total)")
+    return apply_layers(cfg, [("command line", attn_options(cfg, opts))])
 
 
 def run_train(args: argparse.Namespace) -> int:
     from subquad.attention import ATTENTION_REGISTRY
+    from subquad.cli.config import check_run_output
+    from subquad.engine.lm import train_lm
     from subquad.engine.loop import Preempted
-    from subquad.engine.sequence import train_lm
     from subquad.errors import UserError
 
-    # get() raises the one-line unknown-attention error.
-    if not ATTENTION_REGISTRY.get(args.attention).builder.caps.causal:
-        causal = [n for n in ATTENTION_REGISTRY.names() if ATTENTION_REGISTRY.get(n).builder.caps.causal]
-        raise UserError(f"--attention {args.attention}: {args.attention!r} has no causal form, which a language "
-                        f"model needs; mechanisms with one: {', '.join(causal)}")
-    from subquad.cli.config import check_run_output
-
     cfg = resolve_config(args)
+    # get() raises the one-line unknown-attention error.
+    if not ATTENTION_REGISTRY.get(cfg.attention).builder.caps.causal:
+        causal = [n for n in ATTENTION_REGISTRY.names() if ATTENTION_REGISTRY.get(n).builder.caps.causal]
+        raise UserError(f"--attention {cfg.attention}: {cfg.attention!r} has no causal form, which a language "
+                        f"model needs; mechanisms with one: {', '.join(causal)}")
     if not cfg.resume:
         check_run_output(cfg.output, args.overwrite)
     try:
@@ -256,7 +168,7 @@ def run_eval(args: argparse.Namespace) -> int:
     import torch
 
     from subquad.data.char import open_corpus
-    from subquad.engine.sequence import evaluate_bpc, load_lm
+    from subquad.engine.lm import evaluate_bpc, load_lm
     from subquad.errors import UserError
 
     model, side = load_lm(args.checkpoint, torch.device(args.device))
@@ -286,7 +198,7 @@ def run_generate(args: argparse.Namespace) -> int:
     import torch
 
     from subquad.data.char import decode_ids, encode_text
-    from subquad.engine.sequence import load_lm
+    from subquad.engine.lm import load_lm
     from subquad.errors import UserError
 
     if args.max_new < 1:

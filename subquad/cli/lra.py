@@ -20,49 +20,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from subquad.config import load_yaml, parse_yaml
+from subquad.cli.config import add_sequence_arguments, attn_options
+from subquad.config import load_run_args, load_yaml
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "lra"
-
-# Flags that map one-to-one onto LRAConfig fields: (flag, type, help).
-_FLAGS: list[tuple[str, type, str]] = [
-    ("max_steps", int, "training steps (default: the recipe's `steps`; the warm-up fraction is kept)"),
-    ("steps", int, "the recipe's step budget (sets the warm-up fraction warmup/steps)"),
-    ("warmup", int, "warm-up steps of the recipe"),
-    ("eval_every", int, "evaluate the dev split every N steps"),
-    ("eval_steps", int, "dev batches per evaluation (0 = the whole split)"),
-    ("batch_size", int, "batch size"),
-    ("lr", float, "peak learning rate (OneCycle max_lr)"),
-    ("weight_decay", float, "AdamW weight decay"),
-    ("encoding", str, "ListOps tokenisation: lra_released (published numbers) or structural (keeps brackets)"),
-    ("max_len", int, "padded sequence length"),
-    ("vocab_size", int, "embedding rows (official 512)"),
-    ("dim", int, "model width"),
-    ("depth", int, "layers"),
-    ("num_heads", int, "heads"),
-    ("mlp_dim", int, "FFN width"),
-    ("pool", str, "cls_last (official), cls, mean or masked_mean"),
-    ("drop", float, "dropout"),
-    ("attn_drop", float, "attention dropout (mechanisms with attn_drop)"),
-    ("limit_train", int, "use only the first N training examples"),
-    ("limit_eval", int, "use only the first N dev/test examples"),
-    ("seed", int, "random seed"),
-    ("checkpoint_every", int, "also write the resumable state every N steps (0: at evaluations only); SIGTERM / "
-     "SIGINT always write it before stopping"),
-    ("device", str, "cpu, cuda, ... (default: cuda when available)"),
-    ("workers", int, "data-loader workers"),
-    ("output", str, "run directory (default runs/<time>-lra-<task>-<attention>)"),
-]
-
-
-# Flags spelled as `subquad train` spells them (--train-limit), not as the LRAConfig field (limit_train).
-_FLAG_NAMES = {"limit_train": "--train-limit", "limit_eval": "--eval-limit"}
-
-
-def _flag(name: str) -> str:
-    return _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
-
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("lra", help="Long Range Arena: generate data, train the LRA encoder",
@@ -102,32 +64,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
     t = lsub.add_parser("train", help="train the LRA encoder on one task",
                         description="Train the LRA encoder classifier; writes args.yaml, summary.csv, "
-                        "last/best.safetensors (+ JSON sidecars) and results.json.")
-    t.add_argument("--task", choices=TASKS, help="LRA task (required unless --resume)")
-    t.add_argument("--data", help="folder with the task's files (required unless --resume)")
-    t.add_argument("--resume", default=None, metavar="DIR",
-                   help="continue the run in DIR from its last state (an evaluation, --checkpoint-every or a "
-                   "SIGTERM), with the settings of DIR/args.yaml (only --device, --workers and --checkpoint-every "
-                   "may be given besides)")
-    t.add_argument("--attention", default=None,
-                   help="registered mechanism (default softmax): any 1-D one (softmax, linear, long_short ...), and "
-                   "with --grid the 2-D ones too (structure_aware, focused_linear, window, global_filter ...)")
+                        "last/best.safetensors (+ JSON sidecars) and results.json. Precedence: defaults < the task's "
+                        "shipped recipe < -c YAML < flags; with --resume DIR: DIR/args.yaml < flags.")
+    from subquad.engine.config import LRAConfig
+
+    add_sequence_arguments(t, LRAConfig, "YAML overriding the task's shipped recipe (a file, or a name in "
+                           "subquad/configs/lra/)")
     t.add_argument("--grid", default=None, metavar="H,W",
                    help="token grid of an image-like task (pathfinder: 32,32; image: 32,32): passed to the "
                    "mechanisms as hw, so 2-D mechanisms run; needs --pool mean or masked_mean for them")
-    t.add_argument("-c", "--config", default=None,
-                   help="YAML overriding the task's shipped recipe (a file, or a name in subquad/configs/lra/)")
-    t.add_argument("--attn-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="mechanism option (YAML value), e.g. --attn-opt window_size=16 --attn-opt rank=2")
     t.add_argument("--window-size", type=int, default=None, help="long_short window w (shortcut for --attn-opt)")
     t.add_argument("--rank", type=int, default=None, help="long_short rank r (shortcut for --attn-opt)")
-    t.add_argument("--amp", action="store_true", help="fp16 autocast on CUDA (the official runs used AMP)")
-    t.add_argument("--overwrite", action="store_true",
-                   help="train into --output even if it is a folder that is not empty (a run there is still refused)")
-    for name, typ, help_text in _FLAGS:
-        t.add_argument(_flag(name), type=typ, default=None, dest=name, help=help_text)
-        if name in _FLAG_NAMES:  # the LRAConfig field's own spelling, kept as a hidden alias
-            t.add_argument("--" + name.replace("_", "-"), type=typ, default=None, dest=name, help=argparse.SUPPRESS)
     t.set_defaults(func=run_train)
     p.set_defaults(func=lambda a: _need(p, "generate|train"))
     return p
@@ -177,96 +124,52 @@ def _parse_grid(text: str) -> list[int]:
     return grid
 
 
-def _parse_opt(text: str) -> tuple[str, Any]:
-    from subquad.errors import UserError
-
-    if "=" not in text:
-        raise UserError(f"--attn-opt expects KEY=VALUE, got {text!r}")
-    k, v = text.split("=", 1)
-    return k.strip(), parse_yaml(v, f"--attn-opt {text}")
-
-
-def _resume_config(args: argparse.Namespace):
-    """--resume DIR: the run's own args.yaml, with resume on (and --device / --workers when given)."""
-    from subquad.engine.runfiles import refuse_resume_changes
-    from subquad.engine.sequence import LRAConfig
-    from subquad.errors import UserError
-
-    out = Path(args.resume)
-    given = [_flag(n) for n, _, _ in _FLAGS if n not in ("device", "workers", "checkpoint_every")
-             and getattr(args, n, None) is not None]
-    given += [f for f, v in (("--config", args.config), ("--attn-opt", args.attn_opt), ("--grid", args.grid),
-                             ("--window-size", args.window_size), ("--rank", args.rank)) if v]
-    refuse_resume_changes(out, given, ["--device", "--workers", "--checkpoint-every"])
-    if not (out / "args.yaml").is_file():
-        raise UserError(f"--resume {out}: no args.yaml there (not a `subquad lra train` run directory)")
-    values = load_yaml(out / "args.yaml")
-    fields = {f.name for f in dataclasses.fields(LRAConfig)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise UserError(f"--resume {out}: args.yaml has unknown key(s) {unknown}")
-    for name, given_value in (("task", args.task), ("data", args.data), ("attention", args.attention)):
-        if given_value is not None and given_value != values.get(name):
-            raise UserError(f"--resume {out}: the run has --{name} {values.get(name)!r}, not {given_value!r}")
-    values.update(resume=True, output=str(out))
-    for name in ("device", "workers", "checkpoint_every"):
-        if getattr(args, name, None) is not None:
-            values[name] = getattr(args, name)
-    return LRAConfig(**values)
+def _derived(args: argparse.Namespace, cfg: Any, fresh: bool) -> dict[str, Any]:
+    """The settings of the flags that are not fields: --grid and the mechanism options (--attn-opt, --window-size,
+    --rank); a fresh run always records the entry of its mechanism in attn_kw."""
+    values: dict[str, Any] = {}
+    if getattr(args, "grid", None) is not None:
+        values["grid"] = _parse_grid(args.grid)
+    shortcuts = {k: getattr(args, k) for k in ("window_size", "rank") if getattr(args, k, None) is not None}
+    values.update(attn_options(cfg, getattr(args, "attn_opt", None) or [], shortcuts, always=fresh))
+    return values
 
 
 def resolve_config(args: argparse.Namespace):
-    """Recipe of the task, then -c YAML, then the flags -> LRAConfig (with --resume DIR: DIR/args.yaml)."""
-    from subquad.engine.sequence import LRAConfig
+    """defaults < the task's shipped recipe < -c YAML < the flags -> LRAConfig; with --resume DIR: DIR/args.yaml <
+    -c YAML < the flags, a setting that would change the run refused (`subquad.cli.config.resume_run`)."""
+    from subquad.cli.config import apply_layers, recipe_layers, resume_run, typed_fields
+    from subquad.engine.config import LRAConfig
     from subquad.errors import UserError
 
+    layers = [*recipe_layers(args, ("lra",)), ("command line", typed_fields(args, LRAConfig))]
     if getattr(args, "resume", None):
-        return _resume_config(args)
-    if args.task is None or args.data is None:
+        run = apply_layers(LRAConfig(), [(f"{args.resume}/args.yaml", load_run_args(args.resume))])
+        layers.append(("command line", _derived(args, apply_layers(run, layers), fresh=False)))
+        cfg = resume_run(LRAConfig, args.resume, layers)
+        return dataclasses.replace(cfg, resume=True, output=str(args.resume))
+    task = layers[-1][1].get("task")
+    if task is None or not layers[-1][1].get("data"):
         raise UserError("--task and --data are required (unless --resume DIR)")
-    if args.task not in TASKS:
-        raise UserError(f"unknown LRA task {args.task!r}; allowed: {', '.join(TASKS)}")
-    values: dict[str, Any] = {}
-    from subquad.cli.config import find_config
-
-    for path in (CONFIG_DIR / f"{args.task}.yaml", args.config):
-        if path is None:
-            continue
-        path = find_config(path, ("lra",))
-        values.update(load_yaml(path))
-    fields = {f.name for f in dataclasses.fields(LRAConfig)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise UserError(f"unknown LRA config key(s) {unknown}; allowed: {sorted(fields)}")
-    if values.get("task", args.task) != args.task:
-        raise UserError(f"config is for task {values['task']!r} but --task is {args.task!r}")
-    attention = args.attention or "softmax"
-    values.update(task=args.task, data=args.data, attention=attention, amp=bool(args.amp))
-    if getattr(args, "grid", None) is not None:
-        values["grid"] = _parse_grid(args.grid)
-    for name, _, _ in _FLAGS:
-        v = getattr(args, name, None)
-        if v is not None:
-            values[name] = v
-    opts = dict(values.get("attn_kw", {}).get(attention, {}))
-    opts.update(_parse_opt(o) for o in args.attn_opt)
-    if args.window_size is not None:
-        opts["window_size"] = args.window_size
-    if args.rank is not None:
-        opts["rank"] = args.rank
-    values["attn_kw"] = {**values.get("attn_kw", {}), attention: opts}
-    return LRAConfig(**values)
+    if task not in TASKS:
+        raise UserError(f"unknown LRA task {task!r}; allowed: {', '.join(TASKS)}")
+    layers.insert(0, (str(CONFIG_DIR / f"{task}.yaml"), load_yaml(CONFIG_DIR / f"{task}.yaml")))
+    recipe = apply_layers(LRAConfig(task=task), layers[:-1])
+    if recipe.task != task:
+        raise UserError(f"config is for task {recipe.task!r} but --task is {task!r}")
+    cfg = apply_layers(LRAConfig(), layers)
+    return apply_layers(cfg, [("command line", _derived(args, cfg, fresh=True))])
 
 
 def run_train(args: argparse.Namespace) -> int:
     import subquad
     from subquad.attention import ATTENTION_REGISTRY
     from subquad.engine.loop import Preempted
-    from subquad.engine.sequence import train_lra
+    from subquad.engine.lra import train_lra
 
-    if args.attention is not None and args.attention not in ATTENTION_REGISTRY:
-        subquad.build_attention(args.attention, 8, 1)  # raises the one-line unknown-attention error
     cfg = resolve_config(args)
+    if cfg.attention not in ATTENTION_REGISTRY:
+        subquad.build_attention(cfg.attention, 8, 1)  # raises the one-line unknown-attention error
     if not cfg.resume:
         from subquad.cli.config import check_run_output
 

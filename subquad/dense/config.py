@@ -2,7 +2,8 @@
 
 Recipe YAMLs (subquad/configs/coco/, subquad/configs/ade20k/) may set only these fields; the CLI builds its flags
 from them (`subquad.cli.detect`). Precedence: dataclass defaults < the task's synthetic demo recipe (when --data is
-`synthetic` and no --config is given) < `--config FILE.yaml` < the run's args.yaml (with --resume) < explicit flags.
+`synthetic` and no --config is given) < `--config FILE.yaml` < explicit flags; with --resume DIR, the run's args.yaml
+is the base and a setting that would change the run is refused.
 
 This module imports no torch, so building the command-line parser stays cheap.
 """
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import find_config, load_run_args, load_yaml
-from ..engine.config import _f, merge_config
+from ..config import find_config, load_yaml
+from ..engine.config import _f, apply_layers, merge_config, resume_run
 
 __all__ = ["DenseConfig", "dense_fields", "merge_dense", "resolve_dense_config",
            "DEMO_RECIPES", "CONFIG_DIRS", "shipped_dense_configs"]
@@ -86,6 +87,8 @@ class DenseConfig:
     eval_limit: int = _f(0, "evaluate a seeded subset of this many images (0: all)")
     eval_interval: int = _f(0, "evaluate every N epochs during training (0: after the last epoch only)")
     log_interval: int = _f(20, "iterations between log lines")
+    checkpoint_every: int = _f(0, "also write the resumable state (last_state.pth) every N iterations, inside epochs "
+                               "(0: at epoch ends only); SIGTERM / SIGINT always write it before stopping")
     output: str = _f("", "run directory (default runs/<time>-<task>-<model>)")
     resume: str = _f("", "continue the run in this directory from its last_* files")
     device: str = _f("", "cpu, cuda, cuda:1, ... (default: cuda when available)")
@@ -102,24 +105,21 @@ def merge_dense(base: DenseConfig, overrides: dict[str, Any], origin: str = "con
 
 
 def resolve_dense_config(args: argparse.Namespace, task: str) -> DenseConfig:
-    """defaults < synthetic demo recipe < --config YAML < (--resume DIR)/args.yaml < explicit flags."""
+    """defaults < synthetic demo recipe < --config YAML < explicit flags; with --resume DIR: DIR/args.yaml < --config
+    YAML < flags, and a setting that would change the run is refused (`subquad.engine.config.resume_run`; --epochs
+    and --max-iters may extend it)."""
     names = {f.name for f in dense_fields()}
     explicit = {k: v for k, v in vars(args).items() if k in names}
-    cfg = DenseConfig()
-    config = getattr(args, "config", None)
-    resume = explicit.get("resume", "")
-    saved: dict[str, Any] = {}
-    if resume:
-        saved = load_run_args(resume, drop=("task",))
-    data = explicit.get("data") or saved.get("data") or cfg.data
-    if not config and not saved and data.split(":", 1)[0] == "synthetic":
-        cfg = merge_dense(cfg, load_yaml(DEMO_RECIPES[task]), origin=str(DEMO_RECIPES[task]))
-    if config:
-        config = find_config(config, (CONFIG_DIRS[task].name,))
-        cfg = merge_dense(cfg, load_yaml(config), origin=str(config))
-    if saved:
-        cfg = merge_dense(cfg, saved, origin=f"{resume}/args.yaml")
-    return merge_dense(cfg, explicit, origin="command line")
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if getattr(args, "config", None):
+        config = find_config(args.config, (CONFIG_DIRS[task].name,))
+        layers.append((str(config), load_yaml(config)))
+    layers.append(("command line", explicit))
+    if explicit.get("resume"):
+        return resume_run(DenseConfig, explicit["resume"], layers, extend=("epochs", "max_iters"), drop=("task",))
+    if len(layers) == 1 and explicit.get("data", DenseConfig.data).split(":", 1)[0] == "synthetic":
+        layers.insert(0, (str(DEMO_RECIPES[task]), load_yaml(DEMO_RECIPES[task])))
+    return apply_layers(DenseConfig(), layers)
 
 
 def shipped_dense_configs() -> list[Path]:

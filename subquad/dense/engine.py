@@ -281,14 +281,14 @@ def train_dense(cfg: DenseConfig, task: str, on_epoch_end: Callable[[int, dict],
                 checkpoint_every: int = 0, on_update: Callable[[Position], None] | None = None) -> dict:
     """Train a detector (task 'detect') or segmenter ('segment') as `cfg` says; returns final metrics and paths.
 
-    `checkpoint_every` > 0 also writes last_state.pth every N iterations, inside epochs; SIGTERM / SIGINT write it
-    and stop (`engine.loop.Preempted`); `--resume` continues from it exactly. `on_update(position)` follows every
-    iteration (tests)."""
+    `checkpoint_every` > 0 (default: `cfg.checkpoint_every`) also writes last_state.pth every N iterations, inside
+    epochs; SIGTERM / SIGINT write it and stop (`engine.loop.Preempted`); `--resume` continues from it exactly.
+    `on_update(position)` follows every iteration (tests)."""
     info = init_distributed(cfg.device)
     if not info.is_main:
         logging.getLogger("subquad").setLevel(logging.WARNING)
     try:
-        return _train(cfg, task, info, on_epoch_end, checkpoint_every, on_update)
+        return _train(cfg, task, info, on_epoch_end, checkpoint_every or cfg.checkpoint_every, on_update)
     finally:
         cleanup(info)
 

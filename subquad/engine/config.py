@@ -1,8 +1,12 @@
-"""`TrainConfig`: the one typed source of truth for `subquad train`.
+"""The config dataclasses of the training commands: `TrainConfig` (`subquad train`), `LRAConfig` (`subquad lra
+train`) and `LMConfig` (`subquad lm train`) (the two share `SequenceConfig`), with the field helper `_f` that
+`subquad.dense.config.DenseConfig` uses too.
 
-Field names follow timm's train.py flags (`--batch-size` is `batch_size`, ...). Recipe YAML files may set only these
-fields; `subquad.cli.config` builds the command-line parser from them (the `help` metadata becomes `--help`).
-Precedence: dataclass defaults < `--config FILE.yaml` < the run's args.yaml (with `--resume`) < explicit flags.
+Each is the one typed source of truth of its command: recipe YAML files may set only its fields, `subquad.cli.config`
+builds the command-line flags from them (the `help` metadata becomes `--help`), and `--resume` refuses a typed flag
+whose value differs from the run's unless `RESUME_FREE` lists it. TrainConfig's field names follow timm's train.py
+flags (`--batch-size` is `batch_size`, ...). Precedence: dataclass defaults < recipe YAML < the run's args.yaml
+(with `--resume`) < explicit flags. No torch is imported.
 """
 
 from __future__ import annotations
@@ -13,14 +17,28 @@ from typing import Any
 
 from ..errors import UserError
 
-__all__ = ["TrainConfig", "config_fields", "merge_config"]
+__all__ = ["TrainConfig", "SequenceConfig", "LRAConfig", "LMConfig", "RESUME_FREE", "config_fields", "merge_config",
+           "flag_name", "resume_changes", "apply_layers", "resume_run"]
+
+#: The settings `--resume` may change, in every training command: where and how a run computes and reports, not what
+#: it computes (`max_minutes` is the wall-clock budget of each invocation). Each command allows those of its config's
+#: fields listed here; `subquad train` and `detect|segment train` may also extend a run (`resume_changes`).
+RESUME_FREE = ("device", "workers", "pin_mem", "checkpoint_every", "log_interval", "max_minutes", "dry_run", "resume")
 
 
-def _f(default: Any, help: str, short: str | None = None, choices: tuple | None = None) -> Any:  # noqa: A002
-    meta = {"help": help, "short": short, "choices": choices}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
+def _f(default: Any, help: str, short: str | None = None, choices: tuple | None = None,  # noqa: A002
+       flag: str | None = None, cli: bool = True) -> Any:
+    """A config field with its `--help` text; `short` (-b), `choices`, `flag` (a flag spelled other than the field,
+    whose own spelling stays a hidden alias) and `cli` (False: recipe YAML only, no flag) shape the generated flag."""
+    meta = {"help": help, "short": short, "choices": choices, "flag": flag, "cli": cli}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    """The command-line spelling of config field `f` (`batch_size` is `--batch-size`)."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
 @dataclass
@@ -112,6 +130,131 @@ class TrainConfig:
     dry_run: bool = _f(False, "build the model, data, optimizer and schedule, print the config, and stop")
 
 
+def _again(base: type, name: str, default: Any, help: str | None = None) -> Any:  # noqa: A002
+    """Field `name` of `base` with another default (and help): a subclass's own default of a shared field."""
+    meta = dict(base.__dataclass_fields__[name].metadata)
+    return _f(default, help or meta.pop("help"), **{k: meta[k] for k in ("short", "choices", "flag", "cli")})
+
+
+@dataclass
+class SequenceConfig:
+    """What the long-sequence trainers (`LRAConfig`, `LMConfig`, subquad.engine.lra / .lm) share: the data, the
+    mechanism, the host's size, the optimisation budget and the run directory. The defaults are the LM's; LRAConfig
+    sets its own."""
+
+    data: str = _f("", "the data folder / corpus (required unless --resume)")
+    attention: str = _f("long_short", "registered mechanism")
+    attn_kw: dict[str, dict[str, Any]] = _f({}, "mechanism options, per mechanism name (only the entry of "
+                                            "`attention` is used; --attn-opt KEY=VALUE adds to it)", flag="--attn-opt",
+                                            cli=False)
+    dim: int = _f(128, "model width")
+    depth: int = _f(2, "layers")
+    num_heads: int = _f(4, "heads")
+    batch_size: int = _f(16, "batch size")
+    lr: float = _f(1e-3, "learning rate after warm-up (fixed)")
+    warmup: int = _f(50, "linear warm-up steps")
+    weight_decay: float = _f(0.01, "AdamW weight decay")
+    max_steps: int = _f(1000, "training steps")
+    eval_every: int = _f(100, "evaluate every N steps")
+    amp: bool = _f(False, "mixed precision: autocast in training and evaluation")
+    seed: int = _f(0, "random seed")
+    device: str = _f("", "cpu, cuda, ... (default: cuda when available)")
+    output: str = _f("", "run directory (default runs/<time>-<command>-...)")
+    resume: bool = _f(False, "continue the run in `output` from its last state (last_state.pth); the command line's "
+                      "--resume DIR", cli=False)
+    checkpoint_every: int = _f(0, "also write the resumable state every N steps (0: at evaluations only); SIGTERM / "
+                               "SIGINT always write it before stopping")
+
+
+_S = SequenceConfig
+
+
+@dataclass
+class LRAConfig(SequenceConfig):
+    """LRA run options; the shipped YAMLs (subquad/configs/lra/<task>.yaml) override these, flags override both."""
+
+    task: str = _f("listops", "LRA task (required unless --resume)",
+                   choices=("listops", "text", "retrieval", "image", "pathfinder"))
+    attention: str = _again(_S, "attention", "softmax", "registered mechanism: any 1-D one (softmax, linear, "
+                            "long_short ...), and with --grid the 2-D ones too (structure_aware, focused_linear, "
+                            "window, global_filter ...)")
+    cls_attn_kw: dict[str, dict[str, Any]] = _f({}, "extra options, per mechanism, for the block that sees the class "
+                                                "token (long_short: num_prefix_tokens=1)", cli=False)
+    encoding: str = _f("lra_released", "ListOps tokenisation: lra_released (published numbers) or structural (keeps "
+                       "brackets)")
+    max_len: int = _f(2048, "padded sequence length")
+    vocab_size: int = _f(512, "embedding rows (official 512)")
+    num_classes: int = _f(10, "classifier outputs")
+    dim: int = _again(_S, "dim", 64)
+    num_heads: int = _again(_S, "num_heads", 2)
+    mlp_dim: int = _f(128, "FFN width")
+    pool: str = _f("cls_last", "cls_last (official), cls, mean or masked_mean")
+    drop: float = _f(0.0, "dropout")
+    attn_drop: float = _f(0.0, "attention dropout (mechanisms with attn_drop)")
+    batch_size: int = _again(_S, "batch_size", 32)
+    lr: float = _again(_S, "lr", 1e-4, "peak learning rate (OneCycle max_lr)")
+    weight_decay: float = _again(_S, "weight_decay", 0.0)
+    adam_eps: float = _f(1e-6, "AdamW epsilon")
+    steps: int = _f(5000, "the recipe's step budget (sets the warm-up fraction warmup/steps)")
+    warmup: int = _again(_S, "warmup", 1000, "warm-up steps of the recipe")
+    max_steps: int = _again(_S, "max_steps", 0, "training steps (0: the recipe's `steps`; the warm-up fraction is "
+                            "kept)")
+    eval_every: int = _again(_S, "eval_every", 50, "evaluate the dev split every N steps")
+    eval_steps: int = _f(62, "dev batches per evaluation (0 = the whole split)")
+    limit_train: int = _f(0, "use only the first N training examples (0: all)", flag="--train-limit")
+    limit_eval: int = _f(0, "use only the first N dev/test examples (0: all)", flag="--eval-limit")
+    amp: bool = _again(_S, "amp", False, "fp16 autocast on CUDA (the official runs used AMP)")
+    seed: int = _again(_S, "seed", 1234)
+    workers: int = _f(0, "data-loader workers")
+    output: str = _again(_S, "output", "", "run directory (default runs/<time>-lra-<task>-<attention>)")
+    grid: list[int] | None = _f(None, "token grid (H, W) of image-like tasks (pathfinder 32x32), passed to the "
+                                "mechanisms as hw (2-D mechanisms); the command line's --grid H,W", flag="--grid",
+                                cli=False)
+    odd_attn_kw: dict[str, dict[str, Any]] = _f({}, "extra options, per mechanism, for the odd-numbered blocks "
+                                                "(window: {shift_size: w // 2}, Swin's alternation)", cli=False)
+    lcm_kernel_size: int = _f(0, "> 0: the L2ViT LCM branch x + LCM(LN(x)) after each attention (needs --grid; "
+                              "enhanced linear attention)")
+
+
+@dataclass
+class LMConfig(SequenceConfig):
+    """Character-LM run options (subquad/configs/charlm/*.yaml override these, flags override both)."""
+
+    data: str = _again(_S, "data", "", "prepared corpus folder (subquad lm prepare), or enwik8:PATH / text8:PATH (the "
+                       "file or its zip, split 90M/5M/5M; a file of another size 90/5/5 %); required unless --resume")
+    attention: str = _again(_S, "attention", "long_short", "a mechanism with a causal form: long_short (default), "
+                            "softmax, sliding_window, linear_elu1, linear_relu")
+    ffn_dim: int = _f(0, "FFN width (0 = 4 x dim)")
+    dropout: float = _f(0.0, "dropout on attention outputs and in the FFN")
+    emb_dropout: float = _f(0.0, "dropout on the embeddings and the last hidden state")
+    residual: str = _f("standard", "standard (textbook pre-LN, final LN) or official (Transformer-LS "
+                       "normalised-input residual)")
+    seq_len: int = _f(256, "training sample length (tokens)")
+    clip_grad: float = _f(0.0, "gradient-norm clipping (0 = off, as the official runs)")
+    max_minutes: float = _f(0.0, "wall-clock budget in minutes (0 = none); stops early and evaluates")
+    eval_every: int = _again(_S, "eval_every", 100, "evaluate valid BPC every N steps")
+    eval_ctx: int = _f(1024, "evaluation context length")
+    eval_score: int = _f(512, "tokens scored per evaluation window (the last ones; paper 512)")
+    eval_batch: int = _f(8, "evaluation windows per batch")
+    eval_tokens: int = _f(32768, "valid tokens scored at each periodic evaluation (0 = all)")
+    final_eval_tokens: int = _f(0, "valid/test tokens scored at the end (0 = the whole splits)")
+    final_test: bool = _f(True, "score the test split at the end (off: valid only, test_bpc null; for calibrating a "
+                          "recipe without looking at the test split)")
+    amp: bool = _again(_S, "amp", False, "mixed precision: autocast in training and evaluation (see --amp-dtype)")
+    amp_dtype: str = _f("bfloat16", "autocast dtype with --amp (float16 adds a grad scaler on CUDA)",
+                        choices=("bfloat16", "float16"))
+    output: str = _again(_S, "output", "", "run directory (default runs/<time>-lm-<attention>)")
+    # The Transformer-LS schedule trains 430k / 50k / 50k updates at 2048 / 4096 / 8192 tokens (arXiv 2107.02192,
+    # App. D); `reset_optimizer: true` is a fresh AdamW from the previous phase's weights, as the official phases 2
+    # and 3 start with fairseq's `--finetune-from-model`.
+    phases: list[dict[str, Any]] = _f([], "training phases run in order, each {seq_len, batch_size, steps, lr, "
+                                      "warmup, reset_optimizer} (lr / warmup default to the top-level values; each "
+                                      "warms up linearly from 0 to its lr, then holds it; the optimizer state carries "
+                                      "over unless reset_optimizer). Empty: one phase of (seq_len, batch_size, "
+                                      "max_steps, lr, warmup); with phases, max_steps caps the total (0 = all)",
+                                      cli=False)
+
+
 def config_fields() -> list[dataclasses.Field]:
     return list(dataclasses.fields(TrainConfig))
 
@@ -136,6 +279,15 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
         if "None" in t:
             return None
         raise UserError(f"config key {f.name!r} cannot be null")
+    if t.startswith("list[dict"):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, dict) for v in value):
+            raise UserError(f"config key {f.name!r} must be a list of mappings, got {value!r}")
+        return [dict(v) for v in value]
+    if t.startswith("list[int"):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                           for v in value):
+            raise UserError(f"config key {f.name!r} must be a list of integers, got {value!r}")
+        return [int(v) for v in value]
     if t.startswith("list"):
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, (int, float)) for v in value):
             raise UserError(f"config key {f.name!r} must be a list of numbers, got {value!r}")
@@ -173,3 +325,45 @@ def merge_config(base: Any, overrides: dict[str, Any], origin: str = "config") -
         raise UserError(f"{origin}: unknown key {unknown[0]!r}{hint}")
     values = {k.replace("-", "_"): _coerce(fields[k.replace("-", "_")], v) for k, v in overrides.items()}
     return dataclasses.replace(base, **values)
+
+
+def resume_changes(run: Any, new: Any, given: list[str], extend: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """The `--resume` rule of every training command: (the typed flags among the field names `given` that would
+    change the run: `--flag NEW (the run has OLD)`, the flags that may change). `run` is the run's config (its
+    args.yaml), `new` the one the command would train with. The fields of `RESUME_FREE` may change, and so may
+    `extend`: the fields that lengthen a finished run (`epochs`), or that its extension uses (`subquad train`'s new
+    cosine starts from `lr`)."""
+    names = {f.name: f for f in dataclasses.fields(new)}
+    free = [k for k in RESUME_FREE if k in names and names[k].metadata.get("cli", True) and k != "resume"]
+    free += [k for k in extend if k not in free]
+    changed = [f"{flag_name(names[k])} {getattr(new, k)!r} (the run has {getattr(run, k)!r})" for k in given
+               if k in names and k not in free and k != "resume" and getattr(new, k) != getattr(run, k)]
+    return changed, [flag_name(names[k]) for k in free]
+
+
+def apply_layers(cfg, layers: list[tuple[str, dict]]):
+    """`cfg` with each (origin, values) layer merged in order (unknown keys and wrong types: a UserError naming the
+    origin)."""
+    for origin, values in layers:
+        cfg = merge_config(cfg, values, origin=origin)
+    return cfg
+
+
+def resume_run(config_cls: type, resume: str, layers: list[tuple[str, dict]], extend: tuple[str, ...] = (),
+               exempt=None, drop: tuple[str, ...] = ()):
+    """The config that `--resume DIR` trains with: the run's args.yaml (less `drop`), then the given `layers` (a
+    recipe given with --resume, the typed flags). A setting of a layer that differs from the run's is refused in
+    one line, naming it and what may change (`resume_changes`: RESUME_FREE and `extend`); `exempt(run, new)` names
+    more fields that may change in this case."""
+    from pathlib import Path
+
+    from ..config import load_run_args
+    from .runfiles import refuse_resume_changes
+
+    run = merge_config(config_cls(), load_run_args(resume, drop), origin=str(Path(resume) / "args.yaml"))
+    new = apply_layers(run, layers)
+    skip = set(exempt(run, new)) if exempt else set()
+    given = list(dict.fromkeys(k.replace("-", "_") for _, values in layers for k in values))
+    changed, free = resume_changes(run, new, [k for k in given if k not in skip], extend)
+    refuse_resume_changes(resume, changed, free, verb="change")
+    return new

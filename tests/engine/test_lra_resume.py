@@ -128,4 +128,4 @@ def test_cli_resume(listops_dir, tmp_path, capsys):
     assert main(["lra", "train", "--resume", str(part), "--lr", "1e-3"]) == 2
     assert "drop --lr" in capsys.readouterr().err
     assert main(["lra", "train", "--resume", str(tmp_path / "nothing")]) == 2
-    assert "no args.yaml" in capsys.readouterr().err
+    assert "run directory not found" in capsys.readouterr().err
