@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from subquad import backend
 from subquad.cli.__main__ import main
 from subquad.data.registry import open_source
-from subquad.engine.checkpoint import load_checkpointed_model, save_weights, write_json
+from subquad.engine.checkpoint import save_weights, write_json
 from subquad.engine.classify import eval_loader
 from subquad.models import create_model
 
