@@ -73,11 +73,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--topk must be >= 1, got {args.topk}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    precision = resolve_precision(args.precision, resolve_device(args.device))
     images = expand_images(args.images)
     if args.json:  # before any work
         check_output_file(args.json, (".json",), (args.checkpoint, *images), "--json", overwrite=args.overwrite)
     device = resolve_device(args.device)
-    precision = resolve_precision(args.precision, device)
     _, model, side, dcfg, _ = load_checkpointed_model(args.checkpoint, args.model, args.img_size, device)
     classes = side.get("classes") or [str(i) for i in range(model.num_classes)]
     tf = eval_transform(dcfg)
