@@ -20,8 +20,9 @@ from subquad.models import create_model
 # The digits eval transform of `subquad train --data digits --img-size 32` (resize only, mean = std = 0.5).
 DCFG = {"img_size": 32, "in_chans": 3, "mean": [0.5] * 3, "std": [0.5] * 3, "interpolation": "", "crop_pct": None,
         "aug": "none", "source_aug": "none", "native_size": 8, "model_kwargs": {}}
-# Label agreement with fp32 on the held-out split (364 images): at most 2 of them may change.
-MIN_AGREEMENT = 0.994
+# Label agreement with fp32 on the held-out split (364 images): at most 3 of them may change (measured on AVX512-BF16 /
+# VNNI: bf16 99.7 %, int8 99.5 %; top-1 84.9 % fp32, 85.2 % bf16, 84.9 % int8).
+MIN_AGREEMENT = 0.99
 
 
 def _tensors(source, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,7 +32,7 @@ def _tensors(source, split: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """l2vit_micro trained for 24 AdamW steps on digits at 32 x 32 (~90 % held-out top-1), saved as a checkpoint
+    """l2vit_micro trained for 24 AdamW steps on digits at 32 x 32 (~85 % held-out top-1), saved as a checkpoint
     with the sidecar `subquad train` writes; the held-out test split as tensors."""
     torch.manual_seed(0)
     source = open_source("digits", need_val=False)
