@@ -16,6 +16,14 @@ for the whole process, and `use_backend(name)` does so for a block:
 - 'cpu': CPU schedules on every device (outside tracing);
 - 'plain': the plain path everywhere.
 
+Precision is decided here too. `cpu_features()` reads, once per process, whether this CPU has bf16 arithmetic
+(x86 `avx512_bf16` / `amx_bf16`, Arm `bf16`) and int8 dot products (x86 `avx512_vnni` / `avx_vnni` / `amx_int8`, Arm
+`asimddp`), from /proc/cpuinfo, or from torch's own CPU probe where that file is missing. `resolve_precision(name,
+device)` turns a requested precision ('fp32' or 'bf16') into the one that runs: bf16 on a CPU without bf16 arithmetic
+is emulated and slower than fp32, so it falls back to fp32 with one warning per process. `precision_context(name,
+device)` is the matching autocast context (bf16: `torch.autocast(device, dtype=torch.bfloat16)`; fp32: none), inside
+which the mechanisms keep their float32 islands (`subquad.layers.precision`).
+
 `real_dft()` is a separate switch, for graphs whose runtime has no complex tensors (ONNX, `subquad.export`): inside
 it LiSA's structure-aware attention computes its correlations with real DFT matrices (`lisa_dft`) instead of
 complex FFTs. Same result, more arithmetic; the FFT path stays the default everywhere else (torch.compile included:
@@ -25,15 +33,22 @@ the DFT form made a compiled `lisanet_s` slower, see docs/deploy.md, "Compile").
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from .errors import UserError
 
-__all__ = ["BACKENDS", "get_backend", "schedule", "set_backend", "use_backend", "cpu_schedules", "real_dft",
+__all__ = ["BACKENDS", "PRECISIONS", "CpuFeatures", "cpu_features", "parse_cpu_flags", "resolve_precision",
+           "precision_context", "get_backend", "schedule", "set_backend", "use_backend", "cpu_schedules", "real_dft",
            "real_dft_active"]
+
+_log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "cpu", "plain")
 
@@ -101,3 +116,81 @@ def real_dft(enabled: bool = True) -> Iterator[None]:
 def real_dft_active() -> bool:
     """Whether `real_dft()` is on."""
     return _real_dft
+
+
+PRECISIONS = ("fp32", "bf16")
+# /proc/cpuinfo flags (x86 "flags", Arm "Features") that mean native bf16 arithmetic / int8 dot products.
+_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+_INT8_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"})
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """What this CPU computes natively: bf16 arithmetic, int8 dot products (VNNI and kin), AMX tiles; `source` says
+    where it was read ('/proc/cpuinfo' or 'torch')."""
+
+    bf16: bool
+    int8_dot: bool
+    amx: bool
+    source: str
+
+
+def parse_cpu_flags(text: str) -> CpuFeatures | None:
+    """The features named by the first flags line of a /proc/cpuinfo text (None when it has none)."""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags = set(value.split())
+            return CpuFeatures(bf16=bool(flags & _BF16_FLAGS), int8_dot=bool(flags & _INT8_FLAGS),
+                               amx=any(f.startswith("amx_") for f in flags), source="/proc/cpuinfo")
+    return None
+
+
+@functools.cache
+def cpu_features() -> CpuFeatures:
+    """This CPU's bf16 / int8 features, detected once per process (see the module docstring)."""
+    try:
+        found = parse_cpu_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        found = None
+    if found is not None:
+        return found
+    probe = torch.cpu  # torch's cpuinfo-based probe (private helpers; absent ones count as "no")
+
+    def has(name: str) -> bool:
+        fn = getattr(probe, name, None)
+        return bool(fn()) if callable(fn) else False
+
+    return CpuFeatures(bf16=has("_is_avx512_bf16_supported"), int8_dot=has("_is_vnni_supported"),
+                       amx=has("_is_amx_tile_supported"), source="torch")
+
+
+_bf16_warned = False
+
+
+def resolve_precision(name: str, device: torch.device | str | None = "cpu", what: str = "--precision") -> str:
+    """The precision that runs for a requested one ('fp32' or 'bf16') on `device`.
+
+    bf16 on a CPU without native bf16 arithmetic (`cpu_features().bf16` false) runs fp32 instead, with one warning
+    per process. Raises UserError for a name other than 'fp32' or 'bf16'."""
+    global _bf16_warned
+    if name not in PRECISIONS:
+        raise UserError(f"{what} {name!r} is not a precision; choose one of {', '.join(PRECISIONS)}")
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if name == "bf16" and dev.type == "cpu" and not cpu_features().bf16:
+        if not _bf16_warned:
+            _bf16_warned = True
+            _log.warning("warning: this CPU has no native bf16 arithmetic (no avx512_bf16 / amx_bf16 flag), where "
+                         "bf16 is emulated and slower than fp32; running fp32 instead")
+        return "fp32"
+    return name
+
+
+def precision_context(name: str, device: torch.device | str | None = "cpu") -> contextlib.AbstractContextManager:
+    """The autocast context of a resolved precision: bf16 -> torch.autocast(device type, bfloat16); fp32 -> none."""
+    if name not in PRECISIONS:
+        raise UserError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+    if name == "fp32":
+        return contextlib.nullcontext()
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    return torch.autocast(dev.type, dtype=torch.bfloat16)

@@ -7,6 +7,13 @@ written program against eager PyTorch at the export size (and, when dynamic, at 
 a multiple of the total stride, so that every padding path runs), and only then moves it into place. A file that
 disagrees with eager is never left behind.
 
+`quantize="int8"` (ONNX only) then applies ONNX Runtime's dynamic quantization
+(`onnxruntime.quantization.quantize_dynamic`) to the file's MatMul and Gemm nodes: int8 weights, activations
+quantized per batch at run time (VNNI kernels where the CPU has them). Its check cannot hold the fp32 bound; it
+reports the error against eager fp32 instead (top-1 agreement and the max / mean absolute error of the logits, on
+`check_inputs` when given, e.g. held-out images, else on random inputs) and refuses only a file that does not run or
+gives non-finite logits.
+
 The ONNX path needs the `export` extra (`pip install "subquad[export]"`: onnx, onnxscript, onnxruntime); the `.pt2`
 path needs only torch. The check runs the `.onnx` file in ONNX Runtime and the `.pt2` file through
 `torch.export.load`, i.e. what a deployment would load.
@@ -15,6 +22,7 @@ path needs only torch. The check runs the `.onnx` file in ONNX Runtime and the `
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import zipfile
 from collections.abc import Callable
@@ -27,7 +35,8 @@ from torch import nn
 from .backend import real_dft
 from .errors import UserError
 
-__all__ = ["FORMATS", "MAX_SIDE", "ExportCheckError", "admissible", "export_model", "relative_error"]
+__all__ = ["FORMATS", "QUANTIZE", "MAX_SIDE", "quantize_int8", "logit_agreement", "ExportCheckError", "admissible",
+           "export_model", "relative_error"]
 
 FORMATS = ("onnx", "pt2")
 SUFFIX = {"onnx": ".onnx", "pt2": ".pt2"}
@@ -36,6 +45,10 @@ MAX_SIDE = 2048
 # programs agree to ~1e-6; the issue's acceptance bound for ONNX Runtime is 1e-4.
 RTOL = 1e-4
 EXTRA = {"onnx": ("onnx", "onnxscript", "onnxruntime")}
+QUANTIZE = ("int8",)
+# The node types whose weights dynamic quantization makes int8: the projections and MLPs (attention's own
+# activation-by-activation products are MatMuls too and are quantized per call).
+QUANT_OPS = ("MatMul", "Gemm")
 
 
 class ExportCheckError(RuntimeError):
@@ -101,6 +114,40 @@ def covered_sides(prog) -> tuple[tuple[int, int], tuple[int, int]]:
         vr = prog.range_constraints.get(side.node.expr)
         out.append((int(vr.lower), int(vr.upper)) if vr is not None else (1, MAX_SIDE))
     return out[0], out[1]
+
+
+def logit_agreement(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """How a quantized program's logits `got` (N, classes) agree with eager fp32 `ref`: the share of rows with the
+    same top-1 class, the max and mean absolute error, and `relative_error`."""
+    got, ref = got.detach().double().flatten(1), ref.detach().double().flatten(1)
+    diff = (got - ref).abs()
+    return {"top1_agreement": float((got.argmax(1) == ref.argmax(1)).double().mean()),
+            "max_abs_err": float(diff.max()), "mean_abs_err": float(diff.mean()),
+            "rel_err": relative_error(got, ref)}
+
+
+def quantize_int8(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Dynamic int8 quantization of the MatMul / Gemm weights of the ONNX file `src`, written to `dst`
+    (`onnxruntime.quantization.quantize_dynamic`: signed int8 weights, activations quantized at run time)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    meta = {p.key: p.value for p in onnx.load(str(src), load_external_data=False).metadata_props}
+    # quantize_dynamic logs advice on the root logger (run its shape pre-processing first); our graphs come from
+    # torch.onnx's exporter with shapes inferred, so the advice is held back for the call.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=list(QUANT_OPS))
+    finally:
+        root.setLevel(level)
+    model = onnx.load(str(dst))
+    meta["subquad.quantize"] = "int8 dynamic (" + ", ".join(QUANT_OPS) + ")"
+    del model.metadata_props[:]
+    for k, v in meta.items():
+        model.metadata_props.add(key=k, value=v)
+    onnx.save(model, str(dst))
 
 
 def _need_extra(fmt: str) -> None:
@@ -186,7 +233,7 @@ def _load_file(path: Path, fmt: str) -> Callable[[torch.Tensor], torch.Tensor]:
 def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: tuple[int, int] | None = None,
                  dynamic: bool = False, overwrite: bool = False, name: str | None = None,
                  protect: tuple = (), rtol: float = RTOL, check_sizes: list[tuple[int, int]] | None = None,
-                 log=print) -> dict[str, Any]:
+                 log=print, quantize: str | None = None, check_inputs: torch.Tensor | None = None) -> dict[str, Any]:
     """Export `model` (switched to eval mode) to `out` in `fmt` ('onnx' or 'pt2') and check the file against eager.
 
     Args:
@@ -194,16 +241,21 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
         dynamic: H and W symbolic over the admissible sizes (the batch is always symbolic).
         overwrite: replace an earlier export of the same format at `out`.
         protect: input files `out` must not be.
-        rtol: the largest relative error (see `relative_error`) a written file may have.
+        rtol: the largest relative error (see `relative_error`) a written file may have (fp32 files).
         check_sizes: the (H, W) sizes to check the file at (default: the export size, and with `dynamic` one other
             admissible, non-square size).
+        quantize: None, or 'int8' (ONNX only): dynamic int8 quantization of the MatMul / Gemm weights, checked by
+            `logit_agreement` against eager fp32 instead of `rtol`.
+        check_inputs: (N, C, H, W) images at the export size for the int8 check (default: random inputs).
     Returns:
-        {"file", "format", "dynamic", "checks": [{"size": [H, W], "rel_err": float}, ...]}.
+        {"file", "format", "dynamic", "quantize", "covers", "checks": [{"size": [H, W], "rel_err": float, and for
+        int8 "top1_agreement", "max_abs_err", "mean_abs_err"}, ...]}.
     Raises:
-        UserError: an unknown format, a size the model can't take, a missing extra, a bad output path.
+        UserError: an unknown format or quantization, a size the model can't take, a missing extra, a bad output path.
         ExportCheckError: the written program disagrees with eager (the file is removed).
     """
     name = name or (getattr(model, "pretrained_cfg", None) or {}).get("architecture", type(model).__name__)
+    _check_quantize(quantize, fmt)
     dest = check_output(out, fmt, overwrite, protect)
     _need_extra(fmt)
     if getattr(model, "input_ndim", 4) != 4:
@@ -213,6 +265,8 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
         img_size = tuple(cfg.get("input_size", (3, 224, 224))[1:])
     size = (int(img_size[0]), int(img_size[-1]))
     _check_size(model, size, name)
+    if check_inputs is not None and tuple(check_inputs.shape[-2:]) != size:
+        raise UserError(f"check_inputs are {tuple(check_inputs.shape[-2:])}, not the export size {size}")
     stride, low = admissible(model)
     model = model.eval()
     chans = int(getattr(model, "in_chans", 3))
@@ -233,22 +287,45 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
             raise UserError(f"the dynamic program of {name} covers H {h0}-{h1} and W {w0}-{w1}; "
                             f"{size[0]}x{size[1]} is outside: export dynamic at a size in that range, or "
                             "export this size without --dynamic (nothing was written)")
+    sizes = [tuple(c) for c in check_sizes] if check_sizes else \
+        [size] + ([_second_size(size, stride, low, covered)] if dynamic else [])
+    if not dynamic and any(s != size for s in sizes):
+        raise UserError(f"a static export runs at {size[0]}x{size[1]} only; pass dynamic=True to check others")
+    for s in sizes:
+        _check_size(model, s, name)
+    check = _Check(model, fmt, sizes, size, chans, gen, name, rtol, log, quantize, check_inputs)
+    checks = _write_atomic(dest, lambda tmp: _write_program(prog, ex, fmt, tmp, covered), quantize, check)
+    return {"file": str(dest), "format": fmt, "dynamic": dynamic, "quantize": quantize, "checks": checks,
+            "covers": {"H": list(covered[0]), "W": list(covered[1])}}
+
+
+def _check_quantize(quantize: str | None, fmt: str) -> None:
+    if quantize is None:
+        return
+    if quantize not in QUANTIZE:
+        raise UserError(f"--quantize {quantize!r} is not supported; choose one of {', '.join(QUANTIZE)}")
+    if fmt != "onnx":
+        raise UserError(f"--quantize {quantize} needs --format onnx (ONNX Runtime runs the int8 program), got "
+                        f"--format {fmt}")
+
+
+def _write_atomic(dest: Path, write: Callable[[Path], None], quantize: str | None, check) -> list[dict[str, Any]]:
+    """Write to a temporary file beside `dest` (then quantize it), check it and only then rename it into place; the
+    temporary files are removed whatever happens."""
     tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}{dest.suffix}")
+    tmp_q = dest.with_name(f".{dest.name}.q{os.getpid()}{dest.suffix}")
     try:
-        _write_program(prog, ex, fmt, tmp, covered)
-        sizes = [tuple(c) for c in check_sizes] if check_sizes else \
-            [size] + ([_second_size(size, stride, low, covered)] if dynamic else [])
-        if not dynamic and any(s != size for s in sizes):
-            raise UserError(f"a static export runs at {size[0]}x{size[1]} only; pass dynamic=True to check others")
-        for s in sizes:
-            _check_size(model, s, name)
-        checks = _check_program(model, tmp, fmt, sizes, size, chans, gen, name, rtol, log)
+        write(tmp)
+        if quantize:
+            quantize_int8(tmp, tmp_q)
+            os.replace(tmp_q, tmp)
+        checks = check(tmp)
         os.replace(tmp, dest)
     finally:
-        if tmp.exists():
-            tmp.unlink()
-    return {"file": str(dest), "format": fmt, "dynamic": dynamic, "checks": checks,
-            "covers": {"H": list(covered[0]), "W": list(covered[1])}}
+        for t in (tmp, tmp_q):
+            if t.exists():
+                t.unlink()
+    return checks
 
 
 def _write_program(prog: Any, ex: torch.Tensor, fmt: str, path: Path, covered) -> None:
@@ -266,29 +343,53 @@ def _write_program(prog: Any, ex: torch.Tensor, fmt: str, path: Path, covered) -
     onnx_prog.save(str(path))
 
 
-def _check_program(model: nn.Module, path: Path, fmt: str, sizes: list[tuple[int, int]], size: tuple[int, int],
-                   chans: int, gen: torch.Generator, name: str, rtol: float, log) -> list[dict[str, Any]]:
-    """Run the file at `path` at each of `sizes` (batch 2 at the export `size`, else 1; inputs drawn from `gen`) and
-    compare it with eager; an error above `rtol`, or a file that does not run, raises ExportCheckError."""
-    checks = []
-    try:
-        run = _load_file(path, fmt)
-    except Exception as e:  # noqa: BLE001 - re-raised, the file is removed
-        raise ExportCheckError(f"{name}: the written {fmt} file does not load ({type(e).__name__}: "
-                               f"{str(e).splitlines()[0][:300] if str(e) else ''}); nothing was written") from e
-    for s in sizes:
-        xs = torch.randn(2 if s == size else 1, chans, *s, generator=gen)
-        with torch.no_grad():
-            ref = model(xs)
+class _Check:
+    """The check of a written file: `_Check(...)(path)` returns the list of checks or raises ExportCheckError."""
+
+    def __init__(self, model: nn.Module, fmt: str, sizes: list[tuple[int, int]], size: tuple[int, int], chans: int,
+                 gen: torch.Generator, name: str, rtol: float, log, quantize: str | None,
+                 check_inputs: torch.Tensor | None) -> None:
+        self.model, self.fmt, self.sizes, self.size, self.chans, self.gen = model, fmt, sizes, size, chans, gen
+        self.name, self.rtol, self.log, self.quantize, self.check_inputs = name, rtol, log, quantize, check_inputs
+
+    def __call__(self, path: Path) -> list[dict[str, Any]]:
+        kind = f"{self.fmt} ({self.quantize})" if self.quantize else self.fmt
         try:
-            got = run(xs)
-        except Exception as e:  # noqa: BLE001 - re-raised with the size, the file is removed
-            raise ExportCheckError(f"{name}: the {fmt} program does not run at {s[0]}x{s[1]} ({type(e).__name__}: "
-                                   f"{str(e).splitlines()[0][:300]}); nothing was written") from e
-        err = relative_error(got, ref)
-        checks.append({"size": list(s), "rel_err": err})
-        log(f"check {fmt} at {s[0]}x{s[1]}: relative error {err:.2e} against eager")
-        if not err <= rtol:
-            raise ExportCheckError(f"{name}: the {fmt} program disagrees with eager at {s[0]}x{s[1]} (relative "
-                                   f"error {err:.2e} > {rtol:.0e}); nothing was written")
-    return checks
+            run = _load_file(path, self.fmt)
+        except Exception as e:  # noqa: BLE001 - re-raised, the file is removed
+            raise ExportCheckError(f"{self.name}: the written {kind} file does not load ({type(e).__name__}: "
+                                   f"{str(e).splitlines()[0][:300] if str(e) else ''}); nothing was written") from e
+        checks = []
+        for s in self.sizes:
+            if self.check_inputs is not None and s == self.size:
+                xs = self.check_inputs.float()
+            else:
+                xs = torch.randn(2 if s == self.size else 1, self.chans, *s, generator=self.gen)
+            with torch.no_grad():
+                ref = self.model(xs)
+            try:
+                got = run(xs)
+            except Exception as e:  # noqa: BLE001 - re-raised with the size, the file is removed
+                raise ExportCheckError(f"{self.name}: the {kind} program does not run at {s[0]}x{s[1]} "
+                                       f"({type(e).__name__}: {str(e).splitlines()[0][:300]}); nothing was "
+                                       "written") from e
+            checks.append(self._compare(got, ref, s, kind))
+        return checks
+
+    def _compare(self, got: torch.Tensor, ref: torch.Tensor, s: tuple[int, int], kind: str) -> dict[str, Any]:
+        where = f"{s[0]}x{s[1]}"
+        if not self.quantize:
+            err = relative_error(got, ref)
+            self.log(f"check {kind} at {where}: relative error {err:.2e} against eager")
+            if not err <= self.rtol:
+                raise ExportCheckError(f"{self.name}: the {kind} program disagrees with eager at {where} (relative "
+                                       f"error {err:.2e} > {self.rtol:.0e}); nothing was written")
+            return {"size": list(s), "rel_err": err}
+        if not bool(torch.isfinite(got).all()):
+            raise ExportCheckError(f"{self.name}: the {kind} program gives non-finite outputs at {where}; nothing "
+                                   "was written")
+        agree = logit_agreement(got, ref)
+        self.log(f"check {kind} at {where} on {got.shape[0]} input(s) against eager fp32: top-1 agreement "
+                 f"{100 * agree['top1_agreement']:.1f} %, max abs error {agree['max_abs_err']:.3g}, mean abs error "
+                 f"{agree['mean_abs_err']:.3g} (relative {agree['rel_err']:.2e})")
+        return {"size": list(s), **agree}

@@ -21,6 +21,7 @@ import logging
 import math
 import platform
 import re
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,8 @@ ATTN_COLUMNS = ["name", "grid", "seq_len", "dim", "heads", "infer_batch_size", "
 MODEL_COLUMNS = ["model", "infer_img_size", "infer_batch_size", "infer_step_time", "infer_samples_per_sec",
                  "infer_gmacs", "peak_mem_mb", "train_img_size", "train_batch_size", "train_step_time",
                  "train_samples_per_sec", "train_peak_mem_mb", "param_count", "time_spread_pct", "status", "forced",
-                 "device", "threads", "torch", "subquad", "compiled"]
+                 "device", "threads", "torch", "subquad", "compiled", "precision", "backend", "speedup_vs_fp32_eager",
+                 "achieved_gflops", "gemm_gflops", "gemm_fraction"]
 
 
 def _slug(text: str) -> str:
@@ -198,6 +200,9 @@ class _Sweep:
         self.env = _env(device)
         self.budget = _Budget(max_mem_mb, max_time_s, warmup + repeats + 1)
         self.step_budget = None if max_time_s is None else max_time_s / 2
+        # The machine's GEMM rate per precision (measured once per run) and the folder of ONNX exports.
+        self.gemm: dict[str, float] = {}
+        self.folder: str | None = None
 
     def measure(self, row: dict[str, Any], status: list[str], key: tuple, size: float, slope: float,
                 make_step: Callable[[], tuple[Callable[[], object], Callable[[object], str | None]]]) -> bool:
@@ -404,33 +409,58 @@ def check_model_sizes(models: Sequence[str], img_sizes: Sequence[int]) -> None:
 def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch_size: int = 1,
                  backward: bool = False, device: str | torch.device = "cpu", max_mem_mb: float | None = 8192.0,
                  max_time_s: float | None = 300.0, warmup: int = 1, repeats: int = 5, force: bool = False,
-                 on_row: Callable[[dict], None] | None = None, compile: bool = False) -> list[dict]:
-    """Latency, images/s, peak memory, params and GMACs of image models at square sizes.
+                 on_row: Callable[[dict], None] | None = None, compile: bool = False,
+                 precisions: Sequence[str] = ("fp32",), backends: Sequence[str] | None = None) -> list[dict]:
+    """Latency, images/s, peak memory, params and GMACs of image models at square sizes, per precision and backend.
 
     Args:
         models: registered names (subquad's or timm's).
         img_sizes: square input sides, measured in increasing order per model.
         batch_size: images per step.
-        backward: also time a training step (forward, cross-entropy on random labels, backward; no optimizer step).
+        backward: also time a training step (forward, cross-entropy on random labels, backward; no optimizer step;
+            eager and compile only).
         device, max_mem_mb, max_time_s, warmup, repeats, force, on_row: as in `sweep_attention`.
-        compile: time `torch.compile(model)` (the untimed first call compiles; `compiled` column 1).
+        compile: the same as backends=('compile',) (kept for earlier callers).
+        precisions: 'fp32', 'bf16', 'int8' (see `subquad.bench.precision`).
+        backends: 'eager', 'compile' (torch.compile; the untimed first call compiles), 'onnxruntime'.
     Returns:
-        rows with `MODEL_COLUMNS`.
+        rows with `MODEL_COLUMNS`: one per (model, size, precision, backend); a pair that does not exist has a row
+        whose `status` says why it was skipped. `speedup_vs_fp32_eager` is filled when fp32 eager was measured.
     """
+    from .precision import check_pairs
+
     device = torch.device(device)
+    backends = list(backends) if backends else (["compile"] if compile else ["eager"])
+    check_pairs(precisions, backends)
     check_model_names(models)
     if any(int(s) < 1 for s in img_sizes) or batch_size < 1:
         raise UserError(f"need positive --img-size and --batch-size, got {list(img_sizes)} and {batch_size}")
     check_model_sizes(models, img_sizes)
     sweep = _Sweep(device, max_mem_mb, max_time_s, warmup, repeats, force, batch_size)
     rows: list[dict] = []
-    for name in models:
-        for size in sorted({int(s) for s in img_sizes}):
-            row = _model_row(sweep, name, size, backward, compile)
-            rows.append(row)
-            if on_row:
-                on_row(row)
+    with tempfile.TemporaryDirectory(prefix="subquad-bench-") as folder:
+        sweep.folder = folder
+        for name in models:
+            for size in sorted({int(s) for s in img_sizes}):
+                built: dict[str, Any] = {}
+                group = [_model_row(sweep, name, size, backward, be, prec, built)
+                         for prec in precisions for be in backends]
+                _speedups(group)
+                for row in group:
+                    rows.append(row)
+                    if on_row:
+                        on_row(row)
     return rows
+
+
+def _speedups(group: list[dict]) -> None:
+    """speedup_vs_fp32_eager of each measured row of one (model, size): fp32 eager step time over the row's."""
+    base = next((_num(r.get("infer_step_time")) for r in group
+                 if r.get("precision") == "fp32" and r.get("backend") == "eager"), None)
+    for r in group:
+        t = _num(r.get("infer_step_time"))
+        if base and t:
+            r["speedup_vs_fp32_eager"] = round(base / t, 3)
 
 
 def _build_model(name: str, size: int, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -446,35 +476,82 @@ def _build_model(name: str, size: int, device: torch.device) -> tuple[torch.nn.M
         return create_model(name).to(device), {}
 
 
-def _model_row(sweep: _Sweep, name: str, size: int, backward: bool, compile: bool) -> dict[str, Any]:
-    """The row of model `name` at size x size: built, counted, then each mode measured."""
+def _built(built: dict[str, Any], name: str, size: int, sweep: _Sweep) -> dict[str, Any]:
+    """The model of one (model, size), built once and shared by its precisions and backends, with its GMACs."""
     from ..models import create_model
     from .flops import count_macs
 
-    device, batch_size = sweep.device, sweep.batch_size
-    row: dict[str, Any] = dict.fromkeys(MODEL_COLUMNS, "")
-    row.update(model=name, infer_img_size=size, infer_batch_size=batch_size, forced=0, compiled=int(compile),
-               **sweep.env)
-    status: list[str] = []
-    try:
-        model, kw = _build_model(name, size, device)
-        row["param_count"] = sum(p.numel() for p in model.parameters())
-    except Exception as e:  # noqa: BLE001 - reported in the row
-        return _build_failed(row, e)
+    if built:
+        return built
+    built["model"], kw = _build_model(name, size, sweep.device)
+    built["params"] = sum(p.numel() for p in built["model"].parameters())
     try:
         meta = create_model(name, device="meta", **kw)
-        row["infer_gmacs"] = float(f'{count_macs(meta, size, batch_size=batch_size)["gmacs"]:.6g}')
+        built["gmacs"] = float(f'{count_macs(meta, size, batch_size=sweep.batch_size)["gmacs"]:.6g}')
     except Exception as e:  # noqa: BLE001 - counting is best effort
         _log.debug("GMACs of %s at %s failed: %s", name, size, e)
+        built["gmacs"] = ""
+    return built
+
+
+def _model_row(sweep: _Sweep, name: str, size: int, backward: bool, backend: str = "eager",
+               precision: str = "fp32", built: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The row of model `name` at size x size in `precision` on `backend`: built, counted, then each mode
+    measured (or the reason the pair does not run)."""
+    from .precision import skip_reason
+
+    device, batch_size = sweep.device, sweep.batch_size
+    row: dict[str, Any] = dict.fromkeys(MODEL_COLUMNS, "")
+    row.update(model=name, infer_img_size=size, infer_batch_size=batch_size, forced=0,
+               compiled=int(backend == "compile"), precision=precision, backend=backend, **sweep.env)
+    why = skip_reason(precision, backend, device)
+    if why:
+        row["status"] = why
+        return row
+    try:
+        b = _built(built if built is not None else {}, name, size, sweep)
+    except Exception as e:  # noqa: BLE001 - reported in the row
+        return _build_failed(row, e)
+    model = b["model"]
+    row.update(param_count=b["params"], infer_gmacs=b["gmacs"])
     in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
     x = torch.randn(batch_size, in_chans, size, size, device=device)
-    for mode, grad in [("infer", False)] + ([("train", True)] if backward else []):
+    status: list[str] = []
+    modes = [("infer", False)] + ([("train", True)] if backward and backend != "onnxruntime" else [])
+    if backward and backend == "onnxruntime":
+        status.append("train not measured: ONNX Runtime runs inference only")
+    for mode, grad in modes:
+        make_step = _step_maker(sweep, b, x, grad, backend, precision, size)
+        if sweep.measure(row, status, (name, mode, precision, backend), size * size, 2.0, make_step) \
+                and mode == "train":
+            row.update(train_img_size=size, train_batch_size=batch_size)
+    model.eval()
+    if backend == "onnxruntime":
+        row["peak_mem_mb"] = ""  # ONNX Runtime allocates outside torch's allocator probe
+    _rates(sweep, row, precision)
+    row["status"] = "; ".join(status) or "ok"
+    return row
 
-        def make_step(grad=grad):
-            model.train(grad)
-            run = torch.compile(model) if compile else model
 
-            def step():
+def _step_maker(sweep: _Sweep, built: dict[str, Any], x: torch.Tensor, grad: bool, backend: str, precision: str,
+                size: int):
+    """make_step for `_Sweep.measure`: the timed step of one mode and its finiteness check."""
+    from ..backend import precision_context
+
+    model = built["model"]
+
+    def make_step():
+        if backend == "onnxruntime":
+            from .precision import ort_runner
+
+            model.eval()
+            run_ort = ort_runner(model, size, precision, sweep.folder, built)
+            return (lambda: run_ort(x)), (lambda out: None if _finite(out) else "output")
+        model.train(grad)
+        run = torch.compile(model) if backend == "compile" else model
+
+        def step():
+            with precision_context(precision, x.device):
                 if grad:
                     model.zero_grad(set_to_none=True)
                     out = run(x)
@@ -484,13 +561,28 @@ def _model_row(sweep: _Sweep, name: str, size: int, backward: bool, compile: boo
                 with torch.no_grad():
                     return run(x)
 
-            return step, lambda out: None if _finite(out) else "output"
+        return step, lambda out: None if _finite(out) else "output"
 
-        if sweep.measure(row, status, (name, mode), size * size, 2.0, make_step) and mode == "train":
-            row.update(train_img_size=size, train_batch_size=batch_size)
-    model.eval()
-    row["status"] = "; ".join(status) or "ok"
-    return row
+    return make_step
+
+
+def _rates(sweep: _Sweep, row: dict[str, Any], precision: str) -> None:
+    """achieved_gflops (2 x GMACs / forward step time) and its fraction of the machine's GEMM rate at `precision`
+    (measured once per run, on CPU)."""
+    from .precision import gemm_gflops
+
+    t, gmacs = _num(row.get("infer_step_time")), _num(row.get("infer_gmacs"))
+    if not t or not gmacs:
+        return
+    achieved = 2 * gmacs / (t / 1e3)
+    row["achieved_gflops"] = round(achieved, 3)
+    if sweep.device.type != "cpu":
+        return
+    gemm = sweep.gemm
+    if precision not in gemm:
+        gemm[precision] = gemm_gflops(precision)
+    row["gemm_gflops"] = round(gemm[precision], 2)
+    row["gemm_fraction"] = round(achieved / gemm[precision], 4)
 
 
 def write_csv(rows: Iterable[dict], path: str | Path, columns: Sequence[str]) -> Path:
@@ -613,13 +705,18 @@ def plot_models(rows: Sequence[dict], path: str | Path, title: str | None = None
     if any(_num(r.get("train_step_time")) for r in rows):
         panels += [("train_step_time", "train step time (ms)"), ("train_peak_mem_mb", "train peak memory (MiB)")]
     fig, axes = plt.subplots(len(panels) // 2, 2, figsize=(12, 4.6 * (len(panels) // 2)), squeeze=False)
-    order = list(dict.fromkeys(r["model"] for r in rows))
+    pairs = {(r.get("precision") or "fp32", r.get("backend") or "eager") for r in rows}
+
+    def line(r: dict) -> str:  # one line per model, or per (model, precision, backend) when several pairs ran
+        return r["model"] if len(pairs) < 2 else f"{r['model']} {r.get('precision')} {r.get('backend')}"
+
+    order = list(dict.fromkeys(line(r) for r in rows))
     cmap = plt.get_cmap("tab20" if len(order) > 10 else "tab10")
     for ax, (col, label) in zip([a for rr in axes for a in rr], panels):
         all_x, all_y = [], []
         for i, name in enumerate(order):
             pts = sorted((_num(r["infer_img_size"]) ** 2, _num(r.get(col))) for r in rows
-                         if r["model"] == name and _num(r["infer_img_size"]))
+                         if line(r) == name and _num(r["infer_img_size"]))
             pts = [(x, y) for x, y in pts if y]
             if not pts:
                 continue

@@ -33,6 +33,10 @@ def _int_list(text: str) -> list[int]:
     return vals
 
 
+def _word_list(text: str) -> list[str]:
+    return [v for v in text.replace(" ", "").split(",") if v]
+
+
 def _name_list(values: list[str] | None) -> list[str] | None:
     if not values:
         return None
@@ -88,7 +92,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="square input sides (default: 224)")
     m.add_argument("-b", "--batch-size", type=int, default=1, help="batch size (default: 1)")
     m.add_argument("--compile", action="store_true",
-                   help="time torch.compile(model) (the untimed first call compiles; column `compiled`)")
+                   help="time torch.compile(model) (the untimed first call compiles; column `compiled`); the same "
+                   "as --backend compile")
+    m.add_argument("--precision", type=_word_list, default=["fp32"], metavar="P,P,...",
+                   help="fp32, bf16 (autocast), int8 (ONNX Runtime dynamic quantization), comma-separated; a pair "
+                   "that does not exist (int8 eager, bf16 onnxruntime) gets a row saying why it was skipped "
+                   "(default: fp32)")
+    m.add_argument("--backend", type=_word_list, default=None, metavar="B,B,...",
+                   help="eager, compile (torch.compile), onnxruntime (the model exported to ONNX), comma-separated "
+                   "(default: eager). Each row has `speedup_vs_fp32_eager` (when fp32 eager is measured too) and "
+                   "its achieved GFLOP/s as a fraction of this machine's GEMM rate at its precision, measured once "
+                   "per run")
     _common(m)
     m.set_defaults(func=run_model)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -123,9 +137,11 @@ def _fmt(v) -> str:
 ATTN_TABLE = {"name": "name", "grid": "grid (t x t)", "infer_step_time": "fwd (ms)", "peak_mem_mb": "fwd peak (MiB)",
               "infer_time_vs_softmax": "fwd / softmax (x)", "train_step_time": "fwd+bwd (ms)",
               "train_peak_mem_mb": "fwd+bwd peak (MiB)", "infer_gmacs": "fwd GMACs"}
-MODEL_TABLE = {"model": "model", "infer_img_size": "size (px)", "infer_step_time": "fwd (ms)",
+MODEL_TABLE = {"model": "model", "precision": "precision", "backend": "backend",
+               "infer_img_size": "size (px)", "infer_step_time": "fwd (ms)",
                "infer_samples_per_sec": "fwd (img/s)", "peak_mem_mb": "fwd peak (MiB)",
-               "train_step_time": "train (ms)", "infer_gmacs": "fwd GMACs", "param_count": "params"}
+               "train_step_time": "train (ms)", "infer_gmacs": "fwd GMACs", "param_count": "params",
+               "speedup_vs_fp32_eager": "vs fp32 eager (x)", "gemm_fraction": "of GEMM rate"}
 
 
 def _printer(table: dict[str, str], out: Path, columns: list[str]):
@@ -237,9 +253,15 @@ def run_attention(args: argparse.Namespace) -> int:
 
 
 def run_model(args: argparse.Namespace) -> int:
+    from subquad.bench.precision import check_pairs
     from subquad.bench.sweep import check_model_names, check_model_sizes
+    from subquad.errors import UserError
 
     _check(args)
+    if args.compile and args.backend and args.backend != ["compile"]:
+        raise UserError(f"--compile means --backend compile; give one of them, not --backend {','.join(args.backend)}")
+    args.backend = args.backend or (["compile"] if args.compile else ["eager"])
+    check_pairs(args.precision, args.backend)
     check_model_names(_name_list(args.model))
     check_model_sizes(_name_list(args.model), args.img_size)
     with _pinned_threads(args):
@@ -281,7 +303,7 @@ def _run_model(args: argparse.Namespace) -> int:
     show = _printer(MODEL_TABLE, out, MODEL_COLUMNS)
     rows = bench_models(_name_list(args.model), args.img_size, args.batch_size, args.backward, args.device,
                         args.max_mem, args.max_time, args.warmup, args.repeats, args.force, on_row=show,
-                        compile=args.compile)
+                        precisions=args.precision, backends=args.backend)
     write_csv(rows, out, MODEL_COLUMNS)
     _warn_spread(rows, lambda r: f"{r['model']} at {r['infer_img_size']} px")
     print(f"wrote {out}")

@@ -37,6 +37,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "<checkpoint>.eval-<split>-2.json, -3, ...)")
     p.add_argument("--overwrite", action="store_true", help="let the results file replace an existing one")
     p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--precision", default="fp32", metavar="fp32|bf16",
+                   help="fp32, or bf16 (autocast; the linear-attention and FFT cores stay fp32). On a CPU without "
+                   "native bf16 arithmetic bf16 falls back to fp32 with a warning (default: fp32)")
     p.set_defaults(func=run)
     return p
 
@@ -75,6 +78,7 @@ def _parse_views(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from subquad.backend import precision_context, resolve_precision
     from subquad.data.registry import open_source
     from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, sidecar_path, write_json
     from subquad.engine.classify import eval_loader, evaluate
@@ -87,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.results_file, (".json",), (args.checkpoint,), "--results-file",
                           overwrite=args.overwrite)
     info = DistInfo(device=resolve_device(args.device))
+    precision = resolve_precision(args.precision, info.device)
     name, model, sidecar, dcfg, ckpt = load_checkpointed_model(args.checkpoint, args.model, args.img_size,
                                                                info.device, use_ema=args.use_ema)
     spec = args.data or (sidecar.get("args") or {}).get("data")
@@ -108,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         dcfg["video"] = dict(dcfg["video"], views=_parse_views(args.views))
     loader = eval_loader(source, split, dcfg, args.batch_size, args.workers, args.limit)
     t0 = time.perf_counter()
-    m = evaluate(model, loader, info.device, info)
+    m = evaluate(model, loader, info.device, info,
+                 None if precision == "fp32" else (lambda: precision_context(precision, info.device)))
     dt = time.perf_counter() - t0
     n = len(loader.dataset)
     n_params = sum(p.numel() for p in model.parameters())
@@ -117,11 +123,11 @@ def run(args: argparse.Namespace) -> int:
            "top5": round(m["eval_top5"], 4), "top5_err": round(100 - m["eval_top5"], 4),
            "loss": round(m["eval_loss"], 6), "param_count": round(n_params / 1e6, 4), "img_size": dcfg["img_size"],
            "crop_pct": dcfg.get("crop_pct"), "interpolation": dcfg.get("interpolation") or "default",
-           "images_per_sec": round(n / dt, 1)}
+           "precision": precision, "images_per_sec": round(n / dt, 1)}
     if "video" in dcfg:
         row["views"] = "x".join(str(v) for v in dcfg["video"]["views"])
     print(f"{name} on {spec} [{split}, {n} images]: top-1 {m['eval_top1']:.2f} %  top-5 {m['eval_top5']:.2f} %  "
-          f"loss {m['eval_loss']:.4f}  ({n / dt:.0f} images/s)", flush=True)
+          f"loss {m['eval_loss']:.4f}  ({precision}, {n / dt:.0f} images/s)", flush=True)
     if args.results_file:
         out, note = Path(args.results_file), ""
         check_output_file(out, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file", overwrite=args.overwrite)

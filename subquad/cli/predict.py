@@ -27,6 +27,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "replaced only with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="let --json replace an existing file")
     p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--precision", default="fp32", metavar="fp32|bf16",
+                   help="fp32, or bf16 (autocast; the linear-attention and FFT cores stay fp32). On a CPU without "
+                   "native bf16 arithmetic bf16 falls back to fp32 with a warning (default: fp32)")
     p.set_defaults(func=run)
     return p
 
@@ -60,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from PIL import Image, UnidentifiedImageError
 
+    from subquad.backend import precision_context, resolve_precision
     from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, write_json
     from subquad.engine.classify import eval_transform
     from subquad.engine.distributed import resolve_device
@@ -69,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--topk must be >= 1, got {args.topk}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    precision = resolve_precision(args.precision, resolve_device(args.device))
     images = expand_images(args.images)
     if args.json:  # before any work
         check_output_file(args.json, (".json",), (args.checkpoint, *images), "--json", overwrite=args.overwrite)
@@ -90,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         if not batch:
             continue
         t0 = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), precision_context(precision, device):
             probs = model(torch.stack(xs).to(device)).float().softmax(dim=1).cpu()
         dt += time.perf_counter() - t0
         k = min(args.topk, probs.shape[1])

@@ -1,0 +1,83 @@
+"""`subquad bench model --precision ... --backend ...`: one row per (model, precision, backend), skipped pairs say
+why, speed-up against fp32 eager and the fraction of the measured GEMM rate."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from subquad import backend
+from subquad.bench.precision import gemm_gflops, skip_reason
+from subquad.bench.sweep import MODEL_COLUMNS, bench_models
+from subquad.cli.__main__ import main
+
+FAST = ["--img-size", "16", "--repeats", "1", "--warmup", "0", "--no-plot"]
+
+
+def test_precision_backend_grid_rows(tmp_path, capsys):
+    out = tmp_path / "m.csv"
+    assert main(["bench", "model", "--model", "vit_attn_micro", "--precision", "fp32,bf16,int8",
+                 "--backend", "eager,onnxruntime", *FAST, "--out", str(out)]) == 0
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == MODEL_COLUMNS
+    for col in ("precision", "backend", "speedup_vs_fp32_eager", "achieved_gflops", "gemm_fraction"):
+        assert col in MODEL_COLUMNS
+    by = {(r["precision"], r["backend"]): r for r in rows}
+    assert len(rows) == 6 and set(by) == {(p, b) for p in ("fp32", "bf16", "int8") for b in ("eager", "onnxruntime")}
+    assert by[("int8", "eager")]["status"].startswith("skipped: int8 runs in ONNX Runtime only")
+    assert by[("bf16", "onnxruntime")]["status"].startswith("skipped: ONNX Runtime")
+    measured = [("fp32", "eager"), ("fp32", "onnxruntime"), ("int8", "onnxruntime")]
+    if backend.cpu_features().bf16:
+        measured.append(("bf16", "eager"))
+    else:
+        assert by[("bf16", "eager")]["status"].startswith("skipped: this CPU has no native bf16")
+    for key in measured:
+        r = by[key]
+        assert r["status"] == "ok", r
+        assert float(r["infer_step_time"]) > 0 and float(r["infer_samples_per_sec"]) > 0
+        assert float(r["gemm_gflops"]) > 0 and float(r["achieved_gflops"]) > 0
+        assert float(r["gemm_fraction"]) == pytest.approx(float(r["achieved_gflops"]) / float(r["gemm_gflops"]),
+                                                         rel=1e-2)
+        speed = float(by[("fp32", "eager")]["infer_step_time"]) / float(r["infer_step_time"])
+        assert float(r["speedup_vs_fp32_eager"]) == pytest.approx(speed, rel=1e-2)
+    assert float(by[("fp32", "eager")]["speedup_vs_fp32_eager"]) == 1.0
+    for key in set(by) - set(measured):
+        assert by[key]["infer_step_time"] == "" and by[key]["speedup_vs_fp32_eager"] == ""
+    # One GEMM rate per precision for the whole run.
+    assert len({r["gemm_gflops"] for r in rows if r["precision"] == "fp32" and r["gemm_gflops"]}) == 1
+
+
+def test_bf16_rows_skipped_on_a_cpu_without_bf16(monkeypatch):
+    monkeypatch.setattr(backend, "cpu_features", lambda: backend.CpuFeatures(False, False, False, "test"))
+    assert skip_reason("bf16", "eager", __import__("torch").device("cpu")).startswith("skipped: this CPU has no")
+    rows = bench_models(["vit_attn_micro"], (16,), warmup=0, repeats=1, precisions=("bf16",), backends=("eager",))
+    assert len(rows) == 1 and rows[0]["status"].startswith("skipped: this CPU has no native bf16")
+    assert rows[0]["infer_step_time"] == ""
+
+
+@pytest.mark.parametrize("flag, value, msg", [("--precision", "fp16", "--precision 'fp16' is unknown; choose from "
+                                               "fp32, bf16, int8"),
+                                              ("--backend", "tensorrt", "--backend 'tensorrt' is unknown; choose "
+                                               "from eager, compile, onnxruntime"),
+                                              ("--precision", ",", "--precision needs at least one of")])
+def test_unknown_precision_or_backend_one_line(flag, value, msg, tmp_path, capsys):
+    out = tmp_path / "m.csv"
+    assert main(["bench", "model", "--model", "vit_attn_micro", flag, value, *FAST, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err and not out.exists()
+
+
+def test_gemm_rate_per_precision():
+    for p in ("fp32", "int8") + (("bf16",) if backend.cpu_features().bf16 else ()):
+        assert gemm_gflops(p, n=128, repeats=1) > 0
+
+
+@pytest.mark.slow
+def test_compile_backend_rows():
+    rows = bench_models(["vit_attn_micro"], (16,), warmup=1, repeats=1, precisions=("fp32", "bf16"),
+                        backends=("eager", "compile"))
+    by = {(r["precision"], r["backend"]): r for r in rows}
+    assert by[("fp32", "compile")]["status"] == "ok" and by[("fp32", "compile")]["compiled"] == 1
+    assert float(by[("fp32", "compile")]["speedup_vs_fp32_eager"]) > 0
