@@ -28,3 +28,4 @@ from .linear import LinearAttention  # noqa: E402,F401
 from . import sliding_window  # noqa: E402,F401
 from . import linear_angular  # noqa: E402,F401
 from . import host_forms  # noqa: E402,F401
+from .agent import AgentAttention  # noqa: E402,F401
