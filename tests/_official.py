@@ -32,10 +32,11 @@ from torch import nn
 
 from subquad.errors import UserError
 
-__all__ = ["OFFICIAL_NAMES", "official_file", "load_module", "load_l2vit", "load_flatten", "load_msvit",
+__all__ = ["OFFICIAL_NAMES", "official_file", "load_module", "load_l2vit", "load_flatten", "load_msvit", "load_agent",
            "build_official", "official_files", "quiet"]
 
-ROOT_HINT = "SUBQUAD_OFFICIAL_ROOT must name the folder holding L2ViT/, FLatten-Transformer/ and transformer-ls/"
+ROOT_HINT = ("SUBQUAD_OFFICIAL_ROOT must name the folder holding L2ViT/, FLatten-Transformer/, transformer-ls/ and "
+             "Agent-Attention/")
 
 _L2VIT = "L2ViT/classification/models/l2vit.py"
 _FLATTEN = "FLatten-Transformer/models/{}.py"
@@ -67,7 +68,15 @@ def _vil_arch(blocks: tuple[int, int], w: int) -> str:
 _VIL = {"vil_ls_medium": (_vil_arch((4, 16), 7), 224), "vil_ls_base": (_vil_arch((8, 24), 7), 224),
         "vil_ls_medium_384": (_vil_arch((4, 16), 8), 384)}
 
-OFFICIAL_NAMES: tuple[str, ...] = (*_L2VIT_FNS, *_SWIN, *_PVT, *_PVT_V2, *_CSWIN_FNS, *_VIL)
+# Agent-Attention (`<root>/Agent-Attention/agent_transformer/models/`, a package: agent_deit imports `.deit`):
+# the official cfgs `agent_transformer/cfgs/agent_*.yaml` as constructor arguments.
+_AGENT = "Agent-Attention/agent_transformer/models"
+_AGENT_DEIT = {"agent_deit_tiny": dict(embed_dim=192, num_heads=3, img_size=224),
+               "agent_deit_small": dict(embed_dim=384, num_heads=6, img_size=224),
+               "agent_deit_small_448": dict(embed_dim=384, num_heads=6, img_size=448),
+               "agent_deit_base": dict(embed_dim=768, num_heads=12, img_size=224, agent_layer=4, agent_num=[81] * 4)}
+
+OFFICIAL_NAMES: tuple[str, ...] = (*_L2VIT_FNS, *_SWIN, *_PVT, *_PVT_V2, *_CSWIN_FNS, *_VIL, *_AGENT_DEIT)
 
 
 def _ls_root(root: str | Path) -> Path:
@@ -94,6 +103,8 @@ def official_files(root: str | Path, name: str) -> list[Path]:
         return [official_file(_ls_root(root), rel) for rel in _MSVIT]
     if name in _SWIN or name in _CSWIN_FNS or name in _PVT or name in _PVT_V2:
         return [official_file(root, _FLATTEN.format(_flatten_file(name)))]
+    if name in _AGENT_DEIT:
+        return [official_file(root, f"{_AGENT}/{f}.py") for f in ("deit", "agent_deit")]
     raise UserError(f"no official code for model {name!r}; known: {', '.join(OFFICIAL_NAMES)}")
 
 
@@ -223,6 +234,20 @@ def load_msvit(root: str | Path) -> types.ModuleType:
     return load_module(msvit, "_off_vil.msvit")
 
 
+def load_agent(root: str | Path, file: str) -> types.ModuleType:
+    """An official Agent-Attention model file (`agent_deit`, `agent_pvt`, `agent_swin`, `agent_cswin`), imported as
+    `_official_agent.<file>` of a package over the official `models/` folder (its relative imports resolve there;
+    the folder's `__init__`, which imports every file, is not run)."""
+    path = official_file(root, f"{_AGENT}/{file}.py")
+    if "_official_agent" not in sys.modules:
+        pkg = types.ModuleType("_official_agent")
+        pkg.__path__ = [str(path.parent)]
+        sys.modules["_official_agent"] = pkg
+    if file == "agent_deit":
+        load_module(path.parent / "deit.py", "_official_agent.deit")
+    return load_module(path, f"_official_agent.{file}")
+
+
 def build_official(root: str | Path, name: str, img_size: int | None = None, **kwargs) -> nn.Module:
     """Build the official model matching our registered `name` (random init, train mode, CPU), quietly.
 
@@ -258,6 +283,11 @@ def _builder(root: str | Path, name: str, img_size: int | None) -> Callable[...,
         mod = load_flatten(root, "flatten_pvt_v2" if name in _PVT_V2 else "flatten_pvt")
         extra = {"img_size": img_size} if img_size else {}
         return partial(getattr(mod, name), la_sr_ratios="1111", attn_type="LLLL", **extra)
+    if name in _AGENT_DEIT:
+        kw = dict(_AGENT_DEIT[name])
+        if img_size:
+            kw["img_size"] = img_size
+        return partial(load_agent(root, "agent_deit").VisionTransformer, patch_size=16, depth=12, **kw)
     if name in _VIL:
         arch, size = _VIL[name]
         # launch/eval + config/msvit.yaml + config/defaults.py: norm_embed, shared w / kv, LN eps 1e-6, no avg pool.
