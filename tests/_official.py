@@ -75,8 +75,11 @@ _AGENT_DEIT = {"agent_deit_tiny": dict(embed_dim=192, num_heads=3, img_size=224)
                "agent_deit_small": dict(embed_dim=384, num_heads=6, img_size=224),
                "agent_deit_small_448": dict(embed_dim=384, num_heads=6, img_size=448),
                "agent_deit_base": dict(embed_dim=768, num_heads=12, img_size=224, agent_layer=4, agent_num=[81] * 4)}
+_AGENT_PVT = {"agent_pvt_tiny": 224, "agent_pvt_small": 224, "agent_pvt_medium": 224, "agent_pvt_medium_256": 256,
+              "agent_pvt_large": 224}
 
-OFFICIAL_NAMES: tuple[str, ...] = (*_L2VIT_FNS, *_SWIN, *_PVT, *_PVT_V2, *_CSWIN_FNS, *_VIL, *_AGENT_DEIT)
+OFFICIAL_NAMES: tuple[str, ...] = (*_L2VIT_FNS, *_SWIN, *_PVT, *_PVT_V2, *_CSWIN_FNS, *_VIL, *_AGENT_DEIT,
+                                   *_AGENT_PVT)
 
 
 def _ls_root(root: str | Path) -> Path:
@@ -105,6 +108,8 @@ def official_files(root: str | Path, name: str) -> list[Path]:
         return [official_file(root, _FLATTEN.format(_flatten_file(name)))]
     if name in _AGENT_DEIT:
         return [official_file(root, f"{_AGENT}/{f}.py") for f in ("deit", "agent_deit")]
+    if name in _AGENT_PVT:
+        return [official_file(root, f"{_AGENT}/agent_pvt.py")]
     raise UserError(f"no official code for model {name!r}; known: {', '.join(OFFICIAL_NAMES)}")
 
 
@@ -288,6 +293,10 @@ def _builder(root: str | Path, name: str, img_size: int | None) -> Callable[...,
         if img_size:
             kw["img_size"] = img_size
         return partial(load_agent(root, "agent_deit").VisionTransformer, patch_size=16, depth=12, **kw)
+    if name in _AGENT_PVT:
+        fn = getattr(load_agent(root, "agent_pvt"), name.removesuffix("_256"))
+        return partial(fn, img_size=img_size or _AGENT_PVT[name], attn_type="AAAA", agent_sr_ratios="1111",
+                       agent_num=[9, 16, 49, 49])
     if name in _VIL:
         arch, size = _VIL[name]
         # launch/eval + config/msvit.yaml + config/defaults.py: norm_embed, shared w / kv, LN eps 1e-6, no avg pool.

@@ -47,7 +47,7 @@ class AgentAttention(TokenMixer):
         sr_ratio: PVT spatial reduction of K/V (a strided conv `sr` + `norm` on the map before the key/value rows).
         num_prefix_tokens: P leading class tokens: queries and keys with their own biases `ca_bias` / `ac_bias`
             (Agent-DeiT), no agents pooled from them and no DWC term.
-        kernel_size: DWC kernel (odd; 3 in every official model).
+        dwc_kernel_size: DWC kernel (odd; 3 in every official model).
         proj_drop: dropout after `proj`.
         fused: SDPA fast path (True) or the dense reference (False); both compute the same function.
     """
@@ -58,15 +58,16 @@ class AgentAttention(TokenMixer):
 
     @classmethod
     def stage_kwargs(cls, stage: dict) -> dict:
-        """PVT's spatial reduction (the host's `sr_ratio`) reduces the keys and values."""
+        """The key/value reduction of a PVT host's linear-attention stages (`la_sr_ratio`; Agent-PVT's
+        `agent_sr_ratios`, 1 in every released model), not the softmax baseline's `sr_ratio`."""
         kw = super().stage_kwargs(stage)
-        if stage.get("sr_ratio", 1) > 1:
-            kw["sr_ratio"] = stage["sr_ratio"]
+        if stage.get("la_sr_ratio", 1) != 1:
+            kw["sr_ratio"] = stage["la_sr_ratio"]
         return kw
 
     def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
                  agent_num: int = 49, qkv_bias: bool = True, sr_ratio: int = 1, num_prefix_tokens: int = 0,
-                 kernel_size: int = 3, proj_drop: float = 0.0, fused: bool = True, device=None, dtype=None) -> None:
+                 dwc_kernel_size: int = 3, proj_drop: float = 0.0, fused: bool = True, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         who = "agent attention"
@@ -79,8 +80,8 @@ class AgentAttention(TokenMixer):
         if a * a != agent_num or isinstance(agent_num, bool):
             raise UserError(f"{who}: agent_num={agent_num!r} must be a perfect square (agents are pooled to a "
                             "sqrt(A) x sqrt(A) grid), e.g. 9, 16, 49")
-        if not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
-            raise UserError(f"{who}: kernel_size={kernel_size!r} must be a positive odd int")
+        if not isinstance(dwc_kernel_size, int) or dwc_kernel_size < 1 or dwc_kernel_size % 2 == 0:
+            raise UserError(f"{who}: dwc_kernel_size={dwc_kernel_size!r} must be a positive odd int")
         if not isinstance(sr_ratio, int) or sr_ratio < 1:
             raise UserError(f"{who}: sr_ratio={sr_ratio!r} must be an int >= 1")
         if num_prefix_tokens < 0:
@@ -96,7 +97,7 @@ class AgentAttention(TokenMixer):
             self.norm = nn.LayerNorm(dim, **dd)
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
-        self.dwc = nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, **dd)
+        self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim, **dd)
         h, A, P = num_heads, agent_num, self.num_prefix_tokens
         Hk, Wk = H // sr_ratio, W // sr_ratio
         shapes = {"an_bias": (h, A, 7, 7), "na_bias": (h, A, 7, 7), "ah_bias": (1, h, A, Hk, 1),

@@ -157,7 +157,8 @@ def test_registered_and_class_token_needs_no_extra_agents():
 
 
 @pytest.mark.parametrize("opts,word", [
-    (dict(agent_num=10), "agent_num=10"), (dict(kernel_size=4), "kernel_size=4"), (dict(sr_ratio=0), "sr_ratio"),
+    (dict(agent_num=10), "agent_num=10"), (dict(dwc_kernel_size=4), "dwc_kernel_size=4"),
+    (dict(sr_ratio=0), "sr_ratio"),
     (dict(input_size=(2, 9), sr_ratio=3), "smaller than sr_ratio"),
 ])
 def test_bad_options_are_one_line_user_errors(opts, word):

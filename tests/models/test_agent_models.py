@@ -1,6 +1,6 @@
-"""Agent-Attention families: official key layouts load strictly through `remap_official`, a resized load equals
-running the source model at the new size, the variants' mechanism lists and agent counts follow the official cfgs,
-and the micro model trains on odd, non-square inputs."""
+"""Agent-Attention families (Agent-DeiT, Agent-PVT): official key layouts load strictly through `remap_official`, a
+resized load equals running the source model at the new size, the variants' mechanism lists and agent counts follow
+the official cfgs, and the micro models train on odd, non-square inputs."""
 
 from __future__ import annotations
 
@@ -14,28 +14,44 @@ import torch
 import subquad
 from subquad.attention.agent import AgentAttention
 from subquad.models.agent_deit import remap_official as remap_deit
+from subquad.models.agent_pvt import remap_official as remap_pvt
 
 from .test_remap import random_state_dict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "_fixtures"
 DEIT = json.loads((FIXTURES / "agent_deit_keys.json").read_text())["models"]
+PVT = json.loads((FIXTURES / "agent_pvt_keys.json").read_text())["models"]
+OFFICIAL = {**DEIT, **PVT}
 
 # Loading into a meta model is a no-op per tensor, and torch says so for each one.
 pytestmark = pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter:UserWarning")
 
 
-@pytest.mark.parametrize("name", sorted(DEIT))
-def test_official_deit_layout_loads_strictly(tmp_path, name):
-    sd = random_state_dict(DEIT[name])
+def _fold_q_kv(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The official PVT `q` + `kv` as our fused `qkv` (row concatenation), other keys as they are."""
+    out = {}
+    for k, v in sd.items():
+        if ".attn.kv." in k:
+            continue
+        if ".attn.q." in k:
+            out[k.replace(".attn.q.", ".attn.qkv.")] = torch.cat([v, sd[k.replace(".attn.q.", ".attn.kv.")]])
+        else:
+            out[k] = v
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(OFFICIAL))
+def test_official_layout_loads_strictly(tmp_path, name):
+    sd = random_state_dict(OFFICIAL[name])
     path = tmp_path / "official.pth"
     torch.save({"model": sd, "max_accuracy": 80.0, "epoch": 299}, path)
-    real = name == "agent_deit_tiny"
+    real = name in ("agent_deit_tiny", "agent_pvt_tiny")
     m = subquad.create_model(name, checkpoint_path=str(path), device=None if real else "meta")
-    own = m.state_dict()
-    assert set(own) == set(sd)
+    own, expected = m.state_dict(), _fold_q_kv(sd)
+    assert set(own) == set(expected)
     if real:
         for k, v in own.items():
-            assert torch.equal(v, sd[k]), k
+            assert torch.equal(v, expected[k]), k
 
 
 def test_variants_follow_official_cfgs():
@@ -48,7 +64,12 @@ def test_variants_follow_official_cfgs():
     t = subquad.create_model("agent_deit_small_448", device="meta")
     assert all(isinstance(b.attn, AgentAttention) and b.attn.agent_num == 49 for b in t.blocks)
     assert t.blocks[0].attn.ah_bias.shape == (1, 6, 49, 28, 1) and t.blocks[0].attn.ac_bias.shape == (1, 6, 49, 1)
-    for tag in ("agent_deit_tiny.in1k", "agent_deit_base.in1k", "agent_deit_small_448.in1k"):
+    p = subquad.create_model("agent_pvt_medium_256", device="meta")
+    assert [p._stage(i)[1][0].attn.agent_num for i in range(4)] == [9, 16, 49, 49]
+    assert all(p._stage(i)[1][0].attn.sr_ratio == 1 for i in range(4))
+    assert p.block1[0].attn.ha_bias.shape == (1, 1, 64, 1, 9)
+    for tag in ("agent_deit_tiny.in1k", "agent_deit_base.in1k", "agent_deit_small_448.in1k",
+                *(f"agent_pvt_{s}.in1k" for s in ("tiny", "small", "medium", "medium_256", "large"))):
         cfg = timm.models.get_pretrained_cfg(tag)
         assert cfg.url.startswith("https://cloud.tsinghua.edu.cn/f/") and "top-1" in cfg.notes
 
@@ -61,22 +82,25 @@ def _randomise(m: torch.nn.Module) -> torch.nn.Module:
     return m
 
 
-def test_resized_load_equals_runtime_resize():
-    """A micro checkpoint (grid 8 x 8) loaded into a model built at 48 px (grid 12 x 12) gives the logits of the
-    source model run at 48 px: the load-time resize of `pos_embed` and the agent tables is the run-time rule."""
+@pytest.mark.parametrize("name,remap", [("agent_deit_micro", remap_deit), ("agent_pvt_micro", remap_pvt)])
+def test_resized_load_equals_runtime_resize(name, remap):
+    """A micro checkpoint (32 px) loaded into a model built at 48 px gives the logits of the source model run at
+    48 px: the load-time resize of the position tables and the agent tables is the run-time rule."""
     torch.manual_seed(0)
-    src = _randomise(subquad.create_model("agent_deit_micro", num_classes=5)).eval()
-    dst = subquad.create_model("agent_deit_micro", num_classes=5, img_size=48).eval()
-    assert dst.blocks[0].attn.ah_bias.shape[3] == 12
-    dst.load_state_dict(remap_deit({"model": src.state_dict()}, dst), strict=True)
+    src = _randomise(subquad.create_model(name, num_classes=5)).eval()
+    dst = subquad.create_model(name, num_classes=5, img_size=48).eval()
+    first = [next(m for m in net.modules() if isinstance(m, AgentAttention)) for net in (src, dst)]
+    assert first[1].ah_bias.shape[3] == first[0].ah_bias.shape[3] * 3 // 2
+    dst.load_state_dict(remap({"model": src.state_dict()}, dst), strict=True)
     x = torch.randn(2, 3, 48, 48)
     with torch.no_grad():
         torch.testing.assert_close(dst(x), src(x), rtol=1e-5, atol=1e-5)
 
 
-def test_micro_trains_on_odd_non_square_inputs():
+@pytest.mark.parametrize("name", ["agent_deit_micro", "agent_pvt_micro"])
+def test_micro_trains_on_odd_non_square_inputs(name):
     torch.manual_seed(0)
-    m = subquad.create_model("agent_deit_micro", num_classes=3).train()
+    m = subquad.create_model(name, num_classes=3).train()
     x = torch.randn(2, 3, 36, 20)
     y = m(x)
     assert y.shape == (2, 3) and torch.isfinite(y).all()

@@ -3,7 +3,7 @@ path through `tests/_official.py`; needs SUBQUAD_OFFICIAL_ROOT with an `Agent-At
 
 Module level: the official `AgentAttention` of `agent_swin.py` (plain), `agent_pvt.py` (PVT reduction, q + kv) and
 `agent_deit.py` (class token) with random weights and biases, loaded into ours. Model level: random official
-Agent-DeiT weights loaded through `remap_official`, logits compared in float32 (relative RMS < 1e-5).
+Agent-DeiT / Agent-PVT weights loaded through `remap_official`, logits compared in float32 (relative RMS < 1e-5).
 """
 
 from __future__ import annotations
@@ -61,11 +61,12 @@ def test_agent_deit_module_class_token(official_root):
         assert_close(ours(x, (14, 14)), o(x), torch.float32, "agent (deit) vs official")
 
 
-@pytest.mark.parametrize("name", ["agent_deit_tiny", "agent_deit_base"])
-def test_agent_deit_logits(official_root, name):
+@pytest.mark.parametrize("name", ["agent_deit_tiny", "agent_deit_base", "agent_pvt_tiny"])
+def test_agent_logits(official_root, name):
     off = _randomise(build_official(official_root, name)).eval()
     ours = subquad.create_model(name).eval()
-    remap = __import__("subquad.models.agent_deit", fromlist=["remap_official"]).remap_official
+    family = name.rsplit("_", 1)[0]
+    remap = __import__(f"subquad.models.{family}", fromlist=["remap_official"]).remap_official
     ours.load_state_dict(remap({"model": off.state_dict()}, ours), strict=True)
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
