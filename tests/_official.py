@@ -77,9 +77,13 @@ _AGENT_DEIT = {"agent_deit_tiny": dict(embed_dim=192, num_heads=3, img_size=224)
                "agent_deit_base": dict(embed_dim=768, num_heads=12, img_size=224, agent_layer=4, agent_num=[81] * 4)}
 _AGENT_PVT = {"agent_pvt_tiny": 224, "agent_pvt_small": 224, "agent_pvt_medium": 224, "agent_pvt_medium_256": 256,
               "agent_pvt_large": 224}
+# (img_size, embed_dim, depths, heads, WINDOW_SIZE, ATTN_TYPE); NUM 9-16-49-49 in every cfg.
+_AGENT_SWIN = {"agent_swin_tiny": (224, 96, (2, 2, 6, 2), (3, 6, 12, 24), 56, "AAAB"),
+               "agent_swin_small": (224, 96, (2, 2, 18, 2), (3, 6, 12, 24), 56, "AABB"),
+               "agent_swin_small_288": (288, 96, (2, 2, 18, 2), (3, 6, 12, 24), 72, "AABB")}
 
 OFFICIAL_NAMES: tuple[str, ...] = (*_L2VIT_FNS, *_SWIN, *_PVT, *_PVT_V2, *_CSWIN_FNS, *_VIL, *_AGENT_DEIT,
-                                   *_AGENT_PVT)
+                                   *_AGENT_PVT, *_AGENT_SWIN)
 
 
 def _ls_root(root: str | Path) -> Path:
@@ -108,8 +112,8 @@ def official_files(root: str | Path, name: str) -> list[Path]:
         return [official_file(root, _FLATTEN.format(_flatten_file(name)))]
     if name in _AGENT_DEIT:
         return [official_file(root, f"{_AGENT}/{f}.py") for f in ("deit", "agent_deit")]
-    if name in _AGENT_PVT:
-        return [official_file(root, f"{_AGENT}/agent_pvt.py")]
+    if name in _AGENT_PVT or name in _AGENT_SWIN:
+        return [official_file(root, f"{_AGENT}/{name.split('_')[0]}_{name.split('_')[1]}.py")]
     raise UserError(f"no official code for model {name!r}; known: {', '.join(OFFICIAL_NAMES)}")
 
 
@@ -297,6 +301,13 @@ def _builder(root: str | Path, name: str, img_size: int | None) -> Callable[...,
         fn = getattr(load_agent(root, "agent_pvt"), name.removesuffix("_256"))
         return partial(fn, img_size=img_size or _AGENT_PVT[name], attn_type="AAAA", agent_sr_ratios="1111",
                        agent_num=[9, 16, 49, 49])
+    if name in _AGENT_SWIN:
+        size, embed_dim, depths, heads, window, kinds = _AGENT_SWIN[name]
+        if img_size:
+            size, window = img_size, img_size // 4
+        return partial(load_agent(root, "agent_swin").AgentSwinTransformer, img_size=size, embed_dim=embed_dim,
+                       depths=list(depths), num_heads=list(heads), window_size=window, agent_num=[9, 16, 49, 49],
+                       attn_type=kinds)
     if name in _VIL:
         arch, size = _VIL[name]
         # launch/eval + config/msvit.yaml + config/defaults.py: norm_embed, shared w / kv, LN eps 1e-6, no avg pool.

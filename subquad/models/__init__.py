@@ -77,3 +77,4 @@ from . import flatten_cswin  # noqa: E402,F401
 from . import cvt_ls  # noqa: E402,F401
 from . import agent_deit  # noqa: E402,F401
 from . import agent_pvt  # noqa: E402,F401
+from . import agent_swin  # noqa: E402,F401

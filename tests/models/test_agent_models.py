@@ -1,4 +1,4 @@
-"""Agent-Attention families (Agent-DeiT, Agent-PVT): official key layouts load strictly through `remap_official`, a
+"""Agent-Attention families (Agent-DeiT, -PVT, -Swin): official key layouts load strictly through `remap_official`, a
 resized load equals running the source model at the new size, the variants' mechanism lists and agent counts follow
 the official cfgs, and the micro models train on odd, non-square inputs."""
 
@@ -15,13 +15,16 @@ import subquad
 from subquad.attention.agent import AgentAttention
 from subquad.models.agent_deit import remap_official as remap_deit
 from subquad.models.agent_pvt import remap_official as remap_pvt
+from subquad.models.agent_swin import remap_official as remap_swin
 
 from .test_remap import random_state_dict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "_fixtures"
 DEIT = json.loads((FIXTURES / "agent_deit_keys.json").read_text())["models"]
 PVT = json.loads((FIXTURES / "agent_pvt_keys.json").read_text())["models"]
-OFFICIAL = {**DEIT, **PVT}
+# The Swin fixture lists the official buffers too (`relative_position_index`, `attn_mask`: recomputed, dropped).
+SWIN = json.loads((FIXTURES / "agent_swin_keys.json").read_text())["models"]
+OFFICIAL = {**DEIT, **PVT, **SWIN}
 
 # Loading into a meta model is a no-op per tensor, and torch says so for each one.
 pytestmark = pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter:UserWarning")
@@ -47,7 +50,8 @@ def test_official_layout_loads_strictly(tmp_path, name):
     torch.save({"model": sd, "max_accuracy": 80.0, "epoch": 299}, path)
     real = name in ("agent_deit_tiny", "agent_pvt_tiny")
     m = subquad.create_model(name, checkpoint_path=str(path), device=None if real else "meta")
-    own, expected = m.state_dict(), _fold_q_kv(sd)
+    own = m.state_dict()
+    expected = {k: v for k, v in _fold_q_kv(sd).items() if not k.endswith(("relative_position_index", "attn_mask"))}
     assert set(own) == set(expected)
     if real:
         for k, v in own.items():
@@ -68,7 +72,15 @@ def test_variants_follow_official_cfgs():
     assert [p._stage(i)[1][0].attn.agent_num for i in range(4)] == [9, 16, 49, 49]
     assert all(p._stage(i)[1][0].attn.sr_ratio == 1 for i in range(4))
     assert p.block1[0].attn.ha_bias.shape == (1, 1, 64, 1, 9)
-    for tag in ("agent_deit_tiny.in1k", "agent_deit_base.in1k", "agent_deit_small_448.in1k",
+    sw = subquad.create_model("agent_swin_tiny", device="meta")
+    assert [type(st.blocks[0].attn).__name__ for st in sw.layers] == ["AgentAttention"] * 3 + ["WindowAttention"]
+    assert [st.blocks[0].attn.agent_num for st in sw.layers[:3]] == [9, 16, 49]
+    small = subquad.create_model("agent_swin_small_288", device="meta")
+    assert small.layers[1].blocks[0].attn.ah_bias.shape == (1, 6, 16, 36, 1)
+    kinds = [type(st.blocks[0].attn).__name__ for st in small.layers]
+    assert kinds == ["AgentAttention"] * 2 + ["WindowAttention"] * 2
+    for tag in ("agent_swin_tiny.in1k", "agent_swin_small.in1k", "agent_swin_small_288.in1k",
+                "agent_deit_tiny.in1k", "agent_deit_base.in1k", "agent_deit_small_448.in1k",
                 *(f"agent_pvt_{s}.in1k" for s in ("tiny", "small", "medium", "medium_256", "large"))):
         cfg = timm.models.get_pretrained_cfg(tag)
         assert cfg.url.startswith("https://cloud.tsinghua.edu.cn/f/") and "top-1" in cfg.notes
@@ -82,26 +94,30 @@ def _randomise(m: torch.nn.Module) -> torch.nn.Module:
     return m
 
 
-@pytest.mark.parametrize("name,remap", [("agent_deit_micro", remap_deit), ("agent_pvt_micro", remap_pvt)])
+@pytest.mark.parametrize("name,remap", [("agent_deit_micro", remap_deit), ("agent_pvt_micro", remap_pvt),
+                                        ("agent_swin_micro", remap_swin)])
 def test_resized_load_equals_runtime_resize(name, remap):
     """A micro checkpoint (32 px) loaded into a model built at 48 px gives the logits of the source model run at
     48 px: the load-time resize of the position tables and the agent tables is the run-time rule."""
     torch.manual_seed(0)
-    src = _randomise(subquad.create_model(name, num_classes=5)).eval()
-    dst = subquad.create_model(name, num_classes=5, img_size=48).eval()
+    # Swin micro from 128 px (stage grids 32/16/8/4), so no 'window' stage is clipped at either size.
+    swin = name == "agent_swin_micro"
+    src = _randomise(subquad.create_model(name, num_classes=5, **(dict(img_size=128) if swin else {}))).eval()
+    size = 192 if swin else 48
+    dst = subquad.create_model(name, num_classes=5, img_size=size).eval()
     first = [next(m for m in net.modules() if isinstance(m, AgentAttention)) for net in (src, dst)]
     assert first[1].ah_bias.shape[3] == first[0].ah_bias.shape[3] * 3 // 2
     dst.load_state_dict(remap({"model": src.state_dict()}, dst), strict=True)
-    x = torch.randn(2, 3, 48, 48)
+    x = torch.randn(2, 3, size, size)
     with torch.no_grad():
         torch.testing.assert_close(dst(x), src(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["agent_deit_micro", "agent_pvt_micro"])
+@pytest.mark.parametrize("name", ["agent_deit_micro", "agent_pvt_micro", "agent_swin_micro"])
 def test_micro_trains_on_odd_non_square_inputs(name):
     torch.manual_seed(0)
     m = subquad.create_model(name, num_classes=3).train()
-    x = torch.randn(2, 3, 36, 20)
+    x = torch.randn(2, 3, 36, 20) if name != "agent_swin_micro" else torch.randn(2, 3, 70, 45)
     y = m(x)
     assert y.shape == (2, 3) and torch.isfinite(y).all()
     y.square().sum().backward()

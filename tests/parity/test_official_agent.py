@@ -3,7 +3,7 @@ path through `tests/_official.py`; needs SUBQUAD_OFFICIAL_ROOT with an `Agent-At
 
 Module level: the official `AgentAttention` of `agent_swin.py` (plain), `agent_pvt.py` (PVT reduction, q + kv) and
 `agent_deit.py` (class token) with random weights and biases, loaded into ours. Model level: random official
-Agent-DeiT / Agent-PVT weights loaded through `remap_official`, logits compared in float32 (relative RMS < 1e-5).
+Agent-DeiT / -PVT / -Swin weights loaded through `remap_official`, logits compared in float32 (relative RMS < 1e-5).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_agent_deit_module_class_token(official_root):
         assert_close(ours(x, (14, 14)), o(x), torch.float32, "agent (deit) vs official")
 
 
-@pytest.mark.parametrize("name", ["agent_deit_tiny", "agent_deit_base", "agent_pvt_tiny"])
+@pytest.mark.parametrize("name", ["agent_deit_tiny", "agent_deit_base", "agent_pvt_tiny", "agent_swin_tiny"])
 def test_agent_logits(official_root, name):
     off = _randomise(build_official(official_root, name)).eval()
     ours = subquad.create_model(name).eval()
