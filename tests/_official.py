@@ -81,9 +81,13 @@ _AGENT_PVT = {"agent_pvt_tiny": 224, "agent_pvt_small": 224, "agent_pvt_medium":
 _AGENT_SWIN = {"agent_swin_tiny": (224, 96, (2, 2, 6, 2), (3, 6, 12, 24), 56, "AAAB"),
                "agent_swin_small": (224, 96, (2, 2, 18, 2), (3, 6, 12, 24), 56, "AABB"),
                "agent_swin_small_288": (288, 96, (2, 2, 18, 2), (3, 6, 12, 24), 72, "AABB")}
+_AGENT_CSWIN = {"agent_cswin_tiny": ("Agent_CSWin_64_24181_tiny_224", 224),
+                "agent_cswin_small": ("Agent_CSWin_64_36292_small_224", 224),
+                "agent_cswin_base": ("Agent_CSWin_96_36292_base_224", 224),
+                "agent_cswin_base_384": ("Agent_CSWin_96_36292_base_384", 384)}
 
 OFFICIAL_NAMES: tuple[str, ...] = (*_L2VIT_FNS, *_SWIN, *_PVT, *_PVT_V2, *_CSWIN_FNS, *_VIL, *_AGENT_DEIT,
-                                   *_AGENT_PVT, *_AGENT_SWIN)
+                                   *_AGENT_PVT, *_AGENT_SWIN, *_AGENT_CSWIN)
 
 
 def _ls_root(root: str | Path) -> Path:
@@ -112,7 +116,7 @@ def official_files(root: str | Path, name: str) -> list[Path]:
         return [official_file(root, _FLATTEN.format(_flatten_file(name)))]
     if name in _AGENT_DEIT:
         return [official_file(root, f"{_AGENT}/{f}.py") for f in ("deit", "agent_deit")]
-    if name in _AGENT_PVT or name in _AGENT_SWIN:
+    if name in _AGENT_PVT or name in _AGENT_SWIN or name in _AGENT_CSWIN:
         return [official_file(root, f"{_AGENT}/{name.split('_')[0]}_{name.split('_')[1]}.py")]
     raise UserError(f"no official code for model {name!r}; known: {', '.join(OFFICIAL_NAMES)}")
 
@@ -308,6 +312,11 @@ def _builder(root: str | Path, name: str, img_size: int | None) -> Callable[...,
         return partial(load_agent(root, "agent_swin").AgentSwinTransformer, img_size=size, embed_dim=embed_dim,
                        depths=list(depths), num_heads=list(heads), window_size=window, agent_num=[9, 16, 49, 49],
                        attn_type=kinds)
+    if name in _AGENT_CSWIN:
+        fn, size = _AGENT_CSWIN[name]
+        g = (img_size or size) // 4
+        return partial(getattr(load_agent(root, "agent_cswin"), fn), img_size=img_size or size, attn_type="AABB",
+                       agent_num=[9, 16, 49, 49], la_split_size=f"{g}-{g // 2}-{g // 4}-{g // 8}")
     if name in _VIL:
         arch, size = _VIL[name]
         # launch/eval + config/msvit.yaml + config/defaults.py: norm_embed, shared w / kv, LN eps 1e-6, no avg pool.

@@ -16,11 +16,89 @@ from ..errors import UserError
 from .base import AttentionCaps, TokenMixer
 from .focused_linear import remap_q_kv
 from .functional.agent import agent_attention, agent_attention_matrix, agent_attention_ref, agent_biases
-from .registry import register_attention
+from .registry import register_attention, register_attention_form
 
-__all__ = ["AgentAttention", "remap_q_kv"]
+__all__ = ["AgentAttention", "AgentCore", "remap_q_kv"]
 
 BIAS_NAMES = ("an_bias", "na_bias", "ah_bias", "aw_bias", "ha_bias", "wa_bias", "ac_bias", "ca_bias")
+
+
+def _agent_side(agent_num: int, who: str) -> int:
+    """sqrt(A) for a perfect square A (agents are pooled to a sqrt(A) x sqrt(A) grid), else a one-line UserError."""
+    a = math.isqrt(agent_num) if isinstance(agent_num, int) and not isinstance(agent_num, bool) and agent_num > 0 else 0
+    if a * a != agent_num:
+        raise UserError(f"{who}: agent_num={agent_num!r} must be a perfect square (agents are pooled to a "
+                        "sqrt(A) x sqrt(A) grid), e.g. 9, 16, 49")
+    return a
+
+
+def _add_bias_tables(m: nn.Module, h: int, A: int, P: int, hw: tuple[int, int], kv_hw: tuple[int, int],
+                     dd: dict) -> None:
+    """The official bias parameters: an / na (h, A, 7, 7), ah / aw on the key grid, ha / wa on the query grid and,
+    with P prefix tokens, ac (1, h, A, P) / ca (1, h, P, A)."""
+    (H, W), (Hk, Wk) = hw, kv_hw
+    shapes = {"an_bias": (h, A, 7, 7), "na_bias": (h, A, 7, 7), "ah_bias": (1, h, A, Hk, 1),
+              "aw_bias": (1, h, A, 1, Wk), "ha_bias": (1, h, H, 1, A), "wa_bias": (1, h, 1, W, A)}
+    if P:
+        shapes.update(ac_bias=(1, h, A, P), ca_bias=(1, h, P, A))
+    for name, shape in shapes.items():
+        setattr(m, name, nn.Parameter(torch.empty(shape, **dd)))
+
+
+@register_attention_form("agent", "host_qkv")
+class AgentCore(TokenMixer):
+    """Agent attention on queries, keys and values that the host projects (`forward_qkv`): the form of Agent-CSwin's
+    'A' blocks, whose block owns the q/k/v and output projections. The depthwise 3 x 3 convolution of V is CSwin's
+    LePE `get_v` there (the same term as `AgentAttention.dwc`, under the official CSwin name); no projections, no
+    key/value reduction, no prefix tokens. `build_attention("agent", ..., host_qkv=True)` builds it.
+
+    Shapes: `forward_qkv(q, k, v, hw)`: q, k, v (B, H * W, C) -> (B, H * W, C), no output projection.
+    Paper: Agent Attention (arXiv 2312.08874), Sec. 4.1-4.2.
+    Official: LeapLabTHU/Agent-Attention `agent_transformer/models/agent_cswin.py` `AgentAttention` (idx=-1: the
+        whole stage map, which is what every released Agent-CSwin 'A' stage uses).
+
+    Args:
+        dim, num_heads, input_size, agent_num: as `AgentAttention`.
+        fused: SDPA fast path (True) or the dense reference (False).
+    """
+
+    caps = AttentionCaps(bidirectional=True, causal=False, needs_hw=True, supports_mask=False, complexity="O(N)",
+                         sequence=False, notes="host-projected form of 'agent'")
+
+    def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
+                 agent_num: int = 49, fused: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        who = "agent attention (host_qkv)"
+        self.dim, self.num_heads = dim, num_heads
+        self.head_dim = check_heads(dim, num_heads, who)
+        if input_size is None:
+            raise ValueError(f"{who} needs input_size=(H, W) to size its bias tables")
+        self.input_size = as_hw(input_size, "input_size")
+        a = _agent_side(agent_num, who)
+        self.agent_num, self.agent_hw, self.fused = agent_num, (a, a), fused
+        self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd)
+        _add_bias_tables(self, num_heads, agent_num, 0, self.input_size, self.input_size, dd)
+        if not self.get_v.weight.is_meta:
+            for name in BIAS_NAMES[:6]:
+                trunc_normal_(getattr(self, name), std=0.02)
+
+    def forward_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int],
+                    x: torch.Tensor | None = None, fused: bool | None = None) -> torch.Tensor:
+        """Agent attention on projected q, k, v (B, N, C) plus LePE(v); x (the host's input) is not read."""
+        hw = self._check_input(q, hw)
+        if k.shape != q.shape or v.shape != q.shape:
+            raise ValueError(f"agent forward_qkv: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} "
+                             "must have the same shape")
+        b1, b2 = agent_biases(self.an_bias, self.na_bias, self.ah_bias, self.aw_bias, self.ha_bias, self.wa_bias,
+                              None, None, hw, hw)
+        fn = agent_attention if (self.fused if fused is None else fused) else agent_attention_ref
+        return fn(q, k, v, b1, b2, self.get_v.weight, self.get_v.bias, hw=tuple(hw), agent_hw=self.agent_hw,
+                  num_heads=self.num_heads)
+
+    def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        raise ValueError("agent attention built with host_qkv=True has no projections; call forward_qkv(q, k, v, hw)")
 
 
 @register_attention("agent")
@@ -76,10 +154,7 @@ class AgentAttention(TokenMixer):
         if input_size is None:
             raise ValueError(f"{who} needs input_size=(H, W) to size its bias tables")
         self.input_size = as_hw(input_size, "input_size")
-        a = math.isqrt(agent_num) if isinstance(agent_num, int) and agent_num > 0 else 0
-        if a * a != agent_num or isinstance(agent_num, bool):
-            raise UserError(f"{who}: agent_num={agent_num!r} must be a perfect square (agents are pooled to a "
-                            "sqrt(A) x sqrt(A) grid), e.g. 9, 16, 49")
+        a = _agent_side(agent_num, who)
         if not isinstance(dwc_kernel_size, int) or dwc_kernel_size < 1 or dwc_kernel_size % 2 == 0:
             raise UserError(f"{who}: dwc_kernel_size={dwc_kernel_size!r} must be a positive odd int")
         if not isinstance(sr_ratio, int) or sr_ratio < 1:
@@ -98,14 +173,8 @@ class AgentAttention(TokenMixer):
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.dwc = nn.Conv2d(dim, dim, dwc_kernel_size, padding=dwc_kernel_size // 2, groups=dim, **dd)
-        h, A, P = num_heads, agent_num, self.num_prefix_tokens
-        Hk, Wk = H // sr_ratio, W // sr_ratio
-        shapes = {"an_bias": (h, A, 7, 7), "na_bias": (h, A, 7, 7), "ah_bias": (1, h, A, Hk, 1),
-                  "aw_bias": (1, h, A, 1, Wk), "ha_bias": (1, h, H, 1, A), "wa_bias": (1, h, 1, W, A)}
-        if P:
-            shapes.update(ac_bias=(1, h, A, P), ca_bias=(1, h, P, A))
-        for name, shape in shapes.items():
-            setattr(self, name, nn.Parameter(torch.empty(shape, **dd)))
+        _add_bias_tables(self, num_heads, agent_num, self.num_prefix_tokens, (H, W), (H // sr_ratio, W // sr_ratio),
+                         dd)
         if not self.qkv.weight.is_meta:
             self.reset_parameters()
 
@@ -179,8 +248,3 @@ class AgentAttention(TokenMixer):
         return (f"dim={self.dim}, num_heads={self.num_heads}, agent_num={self.agent_num}, "
                 f"grid={self.input_size}, sr_ratio={self.sr_ratio}, prefix={self.num_prefix_tokens}")
 
-
-def remap_official_agent(state_dict: dict[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
-    """Official keys of one agent module under `prefix` -> ours: PVT's `q` and `kv` -> `qkv` (`remap_q_kv`); the
-    other official names (`an_bias` ... `ca_bias`, `dwc`, `sr`, `norm`, `proj`) are ours already."""
-    return remap_q_kv(state_dict, prefix)

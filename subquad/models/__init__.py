@@ -78,3 +78,4 @@ from . import cvt_ls  # noqa: E402,F401
 from . import agent_deit  # noqa: E402,F401
 from . import agent_pvt  # noqa: E402,F401
 from . import agent_swin  # noqa: E402,F401
+from . import agent_cswin  # noqa: E402,F401

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import subquad
-from subquad.attention.agent import AgentAttention
+from subquad.attention.agent import AgentAttention, AgentCore
 from subquad.attention.functional.agent import (
     agent_attention,
     agent_attention_ref,
@@ -46,12 +46,12 @@ def test_functional_fast_equals_reference(case):
                [q, k, v, b1, b2, w, bias])
 
 
-def _randomise(m: AgentAttention) -> AgentAttention:
+def _randomise(m: AgentAttention | AgentCore) -> AgentAttention | AgentCore:
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.endswith("_bias"):
                 p.normal_(0, 0.5)
-        m.dwc.bias.normal_(0, 0.1)
+        (m.get_v if isinstance(m, AgentCore) else m.dwc).bias.normal_(0, 0.1)
     return m
 
 
@@ -174,3 +174,18 @@ def test_needs_a_grid_and_no_mask():
         m(torch.randn(1, 16, 32), None)
     with pytest.raises(ValueError, match="mask"):
         m(torch.randn(1, 16, 32), (4, 4), torch.ones(1, 16, dtype=torch.bool))
+
+
+def test_host_qkv_form_fast_equals_reference():
+    """The host-projected form (Agent-CSwin's blocks): fast vs dense reference on outputs and every gradient, at
+    the construction grid and at another, non-square grid."""
+    torch.manual_seed(0)
+    m = subquad.build_attention("agent", 24, 3, input_size=(6, 5), agent_num=4, host_qkv=True)
+    assert isinstance(m, AgentCore) and not hasattr(m, "qkv") and m.get_v.groups == 24
+    _randomise(m)
+    for hw in ((6, 5), (7, 3)):
+        q, k, v = torch.randn(3, 2, hw[0] * hw[1], 24)
+        compare_module(m, lambda mm, a, b, c, g=hw: mm.forward_qkv(a, b, c, g),
+                       lambda mm, a, b, c, g=hw: mm.forward_qkv(a, b, c, g, fused=False), [q, k, v])
+    with pytest.raises(ValueError, match="forward_qkv"):
+        m(torch.randn(1, 30, 24), (6, 5))

@@ -1,6 +1,6 @@
-"""Agent-Attention families (Agent-DeiT, -PVT, -Swin): official key layouts load strictly through `remap_official`, a
-resized load equals running the source model at the new size, the variants' mechanism lists and agent counts follow
-the official cfgs, and the micro models train on odd, non-square inputs."""
+"""Agent-Attention families (Agent-DeiT, -PVT, -Swin, -CSwin): official key layouts load strictly through
+`remap_official`, a resized load equals running the source model at the new size, the variants' mechanism lists and
+agent counts follow the official cfgs, and the micro models train on odd, non-square inputs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import timm
 import torch
 
 import subquad
-from subquad.attention.agent import AgentAttention
+from subquad.attention.agent import AgentAttention, AgentCore
+from subquad.models.agent_cswin import remap_official as remap_cswin
 from subquad.models.agent_deit import remap_official as remap_deit
 from subquad.models.agent_pvt import remap_official as remap_pvt
 from subquad.models.agent_swin import remap_official as remap_swin
@@ -24,7 +25,8 @@ DEIT = json.loads((FIXTURES / "agent_deit_keys.json").read_text())["models"]
 PVT = json.loads((FIXTURES / "agent_pvt_keys.json").read_text())["models"]
 # The Swin fixture lists the official buffers too (`relative_position_index`, `attn_mask`: recomputed, dropped).
 SWIN = json.loads((FIXTURES / "agent_swin_keys.json").read_text())["models"]
-OFFICIAL = {**DEIT, **PVT, **SWIN}
+CSWIN = json.loads((FIXTURES / "agent_cswin_keys.json").read_text())["models"]
+OFFICIAL = {**DEIT, **PVT, **SWIN, **CSWIN}
 
 # Loading into a meta model is a no-op per tensor, and torch says so for each one.
 pytestmark = pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter:UserWarning")
@@ -79,7 +81,15 @@ def test_variants_follow_official_cfgs():
     assert small.layers[1].blocks[0].attn.ah_bias.shape == (1, 6, 16, 36, 1)
     kinds = [type(st.blocks[0].attn).__name__ for st in small.layers]
     assert kinds == ["AgentAttention"] * 2 + ["WindowAttention"] * 2
-    for tag in ("agent_swin_tiny.in1k", "agent_swin_small.in1k", "agent_swin_small_288.in1k",
+    cs = subquad.create_model("agent_cswin_small", device="meta")
+    assert [len(getattr(cs, f"stage{i}")) for i in range(1, 5)] == [3, 6, 29, 2]
+    kinds = [isinstance(getattr(cs, f"stage{i}")[0].mixer, AgentCore) for i in range(1, 5)]
+    assert kinds == [True, True, False, False]
+    assert cs.stage2[0].attns[0].agent_num == 16
+    assert cs.stage1[0].attns[0].ah_bias.shape == (1, 2, 9, 56, 1)
+    for tag in ("agent_cswin_tiny.in1k", "agent_cswin_small.in1k", "agent_cswin_base.in1k",
+                "agent_cswin_base_384.in1k", "agent_swin_tiny.in1k", "agent_swin_small.in1k",
+                "agent_swin_small_288.in1k",
                 "agent_deit_tiny.in1k", "agent_deit_base.in1k", "agent_deit_small_448.in1k",
                 *(f"agent_pvt_{s}.in1k" for s in ("tiny", "small", "medium", "medium_256", "large"))):
         cfg = timm.models.get_pretrained_cfg(tag)
@@ -95,17 +105,17 @@ def _randomise(m: torch.nn.Module) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("name,remap", [("agent_deit_micro", remap_deit), ("agent_pvt_micro", remap_pvt),
-                                        ("agent_swin_micro", remap_swin)])
+                                        ("agent_swin_micro", remap_swin), ("agent_cswin_micro", remap_cswin)])
 def test_resized_load_equals_runtime_resize(name, remap):
     """A micro checkpoint (32 px) loaded into a model built at 48 px gives the logits of the source model run at
     48 px: the load-time resize of the position tables and the agent tables is the run-time rule."""
     torch.manual_seed(0)
-    # Swin micro from 128 px (stage grids 32/16/8/4), so no 'window' stage is clipped at either size.
-    swin = name == "agent_swin_micro"
+    # Swin / CSwin micro from 128 px (stage grids 32/16/8/4), so no 'window' stage is clipped at either size.
+    swin = name in ("agent_swin_micro", "agent_cswin_micro")
     src = _randomise(subquad.create_model(name, num_classes=5, **(dict(img_size=128) if swin else {}))).eval()
     size = 192 if swin else 48
     dst = subquad.create_model(name, num_classes=5, img_size=size).eval()
-    first = [next(m for m in net.modules() if isinstance(m, AgentAttention)) for net in (src, dst)]
+    first = [next(m for m in net.modules() if isinstance(m, (AgentAttention, AgentCore))) for net in (src, dst)]
     assert first[1].ah_bias.shape[3] == first[0].ah_bias.shape[3] * 3 // 2
     dst.load_state_dict(remap({"model": src.state_dict()}, dst), strict=True)
     x = torch.randn(2, 3, size, size)
@@ -113,11 +123,11 @@ def test_resized_load_equals_runtime_resize(name, remap):
         torch.testing.assert_close(dst(x), src(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["agent_deit_micro", "agent_pvt_micro", "agent_swin_micro"])
+@pytest.mark.parametrize("name", ["agent_deit_micro", "agent_pvt_micro", "agent_swin_micro", "agent_cswin_micro"])
 def test_micro_trains_on_odd_non_square_inputs(name):
     torch.manual_seed(0)
     m = subquad.create_model(name, num_classes=3).train()
-    x = torch.randn(2, 3, 36, 20) if name != "agent_swin_micro" else torch.randn(2, 3, 70, 45)
+    x = torch.randn(2, 3, 70, 45) if name.endswith("swin_micro") else torch.randn(2, 3, 36, 20)
     y = m(x)
     assert y.shape == (2, 3) and torch.isfinite(y).all()
     y.square().sum().backward()

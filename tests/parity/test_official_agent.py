@@ -1,9 +1,10 @@
 """Parity of `agent` attention and the Agent-DeiT family with the official Agent-Attention code (loaded by file
 path through `tests/_official.py`; needs SUBQUAD_OFFICIAL_ROOT with an `Agent-Attention/` checkout).
 
-Module level: the official `AgentAttention` of `agent_swin.py` (plain), `agent_pvt.py` (PVT reduction, q + kv) and
-`agent_deit.py` (class token) with random weights and biases, loaded into ours. Model level: random official
-Agent-DeiT / -PVT / -Swin weights loaded through `remap_official`, logits compared in float32 (relative RMS < 1e-5).
+Module level: the official `AgentAttention` of `agent_swin.py` (plain), `agent_pvt.py` (PVT reduction, q + kv),
+`agent_deit.py` (class token) and `agent_cswin.py` (host-projected, LePE) with random weights and biases, loaded into
+ours. Model level: random official Agent-DeiT / -PVT / -Swin / -CSwin weights loaded through `remap_official`, logits
+compared in float32 (relative RMS < 1e-5).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import subquad
-from subquad.attention.agent import AgentAttention
+from subquad.attention.agent import AgentAttention, AgentCore
 from subquad.attention.focused_linear import remap_q_kv
 from tests._official import build_official, load_agent
 from tests._tol import assert_close, rel_rms
@@ -61,7 +62,19 @@ def test_agent_deit_module_class_token(official_root):
         assert_close(ours(x, (14, 14)), o(x), torch.float32, "agent (deit) vs official")
 
 
-@pytest.mark.parametrize("name", ["agent_deit_tiny", "agent_deit_base", "agent_pvt_tiny", "agent_swin_tiny"])
+def test_agent_cswin_core(official_root):
+    off = load_agent(official_root, "agent_cswin")
+    o = _randomise(off.AgentAttention(64, 14, -1, split_size=14, num_heads=2, agent_num=16)).eval()
+    ours = AgentCore(64, 2, input_size=(14, 14), agent_num=16).eval()
+    ours.load_state_dict(o.state_dict(), strict=True)
+    q, k, v = torch.randn(3, 2, 196, 64)
+    with torch.no_grad():
+        assert_close(ours.forward_qkv(q, k, v, (14, 14)), o(torch.stack([q, k, v])), torch.float32,
+                     "agent (cswin) vs official")
+
+
+@pytest.mark.parametrize("name", ["agent_deit_tiny", "agent_deit_base", "agent_pvt_tiny", "agent_swin_tiny",
+                                  "agent_cswin_tiny"])
 def test_agent_logits(official_root, name):
     off = _randomise(build_official(official_root, name)).eval()
     ours = subquad.create_model(name).eval()
