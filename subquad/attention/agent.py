@@ -50,15 +50,16 @@ class AgentCore(TokenMixer):
     """Agent attention on queries, keys and values that the host projects (`forward_qkv`): the form of Agent-CSwin's
     'A' blocks, whose block owns the q/k/v and output projections. The depthwise 3 x 3 convolution of V is CSwin's
     LePE `get_v` there (the same term as `AgentAttention.dwc`, under the official CSwin name); no projections, no
-    key/value reduction, no prefix tokens. `build_attention("agent", ..., host_qkv=True)` builds it.
+    key/value reduction. `build_attention("agent", ..., host_qkv=True)` builds it.
 
-    Shapes: `forward_qkv(q, k, v, hw)`: q, k, v (B, H * W, C) -> (B, H * W, C), no output projection.
+    Shapes: `forward_qkv(q, k, v, hw)`: q, k, v (B, P + H * W, C) -> (B, P + H * W, C), no output projection.
     Paper: Agent Attention (arXiv 2312.08874), Sec. 4.1-4.2.
     Official: LeapLabTHU/Agent-Attention `agent_transformer/models/agent_cswin.py` `AgentAttention` (idx=-1: the
         whole stage map, which is what every released Agent-CSwin 'A' stage uses).
 
     Args:
-        dim, num_heads, input_size, agent_num: as `AgentAttention`.
+        dim, num_heads, input_size, agent_num, num_prefix_tokens: as `AgentAttention` (prefix tokens: queries and
+            keys with `ca_bias` / `ac_bias`, no agents pooled from them, no `get_v` term).
         fused: SDPA fast path (True) or the dense reference (False).
     """
 
@@ -66,10 +67,14 @@ class AgentCore(TokenMixer):
                          sequence=False, notes="host-projected form of 'agent'")
 
     def __init__(self, dim: int, num_heads: int = 8, input_size: tuple[int, int] | int | None = None,
-                 agent_num: int = 49, fused: bool = True, device=None, dtype=None) -> None:
+                 agent_num: int = 49, num_prefix_tokens: int = 0, fused: bool = True, device=None,
+                 dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         who = "agent attention (host_qkv)"
+        if num_prefix_tokens < 0:
+            raise UserError(f"{who}: num_prefix_tokens={num_prefix_tokens} must be >= 0")
+        self.num_prefix_tokens = int(num_prefix_tokens)
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = check_heads(dim, num_heads, who)
         if input_size is None:
@@ -78,9 +83,14 @@ class AgentCore(TokenMixer):
         a = _agent_side(agent_num, who)
         self.agent_num, self.agent_hw, self.fused = agent_num, (a, a), fused
         self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd)
-        _add_bias_tables(self, num_heads, agent_num, 0, self.input_size, self.input_size, dd)
+        _add_bias_tables(self, num_heads, agent_num, self.num_prefix_tokens, self.input_size, self.input_size, dd)
         if not self.get_v.weight.is_meta:
-            for name in BIAS_NAMES[:6]:
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Official init: every bias table trunc_normal(0.02); `get_v` keeps PyTorch's default."""
+        for name in BIAS_NAMES:
+            if hasattr(self, name):
                 trunc_normal_(getattr(self, name), std=0.02)
 
     def forward_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tuple[int, int],
@@ -91,10 +101,10 @@ class AgentCore(TokenMixer):
             raise ValueError(f"agent forward_qkv: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} "
                              "must have the same shape")
         b1, b2 = agent_biases(self.an_bias, self.na_bias, self.ah_bias, self.aw_bias, self.ha_bias, self.wa_bias,
-                              None, None, hw, hw)
+                              getattr(self, "ac_bias", None), getattr(self, "ca_bias", None), hw, hw)
         fn = agent_attention if (self.fused if fused is None else fused) else agent_attention_ref
         return fn(q, k, v, b1, b2, self.get_v.weight, self.get_v.bias, hw=tuple(hw), agent_hw=self.agent_hw,
-                  num_heads=self.num_heads)
+                  num_heads=self.num_heads, prefix=self.num_prefix_tokens)
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -189,3 +189,10 @@ def test_host_qkv_form_fast_equals_reference():
                        lambda mm, a, b, c, g=hw: mm.forward_qkv(a, b, c, g, fused=False), [q, k, v])
     with pytest.raises(ValueError, match="forward_qkv"):
         m(torch.randn(1, 30, 24), (6, 5))
+    # With a class token (CvT-style hosts that project q, k, v): its own biases, no LePE row.
+    mc = _randomise(subquad.build_attention("agent", 24, 3, input_size=(4, 5), agent_num=4, host_qkv=True,
+                                            num_prefix_tokens=1))
+    assert mc.ac_bias.shape == (1, 3, 4, 1)
+    q, k, v = torch.randn(3, 2, 1 + 4 * 5, 24)
+    compare_module(mc, lambda mm, a, b, c: mm.forward_qkv(a, b, c, (4, 5)),
+                   lambda mm, a, b, c: mm.forward_qkv(a, b, c, (4, 5), fused=False), [q, k, v])
