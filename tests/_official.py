@@ -34,10 +34,10 @@ from torch import nn
 from subquad.errors import UserError
 
 __all__ = ["OFFICIAL_NAMES", "official_file", "load_module", "load_l2vit", "load_flatten", "load_pola", "load_msvit",
-           "build_official", "official_files", "quiet"]
+           "load_agent", "build_official", "official_files", "quiet"]
 
-ROOT_HINT = ("SUBQUAD_OFFICIAL_ROOT must name the folder holding L2ViT/, FLatten-Transformer/, transformer-ls/ and "
-             "PolaFormer/")
+ROOT_HINT = ("SUBQUAD_OFFICIAL_ROOT must name the folder holding L2ViT/, FLatten-Transformer/, transformer-ls/, "
+             "PolaFormer/ and Agent-Attention/")
 
 _L2VIT = "L2ViT/classification/models/l2vit.py"
 _FLATTEN = "FLatten-Transformer/models/{}.py"
@@ -76,7 +76,26 @@ def _vil_arch(blocks: tuple[int, int], w: int) -> str:
 _VIL = {"vil_ls_medium": (_vil_arch((4, 16), 7), 224), "vil_ls_base": (_vil_arch((8, 24), 7), 224),
         "vil_ls_medium_384": (_vil_arch((4, 16), 8), 384)}
 
-OFFICIAL_NAMES: tuple[str, ...] = (*_L2VIT_FNS, *_SWIN, *_PVT, *_PVT_V2, *_CSWIN_FNS, *_VIL, *_POLA_SWIN, *_POLA_PVT)
+# Agent-Attention (`<root>/Agent-Attention/agent_transformer/models/`, a package: agent_deit imports `.deit`):
+# the official cfgs `agent_transformer/cfgs/agent_*.yaml` as constructor arguments.
+_AGENT = "Agent-Attention/agent_transformer/models"
+_AGENT_DEIT = {"agent_deit_tiny": dict(embed_dim=192, num_heads=3, img_size=224),
+               "agent_deit_small": dict(embed_dim=384, num_heads=6, img_size=224),
+               "agent_deit_small_448": dict(embed_dim=384, num_heads=6, img_size=448),
+               "agent_deit_base": dict(embed_dim=768, num_heads=12, img_size=224, agent_layer=4, agent_num=[81] * 4)}
+_AGENT_PVT = {"agent_pvt_tiny": 224, "agent_pvt_small": 224, "agent_pvt_medium": 224, "agent_pvt_medium_256": 256,
+              "agent_pvt_large": 224}
+# (img_size, embed_dim, depths, heads, WINDOW_SIZE, ATTN_TYPE); NUM 9-16-49-49 in every cfg.
+_AGENT_SWIN = {"agent_swin_tiny": (224, 96, (2, 2, 6, 2), (3, 6, 12, 24), 56, "AAAB"),
+               "agent_swin_small": (224, 96, (2, 2, 18, 2), (3, 6, 12, 24), 56, "AABB"),
+               "agent_swin_small_288": (288, 96, (2, 2, 18, 2), (3, 6, 12, 24), 72, "AABB")}
+_AGENT_CSWIN = {"agent_cswin_tiny": ("Agent_CSWin_64_24181_tiny_224", 224),
+                "agent_cswin_small": ("Agent_CSWin_64_36292_small_224", 224),
+                "agent_cswin_base": ("Agent_CSWin_96_36292_base_224", 224),
+                "agent_cswin_base_384": ("Agent_CSWin_96_36292_base_384", 384)}
+
+OFFICIAL_NAMES: tuple[str, ...] = (*_L2VIT_FNS, *_SWIN, *_PVT, *_PVT_V2, *_CSWIN_FNS, *_VIL, *_POLA_SWIN, *_POLA_PVT,
+                                   *_AGENT_DEIT, *_AGENT_PVT, *_AGENT_SWIN, *_AGENT_CSWIN)
 
 
 def _ls_root(root: str | Path) -> Path:
@@ -105,6 +124,10 @@ def official_files(root: str | Path, name: str) -> list[Path]:
         return [official_file(root, _FLATTEN.format(_flatten_file(name)))]
     if name in _POLA_SWIN or name in _POLA_PVT:
         return [official_file(root, _POLA.format("pola_swin" if name in _POLA_SWIN else "pola_pvt"))]
+    if name in _AGENT_DEIT:
+        return [official_file(root, f"{_AGENT}/{f}.py") for f in ("deit", "agent_deit")]
+    if name in _AGENT_PVT or name in _AGENT_SWIN or name in _AGENT_CSWIN:
+        return [official_file(root, f"{_AGENT}/{name.split('_')[0]}_{name.split('_')[1]}.py")]
     raise UserError(f"no official code for model {name!r}; known: {', '.join(OFFICIAL_NAMES)}")
 
 
@@ -239,6 +262,20 @@ def load_msvit(root: str | Path) -> types.ModuleType:
     return load_module(msvit, "_off_vil.msvit")
 
 
+def load_agent(root: str | Path, file: str) -> types.ModuleType:
+    """An official Agent-Attention model file (`agent_deit`, `agent_pvt`, `agent_swin`, `agent_cswin`), imported as
+    `_official_agent.<file>` of a package over the official `models/` folder (its relative imports resolve there;
+    the folder's `__init__`, which imports every file, is not run)."""
+    path = official_file(root, f"{_AGENT}/{file}.py")
+    if "_official_agent" not in sys.modules:
+        pkg = types.ModuleType("_official_agent")
+        pkg.__path__ = [str(path.parent)]
+        sys.modules["_official_agent"] = pkg
+    if file == "agent_deit":
+        load_module(path.parent / "deit.py", "_official_agent.deit")
+    return load_module(path, f"_official_agent.{file}")
+
+
 def build_official(root: str | Path, name: str, img_size: int | None = None, **kwargs) -> nn.Module:
     """Build the official model matching our registered `name` (random init, train mode, CPU), quietly.
 
@@ -282,6 +319,27 @@ def _builder(root: str | Path, name: str, img_size: int | None) -> Callable[...,
     if name in _POLA_PVT:
         extra = {"img_size": img_size} if img_size else {}
         return partial(getattr(load_pola(root, "pola_pvt"), name), la_sr_ratios="1111", attn_type="LLLL", **extra)
+    if name in _AGENT_DEIT:
+        kw = dict(_AGENT_DEIT[name])
+        if img_size:
+            kw["img_size"] = img_size
+        return partial(load_agent(root, "agent_deit").VisionTransformer, patch_size=16, depth=12, **kw)
+    if name in _AGENT_PVT:
+        fn = getattr(load_agent(root, "agent_pvt"), name.removesuffix("_256"))
+        return partial(fn, img_size=img_size or _AGENT_PVT[name], attn_type="AAAA", agent_sr_ratios="1111",
+                       agent_num=[9, 16, 49, 49])
+    if name in _AGENT_SWIN:
+        size, embed_dim, depths, heads, window, kinds = _AGENT_SWIN[name]
+        if img_size:
+            size, window = img_size, img_size // 4
+        return partial(load_agent(root, "agent_swin").AgentSwinTransformer, img_size=size, embed_dim=embed_dim,
+                       depths=list(depths), num_heads=list(heads), window_size=window, agent_num=[9, 16, 49, 49],
+                       attn_type=kinds)
+    if name in _AGENT_CSWIN:
+        fn, size = _AGENT_CSWIN[name]
+        g = (img_size or size) // 4
+        return partial(getattr(load_agent(root, "agent_cswin"), fn), img_size=img_size or size, attn_type="AABB",
+                       agent_num=[9, 16, 49, 49], la_split_size=f"{g}-{g // 2}-{g // 4}-{g // 8}")
     if name in _VIL:
         arch, size = _VIL[name]
         # launch/eval + config/msvit.yaml + config/defaults.py: norm_embed, shared w / kv, LN eps 1e-6, no avg pool.

@@ -102,7 +102,8 @@ def _admitted(host, mech: str) -> bool:
 _ODD_HEADS = "even num_heads"  # CSwin's two stripe branches split the heads; these micro models have a 1-head stage
 SIZE_REFUSALS = {(n, "cswin"): _ODD_HEADS for n in ("l2vit_micro", "flatten_pvt_micro", "flatten_pvt_v2_micro",
                                                     "flatten_swin_micro", "lisanet_micro", "cvt_ls_micro",
-                                                    "pola_pvt_micro", "pola_swin_micro")}
+                                                    "pola_pvt_micro", "pola_swin_micro",
+                                                    "agent_pvt_micro", "agent_swin_micro")}
 
 
 def _input(model) -> torch.Tensor:

@@ -31,3 +31,4 @@ from . import linear_angular  # noqa: E402,F401
 from .polarity import PolarityLinearAttention  # noqa: E402,F401
 from . import host_forms  # noqa: E402,F401
 from . import mlla  # noqa: E402,F401
+from .agent import AgentAttention  # noqa: E402,F401

@@ -82,3 +82,7 @@ from . import inline_pvt  # noqa: E402,F401
 from . import inline_swin  # noqa: E402,F401
 from . import inline_cswin  # noqa: E402,F401
 from . import mlla  # noqa: E402,F401
+from . import agent_deit  # noqa: E402,F401
+from . import agent_pvt  # noqa: E402,F401
+from . import agent_swin  # noqa: E402,F401
+from . import agent_cswin  # noqa: E402,F401

@@ -144,6 +144,8 @@ class FlattenCSWin(Backbone):
             recipes use 0.2 / 0.4 / 0.5 for T / S / B).
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
         stage_attn: deprecated spelling of `attn` (DeprecationWarning).
+        stage_hints: one dict per stage of host options for whichever stage mechanism takes them (e.g.
+            Agent-CSwin's per-stage `agent_num`); None: none.
     """
 
     init_norms = True
@@ -158,8 +160,8 @@ class FlattenCSWin(Backbone):
                  attn: str | Sequence[str] | None = None, split_size: Sequence[int] = (1, 2, 7, 7),
                  focusing_factor: float = 3, kernel_size: int = 5, qkv_bias: bool = True,
                  attn_kwargs: dict | None = None, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 global_pool: str = "avg", stage_attn: Sequence[str] | None = None, device=None,
-                 dtype=None) -> None:
+                 global_pool: str = "avg", stage_attn: Sequence[str] | None = None,
+                 stage_hints: Sequence[dict] | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         attn = deprecated_attn_keywords("flatten_cswin", attn, stage_attn=stage_attn).get("stage_attn", attn)
@@ -168,6 +170,8 @@ class FlattenCSWin(Backbone):
             raise UserError(f"flatten_cswin: depths {depths}, num_heads {num_heads} and split_size {split_size} "
                             "must have one entry per stage")
         names = stage_mechanisms("flatten_cswin", _LLSS if attn is None else attn, len(depths))
+        if stage_hints is not None and len(stage_hints) != len(depths):
+            raise UserError(f"flatten_cswin: stage_hints needs one dict per stage ({len(depths)}), got {stage_hints!r}")
         for a in dict.fromkeys(names):
             try:  # the block projects q, k, v itself: a mechanism needs a "host_qkv" form
                 get_attention_form(a, "host_qkv")
@@ -191,8 +195,9 @@ class FlattenCSWin(Backbone):
             if i > 0:
                 setattr(self, f"merge{i}", MergeBlock(dim // 2, dim, **dd))
                 grid = tuple(-(-s // 2) for s in grid)
+            h_i = {**hints, **(stage_hints[i] if stage_hints else {})}
             blocks = [CSWinBlock(dim, num_heads[i], grid, names[i], split_size[i], i == self.num_stages - 1,
-                                 mlp_ratio, qkv_bias, drop_rate, dpr[i][j], attn_kwargs, hints, **dd)
+                                 mlp_ratio, qkv_bias, drop_rate, dpr[i][j], attn_kwargs, h_i, **dd)
                       for j in range(depths[i])]
             setattr(self, f"stage{i + 1}", nn.ModuleList(blocks))
             self.feature_info.append(dict(num_chs=dim, reduction=4 * 2 ** i, module=f"stage{i + 1}"))

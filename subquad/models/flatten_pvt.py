@@ -172,6 +172,8 @@ class FlattenPVT(PVTHost):
         drop_rate, drop_path_rate: dropout (pos embed, MLP, head) and stochastic depth (linear rule).
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
         stage_attn: deprecated spelling of `attn` (DeprecationWarning).
+        stage_hints: 4 dicts of host options for whichever stage mechanism takes them (e.g. Agent-PVT's per-stage
+            `agent_num`); None: none.
     """
 
     init_norms = True
@@ -183,13 +185,15 @@ class FlattenPVT(PVTHost):
                  sr_ratios: Sequence[int] = (8, 4, 2, 1), la_sr_ratios: Sequence[int] = (1, 1, 1, 1),
                  focusing_factor: int = 3, kernel_size: int = 5, qkv_bias: bool = True,
                  attn_kwargs: dict | None = None, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 global_pool: str = "avg", stage_attn: Sequence[str] | None = None, device=None,
-                 dtype=None) -> None:
+                 global_pool: str = "avg", stage_attn: Sequence[str] | None = None,
+                 stage_hints: Sequence[dict] | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
+        stage_hints = stage_hints or ({},) * 4
         img_hw, names, dpr = self._setup(
             img_size, in_chans, patch_size * 8, attn, stage_attn, drop_path_rate, embed_dims=embed_dims,
-            num_heads=num_heads, mlp_ratios=mlp_ratios, depths=depths, sr_ratios=sr_ratios, la_sr_ratios=la_sr_ratios)
+            num_heads=num_heads, mlp_ratios=mlp_ratios, depths=depths, sr_ratios=sr_ratios, la_sr_ratios=la_sr_ratios,
+            stage_hints=stage_hints)
         # Each stage's patch embedding: (input channels, patch): the stem, then 2x2 merges.
         embeds = [(in_chans, patch_size)] + [(embed_dims[i - 1], 2) for i in range(1, 4)]
         grid, stride = (img_hw[0] // patch_size, img_hw[1] // patch_size), patch_size
@@ -199,7 +203,8 @@ class FlattenPVT(PVTHost):
             self.grids.append(grid)
             stage = dict(grid=grid, qkv_bias=qkv_bias, sr_ratio=sr_ratios[i],
                          la_sr_ratio=la_sr_ratios[i], hints=dict(focusing_factor=focusing_factor,
-                                                                 kernel_size=kernel_size), host="PVT stages")
+                                                                 kernel_size=kernel_size, **stage_hints[i]),
+                         host="PVT stages")
             self._register_stage(
                 i, patch_embed=PatchEmbedLN(embed_in, embed_dims[i], patch_size=patch, **dd),
                 pos_embed=nn.Parameter(torch.zeros(1, grid[0] * grid[1], embed_dims[i], **dd)),

@@ -177,6 +177,8 @@ class FlattenSwin(Backbone):
             recipes use 0.2 / 0.3 / 0.5 for T / S / B).
         global_pool: 'avg' or '' (unpooled (B, H, W, C) features).
         stage_attn: deprecated spelling of `attn` (DeprecationWarning).
+        stage_hints: one dict per stage of host options for whichever stage mechanism takes them (e.g. Agent-Swin's
+            per-stage `agent_num`); None: none.
     """
 
     init_norms = True
@@ -193,8 +195,8 @@ class FlattenSwin(Backbone):
                  attn: str | Sequence[str] | None = None, window_size: int = 7, la_window: int | None = None,
                  la_shift: bool = True, focusing_factor: float = 3, kernel_size: int = 5, qkv_bias: bool = True,
                  attn_kwargs: dict | None = None, drop_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 global_pool: str = "avg", stage_attn: Sequence[str] | None = None, device=None,
-                 dtype=None) -> None:
+                 global_pool: str = "avg", stage_attn: Sequence[str] | None = None,
+                 stage_hints: Sequence[dict] | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         attn = deprecated_attn_keywords("flatten_swin", attn, stage_attn=stage_attn).get("stage_attn", attn)
@@ -216,10 +218,13 @@ class FlattenSwin(Backbone):
         dpr = drop_path_rates(drop_path_rate, depths)
         hints = dict(focusing_factor=focusing_factor, kernel_size=kernel_size)
         stages, self.feature_info = [], []
+        if stage_hints is not None and len(stage_hints) != len(depths):
+            raise UserError(f"flatten_swin: stage_hints needs one dict per stage ({len(depths)}), got {stage_hints!r}")
         for i, (depth, heads, attn) in enumerate(zip(depths, num_heads, names)):
             dim = embed_dim * 2 ** i
+            h_i = {**hints, **(stage_hints[i] if stage_hints else {})}
             blocks = [SwinBlock(dim, heads, grid, attn, window_size, j % 2 == 1, la_window, la_shift, mlp_ratio,
-                                qkv_bias, drop_rate, dpr[i][j], attn_kwargs, hints, **dd)
+                                qkv_bias, drop_rate, dpr[i][j], attn_kwargs, h_i, **dd)
                       for j in range(depth)]
             last = i == self.num_stages - 1
             stages.append(SwinStage(blocks, None if last else PatchMerging(dim, **dd)))

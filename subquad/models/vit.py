@@ -137,6 +137,8 @@ class VisionTransformerAttn(Backbone):
             blocks of that mechanism (`l2vit_deit_tiny` sets 'enhanced_linear': L2ViT Tab. 11 with its LCM is
             `create_model("l2vit_deit_tiny", lcm_kernel_size=k)`).
         stem: 'patch' (timm's linear patch embedding, the DeiT layout) or 'conv' (`ConvStem`, patch_size 2 only).
+        hints: host options for whichever block mechanism takes them (e.g. Agent-DeiT's `agent_num`); the others
+            ignore them.
     """
 
     output_fmt = "NLC"
@@ -151,7 +153,7 @@ class VisionTransformerAttn(Backbone):
                  embed_dim: int = 192, depth: int = 12, num_heads: int = 3, mlp_ratio: float = 4.0,
                  attn: str | Sequence[str] = "softmax", attn_kwargs: dict | None = None, drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, lcm_kernel_size: int | None = None, lcm_after: str | None = None,
-                 stem: str = "patch", device=None, dtype=None) -> None:
+                 stem: str = "patch", hints: dict | None = None, device=None, dtype=None) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if lcm_kernel_size is not None and (not isinstance(lcm_kernel_size, int) or lcm_kernel_size < 1
@@ -181,7 +183,8 @@ class VisionTransformerAttn(Backbone):
         num_pos = self.grid_size[0] * self.grid_size[1] + self.num_prefix_tokens
         self.pos_embed = nn.Parameter(torch.zeros(1, num_pos, embed_dim, **dd))
         dpr = drop_path_rates(drop_path_rate, [depth])[0]
-        stage = dict(grid=self.grid_size, num_prefix_tokens=self.num_prefix_tokens, host="ViT blocks")
+        stage = dict(grid=self.grid_size, num_prefix_tokens=self.num_prefix_tokens, host="ViT blocks",
+                     hints=dict(hints or {}))
         self.blocks = nn.ModuleList([Block(embed_dim, num_heads, name, attn_kwargs, mlp_ratio, dpr[i],
                                            partial(nn.LayerNorm, eps=1e-6), stage,
                                            lcm_kernel_size if lcm_after in (None, name) else None, **dd)
