@@ -38,6 +38,8 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "lisa": ("LiSA", "Lightweight Structure-Aware Attention for Visual Understanding (arXiv 2211.16289)"),
     "long_short": ("Transformer-LS", "Long-Short Transformer: Efficient Transformers for Language and Vision "
                    "(arXiv 2107.02192)"),
+    "agent": ("Agent Attention", "Agent Attention: On the Integration of Softmax and Linear Attention "
+              "(arXiv 2312.08874)"),
     "inline": ("InLine", "Bridging the Divide: Reconsidering Softmax and Linear Attention (arXiv 2412.06590)"),
     "polaformer": ("PolaFormer", "PolaFormer: Polarity-aware Linear Attention for Vision Transformers "
                    "(arXiv 2501.15061)"),
