@@ -103,7 +103,7 @@ _ODD_HEADS = "even num_heads"  # CSwin's two stripe branches split the heads; th
 SIZE_REFUSALS = {(n, "cswin"): _ODD_HEADS for n in ("l2vit_micro", "flatten_pvt_micro", "flatten_pvt_v2_micro",
                                                     "flatten_swin_micro", "lisanet_micro", "cvt_ls_micro",
                                                     "pola_pvt_micro", "pola_swin_micro",
-                                                    "agent_pvt_micro", "agent_swin_micro")}
+                                                    "agent_pvt_micro", "agent_swin_micro", "mlla_micro")}
 
 
 def _input(model) -> torch.Tensor:

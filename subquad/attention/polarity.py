@@ -16,7 +16,11 @@ from ..errors import UserError
 from ..layers.precision import fp32_island
 from .base import AttentionCaps, TokenMixer
 from .functional.focused import resize_pe
-from .functional.polarity import polarity_linear_attention_kv, polarity_linear_attention_ref
+from .functional.polarity import (
+    polarity_attention_maps,
+    polarity_linear_attention_kv,
+    polarity_linear_attention_ref,
+)
 from .registry import register_attention
 
 __all__ = ["PolarityLinearAttention", "remap_qg_kv"]
@@ -122,6 +126,18 @@ class PolarityLinearAttention(TokenMixer):
                     mask: torch.Tensor | None = None) -> torch.Tensor:
         """Dense reference of `forward` (explicit kernel and DWC matrices)."""
         return self._forward(x, hw, mask, False)
+
+    @torch.no_grad()
+    def attention_matrix(self, x: torch.Tensor, hw: tuple[int, int] | None = None) -> torch.Tensor:
+        """(B, N, C) -> (B, h, N, N): the mean of the same-sign map (which mixes the first half of each head's value
+        channels) and the opposite-sign map (the second half), before the DWC and the gate."""
+        hw = self._check_input(x, hw)
+        B, N, C = x.shape
+        q, k, _, _ = self.qkvg(x).reshape(B, N, 4, C).unbind(2)
+        k = k + resize_pe(self.positional_encoding, self.pe_hw, tuple(hw))
+        a_sim, a_opp = polarity_attention_maps(q.float(), k.float(), self.scale.float(), self.power.float(),
+                                               num_heads=self.num_heads, alpha=self.alpha)
+        return (a_sim + a_opp) / 2
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, alpha={self.alpha}, pe_grid={self.pe_hw}"

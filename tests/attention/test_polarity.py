@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import subquad
 from subquad.attention.functional.polarity import (
+    polarity_attention_maps,
     polarity_features,
     polarity_linear_attention_kv,
     polarity_linear_attention_ref,
@@ -186,3 +187,20 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="mask"):
         m(torch.randn(1, 64, 32), (8, 8), torch.ones(1, 64, dtype=torch.bool))
     assert not subquad.attention.get_attention_cls("polarity").caps.sequence
+
+
+@pytest.mark.parametrize("hw", [(5, 7), (4, 3)])
+def test_attention_maps_reproduce_the_reference(hw):
+    """The analysis maps: A_sim @ v1 and A_opp @ v2 (each head's two value halves, an odd head width included),
+    times the gate, are the reference without DWC; `attention_matrix` is their mean on the module's own q and k
+    (positional encoding added): non-negative rows summing to 1 up to the normaliser's eps."""
+    (q, k, v, g, scale, power, _, _), kw = _func_inputs(hw, C=10, h=2, dwc=False)
+    a_sim, a_opp = polarity_attention_maps(q, k, scale, power, num_heads=2, alpha=4.0)
+    vh = v.reshape(*v.shape[:2], 2, 5).transpose(1, 2)
+    o = torch.cat([a_sim @ vh[..., :3], a_opp @ vh[..., 3:]], -1).transpose(1, 2).reshape(v.shape) * g
+    assert_close(o, polarity_linear_attention_ref(q, k, v, g, scale, power, None, None, **kw), torch.float64)
+    m = _randomise(PolarityLinearAttention(10, 2, input_size=hw)).double()
+    a = m.attention_matrix(torch.randn(1, hw[0] * hw[1], 10, dtype=torch.float64), hw)
+    assert a.shape == (1, 2, hw[0] * hw[1], hw[0] * hw[1]) and bool((a >= 0).all())
+    rows = a.sum(-1)
+    assert bool((rows <= 1).all()) and bool((rows > 0.99).all()), rows

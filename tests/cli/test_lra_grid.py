@@ -19,12 +19,12 @@ def pf_dir(tmp_path_factory):
 
 def test_pathfinder_with_a_2d_mechanism(pf_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    flags = ["lra", "train", "--task", "pathfinder", "--data", str(pf_dir), "--attention", "structure_aware",
+    flags = ["lra", "train", "--task", "pathfinder", "--data", str(pf_dir), "--attention", "window",
              "--max-steps", "2", "--eval-every", "2", "--batch-size", "4", "--dim", "16", "--mlp-dim", "16",
              "--device", "cpu"]
     assert main([*flags, "--grid", "32,32", "--pool", "mean", "--output", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert res["attention"] == "structure_aware" and res["test_samples"] == 2
+    assert res["attention"] == "window" and res["test_samples"] == 2
     capsys.readouterr()
     assert main([*flags, "--output", str(tmp_path / "no_grid")]) == 2
     assert "cannot encode 1-D sequences" in capsys.readouterr().err

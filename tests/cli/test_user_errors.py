@@ -217,10 +217,10 @@ def test_bench_refuses_too_small_sizes_up_front(tmp_path, capsys):
 
 def test_arena_run_with_no_runnable_cell_writes_nothing(tmp_path, capsys):
     out = tmp_path / "arena"
-    assert main(["arena", "run", "--task", "charlm", "--attention", "focused_linear", "--budget", "quick",
+    assert main(["arena", "run", "--task", "charlm", "--attention", "global_filter", "--budget", "quick",
                  "--device", "cpu", "--out", str(out)]) == 2
     line = _err_line(capsys)
-    assert "no cell can run: focused_linear has no causal mode" in line and "nothing written" in line
+    assert "no cell can run: global_filter has no causal mode" in line and "nothing written" in line
     assert not out.exists()
 
 

@@ -26,9 +26,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .linear import depthwise_conv_matrix, linear_attention, linear_attention_ref
+from .linear import depthwise_conv_matrix, linear_attention, linear_attention_matrix, linear_attention_ref
 
-__all__ = ["polarity_features", "polarity_linear_attention_ref", "polarity_linear_attention_kv"]
+__all__ = ["polarity_features", "polarity_linear_attention_ref", "polarity_linear_attention_kv",
+           "polarity_attention_maps"]
 
 NORM_EPS = 1e-6
 
@@ -142,3 +143,19 @@ def polarity_linear_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             conv = conv + dwc_bias
         o = o + conv
     return _merge(o) * g
+
+
+def polarity_attention_maps(q: torch.Tensor, k: torch.Tensor, scale: torch.Tensor, power: torch.Tensor, *,
+                            num_heads: int, alpha: float = 4.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two row-normalised kernel maps of the polarity attention, (A_sim, A_opp), each (B, h, N, N): A_sim
+    mixes the first half of each head's value channels, A_opp the second (before the DWC and the gate).
+
+    Args: q, k (B, N, C) as `polarity_linear_attention_kv` (keys with the positional encoding added); scale, power,
+        num_heads, alpha as there.
+    """
+    h = num_heads
+    qp, qn = polarity_features(q, scale, power, alpha, h)
+    kp, kn = polarity_features(k, scale, power, alpha, h)
+    kk = torch.cat([kp, kn], -1)
+    return (linear_attention_matrix(torch.cat([qp, qn], -1), kk, "mean", NORM_EPS),
+            linear_attention_matrix(torch.cat([qn, qp], -1), kk, "mean", NORM_EPS))
