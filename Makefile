@@ -33,10 +33,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not slow and not gpu and not parity and not data" --durations=15
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not slow and not gpu and not parity and not data" --durations=15
 
 test-all: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not gpu and not parity and not data" --durations=25
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not gpu and not parity and not data" --durations=25
 
 # The tests about the bytes of the Debian data packages themselves (the readers are tested everywhere on files the
 # tests write). They need `apt-get install dataset-fashion-mnist linux-doc-6.12` and fail, not skip, without them.
