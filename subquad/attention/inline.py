@@ -20,6 +20,14 @@ from .registry import register_attention, register_attention_form
 __all__ = ["InLineAttention", "InLineCore"]
 
 
+
+def _check_options(who: str, kernel_func: str, num_prefix_tokens: int) -> None:
+    """The options both InLine forms share: one line naming a bad value and what is allowed."""
+    if kernel_func not in KERNELS:
+        raise UserError(f"{who}: kernel_func={kernel_func!r} is not one of {KERNELS}")
+    if int(num_prefix_tokens) != num_prefix_tokens or num_prefix_tokens < 0:
+        raise UserError(f"{who}: num_prefix_tokens={num_prefix_tokens!r} must be an int >= 0")
+
 @register_attention("inline")
 class InLineAttention(TokenMixer):
     """InLine attention: out = InL_phi(Q, K) V + DWC_b(V) (before `proj`), over all N tokens of x.
@@ -76,10 +84,7 @@ class InLineAttention(TokenMixer):
         who = "inline attention"
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = check_heads(dim, num_heads, who)
-        if kernel_func not in KERNELS:
-            raise UserError(f"{who}: kernel_func={kernel_func!r} is not one of {KERNELS}")
-        if int(num_prefix_tokens) != num_prefix_tokens or num_prefix_tokens < 0:
-            raise UserError(f"{who}: num_prefix_tokens={num_prefix_tokens!r} must be an int >= 0")
+        _check_options(who, kernel_func, num_prefix_tokens)
         self.kernel_func = kernel_func
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.fused = fused
@@ -188,10 +193,7 @@ class InLineCore(TokenMixer):
         who = "inline attention (host_qkv)"
         self.dim, self.num_heads = dim, num_heads
         self.head_dim = check_heads(dim, num_heads, who)
-        if kernel_func not in KERNELS:
-            raise UserError(f"{who}: kernel_func={kernel_func!r} is not one of {KERNELS}")
-        if int(num_prefix_tokens) != num_prefix_tokens or num_prefix_tokens < 0:
-            raise UserError(f"{who}: num_prefix_tokens={num_prefix_tokens!r} must be an int >= 0")
+        _check_options(who, kernel_func, num_prefix_tokens)
         self.kernel_func, self.fused = kernel_func, fused
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd) if lepe else None
