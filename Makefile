@@ -64,7 +64,7 @@ lint: $(STAMP)
 # The README's family table, the model zoo (docs/models.md), the mechanism table (docs/mechanisms.md) and the site's
 # home page (docs/index.md, from README.md); tests/test_readme.py fails when any of them is stale.
 readme: $(STAMP)
-	$(BIN)/python -m subquad.cli.readme --write
+	$(BIN)/python -m subquad_cli.readme --write
 
 # The documentation site (MkDocs + Material + mkdocstrings, the docs extra; the dev extra includes it).
 # --strict: a broken link, a page missing from the nav or an unresolved API reference fails the build.
@@ -87,4 +87,4 @@ clean:
 figures: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python benchmarks/attention.py --overwrite --tokens 14,28,56,112,224 --repeats 3 --max-time 30 \
 		--plot docs/cost.png
-	$(BIN)/python -m subquad.cli analyze --model l2vit_tiny --out docs/analyze
+	$(BIN)/python -m subquad_cli analyze --model l2vit_tiny --out docs/analyze

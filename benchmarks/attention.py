@@ -31,7 +31,7 @@ DEFAULTS = ["--dim", "192", "--heads", "6", "--batch-size", "1", "--tokens", "14
 def main(argv: list[str] | None = None) -> int:
     from subquad.bench.machine import pin_threads_like_bench
     from subquad.bench.sweep import default_result_path
-    from subquad.cli.__main__ import main as cli
+    from subquad_cli.__main__ import main as cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
     forward_only = "--forward-only" in argv

@@ -42,7 +42,7 @@ def selected_models() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from subquad.bench.machine import pin_threads_like_bench
     from subquad.bench.sweep import default_result_path
-    from subquad.cli.__main__ import main as cli
+    from subquad_cli.__main__ import main as cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--list" in argv:

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _calibration(task: str) -> dict:
     from subquad.arena.tasks import CONFIG_DIR
-    from subquad.config import load_yaml
+    from subquad_cli.recipes import load_yaml
 
     return load_yaml(CONFIG_DIR / f"{task}.yaml")["calibration"]
 

@@ -1,5 +1,5 @@
 import sys
 
-from subquad.cli.__main__ import main
+from subquad_cli.__main__ import main
 
 sys.exit(main())

@@ -1,1 +1,5 @@
-__version__ = "0.1.0"
+"""The package version, defined in `subquad_cli.version` (`subquad --version` answers without importing torch)."""
+
+from subquad_cli.version import __version__
+
+__all__ = ["__version__"]

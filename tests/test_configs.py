@@ -7,10 +7,10 @@ import pytest
 import yaml
 
 import subquad
-from subquad.cli.__main__ import main
-from subquad.cli.config import load_yaml, shipped_configs
-from subquad.engine.config import TrainConfig, merge_config
 from subquad.engine.modelbuild import build_model
+from subquad_cli.__main__ import main
+from subquad_cli.config import load_yaml, shipped_configs
+from subquad_cli.runconfig import TrainConfig, merge_config
 
 CONFIGS = shipped_configs()
 

@@ -1,5 +1,6 @@
 """The house rules of the package, read from its source with `ast`: no import circle (module-level or inside
-functions), no library module importing the command line, no function over 80 lines, no host comparing a mechanism
+functions), no library module importing the command line, a command line that parses without the library, no import
+hook, no function over 80 lines, no host comparing a mechanism
 name, no `layout` parameter in a mechanism, one mechanism keyword across the backbone families, and every float64
 reference in `attention/functional/`."""
 
@@ -11,11 +12,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "subquad"
+CLI_ROOT = ROOT.parent / "subquad_cli"
+#: subquad_cli's torch-free modules that the library shares (the rest of subquad_cli is the command line).
+CLI_FOUNDATION = ("errors", "version", "recipes", "runconfig", "denseconfig")
 
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for p in ROOT.rglob("*.py"):
+    for p in [*ROOT.rglob("*.py"), *CLI_ROOT.rglob("*.py")]:
         parts = p.relative_to(ROOT.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         mods[name] = p
@@ -96,15 +100,77 @@ def test_the_cycle_finder_finds_a_circle(monkeypatch):
     assert _imports("p.a", Path("p.a"), False) == {"p"}
 
 
-def test_only_the_command_imports_the_command():
-    # subquad/__main__.py is `python -m subquad`, the command's own entry point.
-    bad = [m for m, p in MODULES.items() if not m.startswith("subquad.cli") and m != "subquad.__main__"
-           and any(i.startswith("subquad.cli") for i in _imports(m, p, True))]
-    assert bad == []
+def _cli_imports_of_the_library(modules: dict[str, Path]) -> list[str]:
+    """Library modules importing the command line (subquad_cli beyond its foundation); subquad/__main__.py is
+    `python -m subquad`, the command's own entry point."""
+    shared = {f"subquad_cli.{m}" for m in CLI_FOUNDATION}
+    return [f"{m} imports {i}" for m, p in modules.items() if m.split(".")[0] == "subquad" and m != "subquad.__main__"
+            for i in sorted(_imports(m, p, True)) if i.split(".")[0] == "subquad_cli" and i not in shared]
+
+
+def test_only_the_command_imports_the_command(monkeypatch):
+    assert _cli_imports_of_the_library(MODULES) == []
+    # the check sees a library module reaching for a subcommand
+    probe = {"subquad.arena.probe": "def f():\n    from subquad_cli.train import add_parser\n"}
+    monkeypatch.setattr(Path, "read_text", lambda self: probe[self.name])
+    assert _cli_imports_of_the_library({"subquad.arena.probe": Path("subquad.arena.probe")}) == [
+        "subquad.arena.probe imports subquad_cli.train"]
+
+
+def _library_imports_of_the_parsers(modules: dict[str, Path], roots: list[str]) -> list[str]:
+    """What would make `subquad --help` import torch: a module that building the parsers imports (`roots` and what
+    they import at module level) importing the library (`subquad`, whose import registers every model), or a
+    foundation module importing it anywhere."""
+    seen, todo, bad = set(), list(roots), []
+    while todo:
+        m = todo.pop()
+        if m in seen or m not in modules:
+            continue
+        seen.add(m)
+        todo += [i for i in _imports(m, modules[m], False) if i.split(".")[0] == "subquad_cli"]
+    for m in sorted(seen | {m for m in modules if m.split(".")[0] == "subquad_cli" and m.split(".")[-1] in
+                            CLI_FOUNDATION}):
+        tree = ast.parse(modules[m].read_text())
+        for n in list(ast.walk(tree)) if m.split(".")[-1] in CLI_FOUNDATION else tree.body:
+            names = ([n.module or ""] if isinstance(n, ast.ImportFrom) and not n.level
+                     else [a.name for a in n.names] if isinstance(n, ast.Import) else [])
+            bad += [f"{m}:{n.lineno} imports {x}" for x in names if x.split(".")[0] == "subquad"]
+    return bad
+
+
+def test_the_command_line_parses_without_the_library(monkeypatch):
+    from subquad_cli.__main__ import COMMANDS
+
+    roots = ["subquad_cli.__main__"] + [f"subquad_cli.{m}" for m in COMMANDS.values()]
+    assert all(r in MODULES for r in roots)
+    assert _library_imports_of_the_parsers(MODULES, roots) == []
+    # the check sees a parser module importing the library at module level (also through a module it imports),
+    # and a foundation module importing it anywhere; a module no parser imports may import the library
+    probe = {"subquad_cli.probe": "import argparse\nfrom .helper import x\n",
+             "subquad_cli.helper": "from subquad.models import create_model\n",
+             "subquad_cli.runconfig": "def f():\n    import subquad\n",
+             "subquad_cli.run_only": "import subquad\n"}
+    monkeypatch.setattr(Path, "read_text", lambda self: probe[self.name])
+    monkeypatch.setitem(globals(), "MODULES", {m: Path(m) for m in probe})
+    assert _library_imports_of_the_parsers(MODULES, ["subquad_cli.probe"]) == [
+        "subquad_cli.helper:1 imports subquad.models", "subquad_cli.runconfig:2 imports subquad"]
+
+
+def _import_hooks(modules: dict[str, Path]) -> list[str]:
+    """Code that changes how Python imports (`sys.meta_path`, `sys.path_hooks`): `import subquad` is plain."""
+    return [f"{m}:{n.lineno} {n.attr}" for m, p in modules.items() for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, ast.Attribute) and n.attr in ("meta_path", "path_hooks")]
+
+
+def test_no_import_hook(monkeypatch):
+    assert _import_hooks(MODULES) == []
+    probe = {"subquad.probe": "import sys\nsys.meta_path.insert(0, object())\n"}
+    monkeypatch.setattr(Path, "read_text", lambda self: probe[self.name])
+    assert _import_hooks({"subquad.probe": Path("subquad.probe")}) == ["subquad.probe:2 meta_path"]
 
 
 def test_no_function_over_80_lines():
-    long = [f"{p.relative_to(ROOT)}:{n.name} ({n.end_lineno - n.lineno + 1})" for p in MODULES.values()
+    long = [f"{p.relative_to(ROOT.parent)}:{n.name} ({n.end_lineno - n.lineno + 1})" for p in MODULES.values()
             for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and n.end_lineno - n.lineno + 1 > 80]
     assert long == []
@@ -150,9 +216,9 @@ def _prints(path: Path) -> list[str]:
 
 def test_library_code_never_prints():
     # the command prints; the library logs or returns (subquad/__main__.py only hands over to the command)
-    lib = [p for m, p in MODULES.items() if not m.startswith("subquad.cli")]
+    lib = [p for m, p in MODULES.items() if not m.startswith("subquad_cli")]
     assert [h for p in lib for h in _prints(p)] == []
-    assert _prints(ROOT / "cli" / "dense_run.py")  # the check sees a print where there is one
+    assert _prints(CLI_ROOT / "dense_run.py")  # the check sees a print where there is one
 
 
 def test_one_mechanism_keyword_across_families():
@@ -238,8 +304,10 @@ def test_no_constructor_sets_state_before_its_base_constructor(tmp_path):
 
 # The layers of the package, lowest first: a unit (a top-level module or subpackage of subquad; the functional core
 # counts as its own unit) imports only units of lower layers, at module level or inside a function. Written down
-# from the tree as it is (attention never imports models; only the command imports the command).
+# from the tree as it is (attention never imports models; only the command imports the command). subquad_cli is the
+# command line ("cli") above the library, and its foundation below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cli.foundation",),  # subquad_cli's torch-free modules (errors, version, recipes, config dataclasses)
     ("errors", "version", "files"),
     ("_shapes", "backend", "registry", "config"),
     ("layers", "data", "export"),
@@ -257,6 +325,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 def _unit(module: str) -> str:
     parts = module.split(".")
+    if parts[0] == "subquad_cli":
+        return "cli.foundation" if parts[-1] in CLI_FOUNDATION else "cli"
     if parts[1:3] == ["attention", "functional"]:
         return "attention.functional"
     return parts[1] if len(parts) > 1 else "subquad"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from subquad.cli import readme
+from subquad_cli import readme
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -122,7 +122,7 @@ def test_make_demo_installs_the_library_alone_and_takes_a_torch_index(tmp_path):
 
 def test_install_size_and_what_to_try_after_the_demo():
     import subquad
-    from subquad.cli.__main__ import COMMANDS
+    from subquad_cli.__main__ import COMMANDS
 
     text = README.read_text()
     assert "make demo CPU=1" in text and "download.pytorch.org/whl/cpu" in text and "GB" in text

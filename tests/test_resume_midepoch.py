@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 
 from subquad.engine.checkpoint import load_state
 from subquad.engine.classify import train
-from subquad.engine.config import TrainConfig
 from subquad.engine.sequence import LM_TIMING_FIELDS, LMConfig, train_lm
+from subquad_cli.runconfig import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def hook(pos):
 cfg = json.loads(cfg_json)
 if kind == "classify":
     from subquad.engine.classify import train
-    from subquad.engine.config import TrainConfig
+    from subquad_cli.runconfig import TrainConfig
     train(TrainConfig(**cfg), on_update=hook)
 else:
     from subquad.engine.sequence import LMConfig, train_lm
@@ -246,10 +246,10 @@ def test_lra_sigterm_between_evaluations(tmp_path):
 
 @pytest.mark.slow  # about 10 s alone, several times that on a busy machine
 def test_segmentation_sigterm_inside_epoch(tmp_path):
-    from subquad.dense.config import DenseConfig
     from subquad.dense.engine import train_dense
     from subquad.dense.synthetic import generate_synthetic
     from subquad.engine.loop import Preempted
+    from subquad_cli.denseconfig import DenseConfig
 
     root = generate_synthetic(tmp_path / "synth", seed=1, n_train=4, n_val=2, size=(40, 56), min_r=5, max_r=10)
 

@@ -76,7 +76,8 @@ def _venv_with_wheel(tmp: Path) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "subquad", src / "subquad", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for package in ("subquad", "subquad_cli"):  # the library and its command line
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     dist = tmp / "dist"
     pip = [sys.executable, "-m", "pip"]
     subprocess.run([*pip, "wheel", str(src), "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(dist)],

@@ -56,7 +56,7 @@ def prepare_data(task: dict[str, Any], root: Path, budget: str = "default") -> s
 
 
 def cell_config(train: dict[str, Any], mech: dict[str, Any], seed: int, out: Path):
-    from ..engine.config import TrainConfig, merge_config
+    from subquad_cli.runconfig import TrainConfig, merge_config
 
     cfg = merge_config(TrainConfig(), {**train, "model_kwargs": dict(mech), "seed": seed,
                                        "output": str(out), "log_interval": 0}, origin="arena task")

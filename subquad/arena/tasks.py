@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import load_yaml
+from subquad_cli.recipes import load_yaml
+
 from ..errors import UserError
 
 __all__ = ["TASKS", "CONFIG_DIR", "ARENA_FILE", "Task", "load_task", "task_names", "task_of_run", "kind_module"]

@@ -39,6 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
+from subquad_cli.denseconfig import DenseConfig
+
 from ..engine.checkpoint import load_state, read_json, save_weights, write_json
 from ..engine.distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed, train_sampler
 from ..engine.loop import Loop, Position, Precision, TrainTask
@@ -46,7 +48,6 @@ from ..engine.rng import epoch_seed, seed_everything
 from ..engine.runfiles import prepare_output, read_csv, write_args, write_csv
 from ..errors import UserError
 from .backbone import FeatureBackbone
-from .config import DenseConfig
 from .data import DenseSource, collate_detection, detection_transforms, open_dense_source, segmentation_transforms
 from .detect import DETECTOR_KINDS, build_detector
 from .metrics import coco_map, confusion_matrix, detections_to_coco, segmentation_scores
@@ -533,8 +534,9 @@ def resolve_checkpoint(checkpoint: str | os.PathLike) -> Path:
 
 def load_dense_run(checkpoint: str | os.PathLike, task: str, device: torch.device | str = "cpu"):
     """(model in eval mode, sidecar dict, DenseConfig, weights path) of a detect/segment run."""
+    from subquad_cli.denseconfig import merge_dense
+
     from ..models._builder import load_into, read_state_dict
-    from .config import merge_dense
 
     weights = resolve_checkpoint(checkpoint)
     side_path = weights.with_suffix(".json")

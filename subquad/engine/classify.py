@@ -52,12 +52,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from subquad_cli.runconfig import TrainConfig
+
 from ..bench.memory import peak_memory_mb, rss_mb
 from ..data.registry import ImageSource, TransformDataset, build_transform, open_source, resolve_aug
 from ..data.video import multiview_logits
 from ..errors import UserError
 from .checkpoint import load_state, read_json, save_weights, write_json
-from .config import TrainConfig
 from .distributed import DistInfo, GlobalBatchSampler, all_reduce_sum, cleanup, init_distributed, train_sampler
 from .loop import Loop, Position, Precision, TrainTask
 from .modelbuild import build_model, check_img_size, model_input

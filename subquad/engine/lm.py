@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from subquad_cli.runconfig import LMConfig
+
 from ..bench.memory import peak_memory_mb, rss_mb
 from ..errors import UserError
 from .checkpoint import read_json, write_json
-from .config import LMConfig
 from .distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed
 from .loop import Loop, Position, Precision
 from .steps import _device, _start_or_resume, _StepTask, _write_args

@@ -24,10 +24,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from subquad_cli.runconfig import LRAConfig
+
 from ..bench.memory import peak_memory_mb, rss_mb
 from ..errors import UserError
 from .checkpoint import write_json
-from .config import LRAConfig
 from .distributed import DistInfo
 from .loop import Loop, Position, Precision
 from .steps import _device, _start_or_resume, _StepTask, _write_args

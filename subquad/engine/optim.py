@@ -13,8 +13,9 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.scheduler.scheduler import Scheduler
 
+from subquad_cli.runconfig import TrainConfig
+
 from ..errors import UserError
-from .config import TrainConfig
 
 __all__ = ["build_optimizer", "build_scheduler", "check_scheduler", "SCHEDULERS"]
 

@@ -13,7 +13,7 @@ import yaml
 
 from ..files import atomic_write
 
-__all__ = ["write_args", "write_csv", "read_csv", "prepare_output", "refuse_resume_changes"]
+__all__ = ["write_args", "write_csv", "read_csv", "prepare_output"]
 
 
 def write_args(out: Path, cfg: Any) -> None:
@@ -60,13 +60,3 @@ def prepare_output(cfg: Any) -> Path:
                         "--output (nothing was overwritten)")
     return out
 
-
-def refuse_resume_changes(resume: str | Path, flags: list[str], free: list[str], verb: str = "be given") -> None:
-    """The refusal every `--resume` shares: a resumed run continues with its own settings (its args.yaml), so the
-    `flags` that would change them are refused in one line; `free` names the flags that may {verb}."""
-    from ..errors import UserError
-
-    if flags:
-        allowed = free[0] if len(free) == 1 else f"{', '.join(free[:-1])} and {free[-1]}"
-        raise UserError(f"--resume {resume} continues the run with its own settings (args.yaml); drop "
-                        f"{', '.join(flags)}; only {allowed} may {verb}")

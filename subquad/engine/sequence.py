@@ -1,5 +1,5 @@
 """The long-sequence trainers under their former module name: LRA classification is `subquad.engine.lra`, the
-character LM `subquad.engine.lm`, what they share `subquad.engine.steps`, their configs `subquad.engine.config`."""
+character LM `subquad.engine.lm`, what they share `subquad.engine.steps`, their configs `subquad_cli.runconfig`."""
 
 from __future__ import annotations
 

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 import yaml
 
+from subquad_cli.runconfig import RESUME_FREE
+
 from ..errors import UserError
 from .checkpoint import read_json, save_weights, write_json
-from .config import RESUME_FREE
 from .loop import Loop, Position, TrainTask
 from .rng import seed_everything, step_seed
 from .runfiles import read_csv, write_args, write_csv

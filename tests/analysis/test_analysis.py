@@ -16,9 +16,9 @@ from subquad.analysis.maps import collect_mixer_calls, grad_cam, mixer_attention
 from subquad.analysis.rank import attention_rank, matrix_rank
 from subquad.analysis.report import analyze_model, layer_stats
 from subquad.attention.base import TokenMixer
-from subquad.cli.__main__ import main
-from subquad.cli.analyze import sample_image
 from subquad.errors import UserError
+from subquad_cli.__main__ import main
+from subquad_cli.analyze import sample_image
 
 
 def test_matrix_rank_and_sampled_rank():

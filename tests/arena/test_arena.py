@@ -17,8 +17,8 @@ import yaml
 from subquad.arena import check_claims, load_task
 from subquad.arena.report import LEADERBOARD_COLUMNS, claims_text, leaderboard_markdown
 from subquad.arena.tasks import CONFIG_DIR
-from subquad.cli.__main__ import main
 from subquad.errors import UserError
+from subquad_cli.__main__ import main
 
 # A small Fashion-MNIST written by the tests (tests/conftest.py), named by $SUBQUAD_FASHION_MNIST_DIR for the cells.
 needs_fmnist = pytest.mark.usefixtures("fashion_mnist_dir")

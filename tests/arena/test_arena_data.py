@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from subquad.cli.__main__ import main
 from subquad.data.fashion_mnist import ENV_DIR
+from subquad_cli.__main__ import main
 
 
 @pytest.mark.slow  # the cell subprocess imports torch: about 15 s alone, a minute on a loaded machine

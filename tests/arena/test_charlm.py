@@ -15,8 +15,8 @@ import yaml
 
 from subquad.arena import lm, load_task
 from subquad.arena.tasks import CONFIG_DIR
-from subquad.cli.__main__ import main
 from subquad.errors import UserError
+from subquad_cli.__main__ import main
 
 
 def _write_text(path: Path, n_bytes: int = 60_000, seed: int = 0) -> Path:

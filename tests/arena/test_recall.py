@@ -194,7 +194,7 @@ def test_every_default_mechanism_builds_and_steps_in_its_host(name):
 def test_quick_arena_run_and_claims(tmp_path):
     """`subquad arena run --task recall --budget quick`: the budget's cells (one mechanism of each kind), the
     leaderboard's recall columns, and `arena check` on claims with a `score`."""
-    from subquad.cli.__main__ import main
+    from subquad_cli.__main__ import main
 
     out = tmp_path / "rq"
     assert main(["arena", "run", "--task", "recall", "--budget", "quick", "--out", str(out)]) == 0

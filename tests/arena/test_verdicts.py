@@ -26,8 +26,8 @@ from subquad.arena.report import (
     write_leaderboard,
 )
 from subquad.arena.tasks import CONFIG_DIR
-from subquad.cli.__main__ import main
 from subquad.errors import UserError
+from subquad_cli.__main__ import main
 
 T975_2 = 4.302653
 

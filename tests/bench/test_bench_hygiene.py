@@ -16,7 +16,7 @@ import torch
 from subquad.bench import machine
 from subquad.bench.sweep import ATTN_COLUMNS, MODEL_COLUMNS
 from subquad.bench.timing import Timing, time_spread
-from subquad.cli.__main__ import main
+from subquad_cli.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--dim", "16", "--heads", "2", "--repeats", "2", "--warmup", "0"]
@@ -162,7 +162,7 @@ def test_threads_default_to_omp_num_threads(monkeypatch):
     """Issue 24: `bench` took every core although OMP_NUM_THREADS=1 was set; the load warning names the flag."""
     from types import SimpleNamespace
 
-    from subquad.cli.bench import _pin_threads
+    from subquad_cli.bench import _pin_threads
 
     monkeypatch.setattr(machine, "physical_cores", lambda sysfs=None: 2)
     before = torch.get_num_threads()

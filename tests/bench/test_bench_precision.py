@@ -10,7 +10,7 @@ import pytest
 from subquad import backend
 from subquad.bench.precision import gemm_gflops, skip_reason
 from subquad.bench.sweep import MODEL_COLUMNS, bench_models
-from subquad.cli.__main__ import main
+from subquad_cli.__main__ import main
 
 FAST = ["--img-size", "16", "--repeats", "1", "--warmup", "0", "--no-plot"]
 

@@ -19,7 +19,7 @@ from subquad.bench.sweep import (
     sweep_attention,
 )
 from subquad.bench.timing import time_fn, time_interleaved
-from subquad.cli.__main__ import main
+from subquad_cli.__main__ import main
 
 MiB = 2**20
 

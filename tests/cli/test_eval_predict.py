@@ -5,8 +5,8 @@ import pickle
 
 import pytest
 
-from subquad.cli.__main__ import main
 from subquad.data.small import save_digits_image
+from subquad_cli.__main__ import main
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from subquad.cli.__main__ import main
 from subquad.data.lra.pathfinder import write_pathfinder
+from subquad_cli.__main__ import main
 
 
 @pytest.fixture(scope="module")

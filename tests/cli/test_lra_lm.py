@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from subquad.cli.__main__ import main
 from subquad.data.lra.listops import write_listops
+from subquad_cli.__main__ import main
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_lm_prepare_reports_skipped_files(tmp_path, capsys):
 def test_shipped_lra_recipes_load(task):
     import argparse
 
-    from subquad.cli.lra import resolve_config
+    from subquad_cli.lra import resolve_config
 
     ns = argparse.Namespace(task=task, data="d", attention="long_short", config=None, attn_opt=[], window_size=None,
                             rank=None, amp=False)
@@ -144,7 +144,7 @@ def test_shipped_lra_recipes_load(task):
 def test_shipped_lm_recipes_load(name):
     import argparse
 
-    from subquad.cli.lm import CONFIG_DIR, resolve_config
+    from subquad_cli.lm import CONFIG_DIR, resolve_config
 
     ns = argparse.Namespace(data="d", attention="long_short", config=str(CONFIG_DIR / f"{name}.yaml"), attn_opt=[])
     cfg = resolve_config(ns)
@@ -202,8 +202,8 @@ def test_paper_lm_recipes(name, depth, drop, wd, lrs, params):
 
     import torch
 
-    from subquad.cli.lm import resolve_config
     from subquad.engine.sequence import build_lm, lm_phases
+    from subquad_cli.lm import resolve_config
 
     cfg = resolve_config(argparse.Namespace(data="d", attention="long_short", config=name, attn_opt=[]))
     assert (cfg.depth, cfg.dim, cfg.num_heads, cfg.ffn_dim, cfg.residual) == (depth, 512, 8, 2048, "official")

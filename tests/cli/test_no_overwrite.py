@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from subquad.cli.__main__ import main
+from subquad_cli.__main__ import main
 
 
 def _mine(path):

@@ -8,14 +8,14 @@ import dataclasses
 
 import pytest
 
-from subquad.cli.__main__ import main
-from subquad.engine.config import RESUME_FREE, LMConfig, LRAConfig, TrainConfig
 from subquad.engine.runfiles import write_args
 from subquad.errors import UserError
+from subquad_cli.__main__ import main
+from subquad_cli.runconfig import RESUME_FREE, LMConfig, LRAConfig, TrainConfig
 
 
 def _parser():
-    from subquad.cli import detect, lm, lra, segment, train
+    from subquad_cli import detect, lm, lra, segment, train
 
     p = argparse.ArgumentParser()
     sub = p.add_subparsers()
@@ -69,7 +69,7 @@ def _lra_run(tmp_path, **kw):
 
 
 def test_lra_resume_refuses_a_change_and_allows_the_free_flags(tmp_path):
-    from subquad.cli.lra import resolve_config
+    from subquad_cli.lra import resolve_config
 
     run = _lra_run(tmp_path)
     p = _parser()
@@ -91,7 +91,7 @@ def test_lra_resume_refuses_a_change_and_allows_the_free_flags(tmp_path):
 
 
 def test_lm_resume_same_rule_and_a_recipe_is_checked_too(tmp_path):
-    from subquad.cli.lm import resolve_config
+    from subquad_cli.lm import resolve_config
 
     run = tmp_path / "lm"
     run.mkdir()
@@ -111,7 +111,7 @@ def test_lm_resume_same_rule_and_a_recipe_is_checked_too(tmp_path):
 
 @pytest.mark.parametrize("task", ["detect", "segment"])
 def test_dense_resume_refuses_a_change_and_records_an_extension(tmp_path, task, capsys):
-    from subquad.dense.config import DenseConfig, resolve_dense_config
+    from subquad_cli.denseconfig import DenseConfig, resolve_dense_config
 
     run = tmp_path / task
     run.mkdir()
@@ -129,7 +129,7 @@ def test_dense_resume_refuses_a_change_and_records_an_extension(tmp_path, task, 
 
 
 def test_train_resume_checks_a_recipe_like_a_flag(tmp_path):
-    from subquad.cli.config import resolve_config
+    from subquad_cli.config import resolve_config
 
     run = tmp_path / "tr"
     run.mkdir()

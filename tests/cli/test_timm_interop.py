@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from subquad.cli.__main__ import main
+from subquad_cli.__main__ import main
 
 # A script shaped like timm's validate.py (which is not in the wheel) run with --no-prefetcher: create_model, then
 # timm's load_checkpoint (as validate.py does for --checkpoint / --use-ema), resolve_data_config + create_transform

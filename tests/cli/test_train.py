@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from subquad.cli.__main__ import main
+from subquad_cli.__main__ import main
 
 TINY = ["--model", "vit_attn_micro", "--data", "digits", "--img-size", "16", "--train-limit", "128",
         "--eval-limit", "64", "-b", "32", "--log-interval", "0", "--device", "cpu"]

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from subquad.cli.__main__ import build_parser, main
+from subquad_cli.__main__ import build_parser, main
 
 
 def _err_line(capsys) -> str:
@@ -382,7 +382,7 @@ def test_other_runs_of_real_trainers(tmp_path, capsys):
 # ----- item 11 (and 14: a YAML parse error's line): numbers written 1e-3 -----
 
 def test_recipe_numbers_in_exponent_notation(tmp_path, capsys):
-    from subquad.config import load_yaml
+    from subquad_cli.recipes import load_yaml
 
     y = tmp_path / "r.yaml"
     y.write_text("model: vit_attn_micro\nlr: 1e-3\nwarmup_lr: 5E-6\nweight_decay: -2.5e+1\nmodel_ema_decay: 1.0e-3\n"
@@ -397,7 +397,7 @@ def test_recipe_numbers_in_exponent_notation(tmp_path, capsys):
 def test_lm_recipe_numbers_in_exponent_notation(tmp_path, monkeypatch):
     import argparse
 
-    from subquad.cli.lm import resolve_config
+    from subquad_cli.lm import resolve_config
 
     y = tmp_path / "lm.yaml"
     y.write_text("lr: 3e-4\nweight_decay: 1e-2\n")
@@ -442,8 +442,8 @@ def test_no_released_weights_said_once():
 def test_unknown_scheduler_and_optimizer_list_the_valid_ones(capsys):
     import dataclasses
 
-    from subquad.engine.config import TrainConfig
     from subquad.engine.optim import SCHEDULERS, build_scheduler
+    from subquad_cli.runconfig import TrainConfig
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     for name in SCHEDULERS:  # every listed name is one the installed timm builds

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from subquad.cli.__main__ import main
+from subquad_cli.__main__ import main
 
 
 @pytest.fixture(scope="module")

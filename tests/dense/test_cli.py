@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from subquad.cli.__main__ import main
 from subquad.dense.synthetic import generate_synthetic
+from subquad_cli.__main__ import main
 
 # Tiny heads and images, two iterations: the conventions, not the accuracy (the README's demo runs show that).
 DETECT = ["--fpn-channels", "16", "--representation-size", "32", "--mask-head-channels", "16", "--rpn-proposals", "32",

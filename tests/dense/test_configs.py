@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from subquad.cli.config import load_yaml
-from subquad.dense.config import CONFIG_DIRS, DenseConfig, merge_dense, shipped_dense_configs
 from subquad.dense.engine import DEFAULT_KIND, _kind, lr_factor
+from subquad_cli.config import load_yaml
+from subquad_cli.denseconfig import CONFIG_DIRS, DenseConfig, merge_dense, shipped_dense_configs
 
 
 @pytest.mark.parametrize("path", shipped_dense_configs(), ids=lambda p: f"{p.parent.name}/{p.name}")

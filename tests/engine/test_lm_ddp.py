@@ -13,9 +13,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from subquad.cli.__main__ import main
 from subquad.engine.sequence import LMConfig, train_lm
 from subquad.errors import UserError
+from subquad_cli.__main__ import main
 
 
 def _args(corpus, out, *extra):

@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from subquad.cli.__main__ import main
-from subquad.cli.lra import add_parser, resolve_config
 from subquad.data.lra.listops import write_listops
 from subquad.engine.checkpoint import load_state
 from subquad.engine.sequence import LRA_TIMING_FIELDS, LRAConfig, _train_batches, train_lra
 from subquad.errors import UserError
+from subquad_cli.__main__ import main
+from subquad_cli.lra import add_parser, resolve_config
 
 
 class _Interrupt(Exception):

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from subquad.engine.checkpoint import load_state
 from subquad.engine.classify import train
-from subquad.engine.config import TrainConfig
+from subquad_cli.runconfig import TrainConfig
 
 
 class _Interrupt(Exception):

@@ -16,8 +16,8 @@ from subquad.data.registry import ImageSource, open_source, resolve_aug
 from subquad.data.small import digits_arrays, holdout_split
 from subquad.engine.checkpoint import load_state
 from subquad.engine.classify import train
-from subquad.engine.config import TrainConfig
 from subquad.errors import UserError
+from subquad_cli.runconfig import TrainConfig
 
 
 def _cfg(out, **kw):
@@ -71,7 +71,7 @@ def test_test_split_never_read_before_the_last_epoch(tmp_path, monkeypatch):
 
 
 def test_final_line_names_the_split(tmp_path, capsys):
-    from subquad.cli.__main__ import main
+    from subquad_cli.__main__ import main
 
     root = tmp_path / "folder"
     rng = np.random.RandomState(0)
@@ -124,7 +124,7 @@ def test_epochs_count_from_one_everywhere(tmp_path, capsys):
 
 
 def test_resume_of_a_finished_run_says_complete(tmp_path, capsys):
-    from subquad.cli.__main__ import main
+    from subquad_cli.__main__ import main
 
     run = tmp_path / "run"
     train(_cfg(run, epochs=1))

@@ -8,8 +8,8 @@ import torch
 from timm.data import Mixup
 
 from subquad.engine.classify import _refuse_image_only_aug, mix_batch
-from subquad.engine.config import TrainConfig
 from subquad.errors import UserError
+from subquad_cli.runconfig import TrainConfig
 
 
 def test_cutmix_on_clips_boxes_space_not_time():

@@ -9,8 +9,8 @@ import torch
 
 import subquad
 from subquad import export as ex
-from subquad.cli.__main__ import main
 from subquad.errors import UserError
+from subquad_cli.__main__ import main
 
 
 @pytest.fixture(scope="module")

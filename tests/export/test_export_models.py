@@ -191,7 +191,7 @@ def test_a_disagreeing_file_is_removed(tmp_path, monkeypatch):
 
 
 def test_cli_export_writes_a_checked_file(tmp_path, capsys):
-    from subquad.cli.__main__ import main
+    from subquad_cli.__main__ import main
 
     out = tmp_path / "vit.pt2"
     assert main(["export", "--model", "vit_attn_micro", "--format", "pt2", "--out", str(out)]) == 0

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from subquad import backend
-from subquad.cli.__main__ import main
 from subquad.data.registry import open_source
 from subquad.engine.checkpoint import save_weights, write_json
 from subquad.engine.classify import eval_loader
 from subquad.models import create_model
+from subquad_cli.__main__ import main
 
 # The digits eval transform of `subquad train --data digits --img-size 32` (resize only, mean = std = 0.5).
 DCFG = {"img_size": 32, "in_chans": 3, "mean": [0.5] * 3, "std": [0.5] * 3, "interpolation": "", "crop_pct": None,

@@ -245,7 +245,7 @@ def test_offline_one_line_error(monkeypatch, hub, tag):
 
 
 def test_offline_cli_exit_2(monkeypatch, hub, capsys):
-    from subquad.cli.__main__ import main
+    from subquad_cli.__main__ import main
 
     url = _closed_port_url()
     point_at(monkeypatch, "flatten_pvt_v2_b0.in1k", url)

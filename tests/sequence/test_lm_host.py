@@ -106,7 +106,7 @@ def test_a_mechanism_without_a_causal_form_is_refused():
 def test_shipped_lm_recipes_set_the_host():
     import argparse
 
-    from subquad.cli.lm import CONFIG_DIR, resolve_config
+    from subquad_cli.lm import CONFIG_DIR, resolve_config
 
     def cfg(name):
         ns = argparse.Namespace(data="d", attention="long_short", config=str(CONFIG_DIR / f"{name}.yaml"), attn_opt=[])
@@ -123,9 +123,9 @@ def test_shipped_lm_recipes_set_the_host():
 def test_cli_flags_and_checkpoint_keep_the_host(tmp_path):
     import argparse
 
-    from subquad.cli.lm import resolve_config
     from subquad.data.char import prepare_corpus
     from subquad.engine.sequence import load_lm, train_lm
+    from subquad_cli.lm import resolve_config
 
     (tmp_path / "t.txt").write_text("the quick brown fox jumps over the lazy dog.\n" * 40)
     prepare_corpus(tmp_path / "t.txt", tmp_path / "prep")

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     import timm
 
     import subquad
-    from subquad.errors import unknown_name
+    from subquad_cli.errors import unknown_name
 
     if not timm.is_model(args.model):
         raise unknown_name("model", args.model, subquad.list_models() + timm.list_models())

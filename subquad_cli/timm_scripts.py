@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     script = Path(args.script)
     if not script.is_file():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from subquad_cli.recipes import LIBRARY_ROOT
+
 
 def _query(text: str) -> tuple[float, float]:
     try:
@@ -16,7 +18,7 @@ def _query(text: str) -> tuple[float, float]:
 
 def sample_image() -> Path:
     """The bundled sample photograph (subquad/assets/, see its README)."""
-    return Path(__file__).resolve().parent.parent / "assets" / "chelsea.png"
+    return LIBRARY_ROOT / "assets" / "chelsea.png"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from subquad.analysis.report import analyze_model
     from subquad.engine.checkpoint import load_checkpointed_model, refuse_existing_output
     from subquad.engine.classify import eval_transform
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     refuse_existing_output(args.out, "--out", args.overwrite, folder=True)
     image = Path(args.image) if args.image else sample_image()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from subquad.cli.config import add_config_arguments, resolve_config
+from subquad_cli.config import add_config_arguments, resolve_config
 
 USAGE = ("%(prog)s (--model NAME | -c RECIPE) [--data SPEC] [--epochs N] [--output DIR] [options]\n"
          "       %(prog)s --resume DIR [--epochs N] [--device DEVICE]")
@@ -26,14 +26,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
-    from subquad.cli.config import check_run_output
     from subquad.engine.classify import train
     from subquad.engine.loop import Preempted
+    from subquad_cli.config import check_run_output
 
     if not any(getattr(args, k, None) for k in ("model", "config", "resume")):
         import sys
 
-        from subquad.errors import UserError
+        from subquad_cli.errors import UserError
 
         print(args.usage().rstrip(), file=sys.stderr)
         raise UserError("--model or -c is required (or --resume DIR to continue a run); see `subquad train --help`")

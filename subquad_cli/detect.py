@@ -18,8 +18,8 @@ _HELP = {
 
 def add_dense_arguments(p: argparse.ArgumentParser) -> None:
     """One flag per DenseConfig field (defaults suppressed, so only typed flags override the recipes)."""
-    from subquad.cli.config import add_config_arguments
-    from subquad.dense.config import DenseConfig
+    from subquad_cli.config import add_config_arguments
+    from subquad_cli.denseconfig import DenseConfig
 
     add_config_arguments(p, config_cls=DenseConfig, config_help="YAML recipe of these keys: a file, or a shipped "
                          "recipe by name (subquad/configs/coco/ for detect, subquad/configs/ade20k/ for segment)")
@@ -83,16 +83,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run_train(args: argparse.Namespace) -> int:
     import yaml
 
-    from subquad.cli.config import check_run_output
-    from subquad.dense.config import resolve_dense_config
     from subquad.dense.engine import train_dense
     from subquad.engine.loop import Preempted
+    from subquad_cli.config import check_run_output
+    from subquad_cli.denseconfig import resolve_dense_config
 
     cfg = resolve_dense_config(args, args.task)
     if not cfg.resume and not cfg.dry_run:
         check_run_output(cfg.output, args.overwrite)
     if cfg.checkpoint_every < 0:
-        from subquad.errors import UserError
+        from subquad_cli.errors import UserError
 
         raise UserError(f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}")
     try:
@@ -115,12 +115,12 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from subquad.cli.dense_run import evaluate_run
+    from subquad_cli.dense_run import evaluate_run
 
     return evaluate_run(args)
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from subquad.cli.dense_run import predict_run
+    from subquad_cli.dense_run import predict_run
 
     return predict_run(args)

@@ -69,7 +69,7 @@ def _natural_class_order(model, classes: list[str]):
 
 
 def _parse_views(text: str) -> list[int]:
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, sidecar_path, write_json
     from subquad.engine.classify import eval_loader, evaluate
     from subquad.engine.distributed import DistInfo, resolve_device
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")

@@ -1,11 +1,11 @@
 """Command-line flags, recipe layers and the `--resume` rule of every training command, generated from its config
-dataclass (`TrainConfig`, `LRAConfig`, `LMConfig`, `DenseConfig`); recipe files are read by `subquad.config`.
+dataclass (`TrainConfig`, `LRAConfig`, `LMConfig`, `DenseConfig`); recipe files are read by `subquad_cli.recipes`.
 
 Every field becomes a `--flag` (underscores to dashes, or the field's `flag` metadata) with its `help` metadata;
 booleans become on/off switches (`--amp` / `--no-amp`); fields marked `cli=False` are set by recipes only. Flags are
 parsed with `argparse.SUPPRESS` defaults so that only the flags a user typed override the recipe YAML (`-c/--config`)
 and, with `--resume DIR`, the run's own args.yaml; a typed setting that differs from the run's is refused
-(`resume_run`, `subquad.engine.config.resume_changes`).
+(`resume_run`, `subquad_cli.runconfig.resume_changes`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from subquad.config import CONFIG_ROOT, find_config, load_run_args, load_yaml
-from subquad.engine.config import TrainConfig, apply_layers, flag_name, resume_run
+from subquad_cli.recipes import CONFIG_ROOT, find_config, load_run_args, load_yaml
+from subquad_cli.runconfig import TrainConfig, apply_layers, flag_name, resume_run
 
 __all__ = ["add_config_arguments", "find_config", "load_yaml", "resolve_config", "shipped_configs", "check_run_output",
            "load_run_args", "CONFIG_ROOT", "typed_fields", "apply_layers", "resume_run", "add_sequence_arguments",
@@ -98,8 +98,8 @@ def add_sequence_arguments(p: argparse.ArgumentParser, config_cls: type, config_
 def attn_options(cfg, opts: list[str], shortcuts: dict | None = None, always: bool = True) -> dict:
     """{"attn_kw": ...}: `cfg.attn_kw` with the `--attn-opt KEY=VALUE` options (and `shortcuts`, e.g. --window-size)
     added to the entry of `cfg.attention` ({} when none is given and not `always`)."""
-    from subquad.config import parse_yaml
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
+    from subquad_cli.recipes import parse_yaml
 
     if not (opts or shortcuts or always):
         return {}

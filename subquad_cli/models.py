@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .recipes import LIBRARY_ROOT
+
 _log = logging.getLogger(__name__)
 
 CACHE_FILE = "models.json"
@@ -53,14 +55,15 @@ def _dist_version(name: str) -> str:
 
 
 def cache_key() -> str:
-    """subquad/torch/timm versions and every subquad source file's (path, size, mtime), hashed; no torch import."""
-    from subquad.version import __version__
+    """subquad/torch/timm versions and every source file's (path, size, mtime) in subquad and subquad_cli, hashed;
+    no torch import."""
+    from subquad_cli.version import __version__
 
-    root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256(f"{__version__} {_dist_version('torch')} {_dist_version('timm')}".encode())
-    for p in sorted(root.rglob("*.py")):
-        st = p.stat()
-        h.update(f"{p.relative_to(root).as_posix()} {st.st_size} {st.st_mtime_ns}\n".encode())
+    for root in (LIBRARY_ROOT, Path(__file__).resolve().parent):
+        for p in sorted(root.rglob("*.py")):
+            st = p.stat()
+            h.update(f"{root.name}/{p.relative_to(root).as_posix()} {st.st_size} {st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:32]
 
 
@@ -133,7 +136,7 @@ def table(names: list[str], cards: dict[str, dict], counts: dict[str, dict]) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     path = cache_dir() / CACHE_FILE
     key = cache_key()

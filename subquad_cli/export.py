@@ -34,8 +34,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from subquad.errors import UserError
     from subquad.export import check_output
+    from subquad_cli.errors import UserError
 
     if args.img_size is not None and len(args.img_size) > 2:
         raise UserError(f"--img-size takes H W or one side, got {len(args.img_size)} values")

@@ -1,8 +1,8 @@
 """The config dataclasses of the training commands: `TrainConfig` (`subquad train`), `LRAConfig` (`subquad lra
 train`) and `LMConfig` (`subquad lm train`) (the two share `SequenceConfig`), with the field helper `_f` that
-`subquad.dense.config.DenseConfig` uses too.
+`subquad_cli.denseconfig.DenseConfig` uses too.
 
-Each is the one typed source of truth of its command: recipe YAML files may set only its fields, `subquad.cli.config`
+Each is the one typed source of truth of its command: recipe YAML files may set only its fields, `subquad_cli.config`
 builds the command-line flags from them (the `help` metadata becomes `--help`), and `--resume` refuses a typed flag
 whose value differs from the run's unless `RESUME_FREE` lists it. TrainConfig's field names follow timm's train.py
 flags (`--batch-size` is `batch_size`, ...). Precedence: dataclass defaults < recipe YAML < the run's args.yaml
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from .errors import UserError
 
 __all__ = ["TrainConfig", "SequenceConfig", "LRAConfig", "LMConfig", "RESUME_FREE", "config_fields", "merge_config",
-           "flag_name", "resume_changes", "apply_layers", "resume_run"]
+           "flag_name", "resume_changes", "apply_layers", "resume_run", "refuse_resume_changes"]
 
 #: The settings `--resume` may change, in every training command: where and how a run computes and reports, not what
 #: it computes (`max_minutes` is the wall-clock budget of each invocation). Each command allows those of its config's
@@ -318,7 +319,7 @@ def merge_config(base: Any, overrides: dict[str, Any], origin: str = "config") -
     fields = {f.name: f for f in dataclasses.fields(base)}
     unknown = [k for k in overrides if k.replace("-", "_") not in fields]
     if unknown:
-        from ..errors import closest
+        from .errors import closest
 
         near = closest(unknown[0].replace("-", "_"), fields)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
@@ -355,10 +356,7 @@ def resume_run(config_cls: type, resume: str, layers: list[tuple[str, dict]], ex
     recipe given with --resume, the typed flags). A setting of a layer that differs from the run's is refused in
     one line, naming it and what may change (`resume_changes`: RESUME_FREE and `extend`); `exempt(run, new)` names
     more fields that may change in this case."""
-    from pathlib import Path
-
-    from ..config import load_run_args
-    from .runfiles import refuse_resume_changes
+    from .recipes import load_run_args
 
     run = merge_config(config_cls(), load_run_args(resume, drop), origin=str(Path(resume) / "args.yaml"))
     new = apply_layers(run, layers)
@@ -367,3 +365,12 @@ def resume_run(config_cls: type, resume: str, layers: list[tuple[str, dict]], ex
     changed, free = resume_changes(run, new, [k for k in given if k not in skip], extend)
     refuse_resume_changes(resume, changed, free, verb="change")
     return new
+
+
+def refuse_resume_changes(resume: str | Path, flags: list[str], free: list[str], verb: str = "be given") -> None:
+    """The refusal every `--resume` shares: a resumed run continues with its own settings (its args.yaml), so the
+    `flags` that would change them are refused in one line; `free` names the flags that may {verb}."""
+    if flags:
+        allowed = free[0] if len(free) == 1 else f"{', '.join(free[:-1])} and {free[-1]}"
+        raise UserError(f"--resume {resume} continues the run with its own settings (args.yaml); drop "
+                        f"{', '.join(flags)}; only {allowed} may {verb}")

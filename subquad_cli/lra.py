@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 from typing import Any
 
-from subquad.cli.config import add_sequence_arguments, attn_options
-from subquad.config import load_run_args, load_yaml
+from subquad_cli.config import add_sequence_arguments, attn_options
+from subquad_cli.recipes import CONFIG_ROOT, load_run_args, load_yaml
 
 TASKS = ("listops", "text", "retrieval", "image", "pathfinder")
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "lra"
+CONFIG_DIR = CONFIG_ROOT / "lra"
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("lra", help="Long Range Arena: generate data, train the LRA encoder",
@@ -66,7 +65,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         description="Train the LRA encoder classifier; writes args.yaml, summary.csv, "
                         "last/best.safetensors (+ JSON sidecars) and results.json. Precedence: defaults < the task's "
                         "shipped recipe < -c YAML < flags; with --resume DIR: DIR/args.yaml < flags.")
-    from subquad.engine.config import LRAConfig
+    from subquad_cli.runconfig import LRAConfig
 
     add_sequence_arguments(t, LRAConfig, "YAML overriding the task's shipped recipe (a file, or a name in "
                            "subquad/configs/lra/)")
@@ -82,7 +81,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def _need(p: argparse.ArgumentParser, what: str) -> int:
     p.print_help()
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     raise UserError(f"missing subcommand: {what}")
 
@@ -112,7 +111,7 @@ def run_generate_pathfinder(args: argparse.Namespace) -> int:
 
 
 def _parse_grid(text: str) -> list[int]:
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     parts = text.replace("x", ",").split(",")
     try:
@@ -137,10 +136,10 @@ def _derived(args: argparse.Namespace, cfg: Any, fresh: bool) -> dict[str, Any]:
 
 def resolve_config(args: argparse.Namespace):
     """defaults < the task's shipped recipe < -c YAML < the flags -> LRAConfig; with --resume DIR: DIR/args.yaml <
-    -c YAML < the flags, a setting that would change the run refused (`subquad.cli.config.resume_run`)."""
-    from subquad.cli.config import apply_layers, recipe_layers, resume_run, typed_fields
-    from subquad.engine.config import LRAConfig
-    from subquad.errors import UserError
+    -c YAML < the flags, a setting that would change the run refused (`subquad_cli.config.resume_run`)."""
+    from subquad_cli.config import apply_layers, recipe_layers, resume_run, typed_fields
+    from subquad_cli.errors import UserError
+    from subquad_cli.runconfig import LRAConfig
 
     layers = [*recipe_layers(args, ("lra",)), ("command line", typed_fields(args, LRAConfig))]
     if getattr(args, "resume", None):
@@ -171,7 +170,7 @@ def run_train(args: argparse.Namespace) -> int:
     if cfg.attention not in ATTENTION_REGISTRY:
         subquad.build_attention(cfg.attention, 8, 1)  # raises the one-line unknown-attention error
     if not cfg.resume:
-        from subquad.cli.config import check_run_output
+        from subquad_cli.config import check_run_output
 
         check_run_output(cfg.output, args.overwrite)
     try:

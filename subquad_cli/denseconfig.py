@@ -1,7 +1,7 @@
 """`DenseConfig`: the one typed source of truth for `subquad detect` and `subquad segment`.
 
 Recipe YAMLs (subquad/configs/coco/, subquad/configs/ade20k/) may set only these fields; the CLI builds its flags
-from them (`subquad.cli.detect`). Precedence: dataclass defaults < the task's synthetic demo recipe (when --data is
+from them (`subquad_cli.detect`). Precedence: dataclass defaults < the task's synthetic demo recipe (when --data is
 `synthetic` and no --config is given) < `--config FILE.yaml` < explicit flags; with --resume DIR, the run's args.yaml
 is the base and a setting that would change the run is refused.
 
@@ -16,15 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import find_config, load_yaml
-from ..engine.config import _f, apply_layers, merge_config, resume_run
+from .recipes import CONFIG_ROOT, find_config, load_yaml
+from .runconfig import _f, apply_layers, merge_config, resume_run
 
 __all__ = ["DenseConfig", "dense_fields", "merge_dense", "resolve_dense_config",
            "DEMO_RECIPES", "CONFIG_DIRS", "shipped_dense_configs"]
 
-_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 # Task -> the recipe folder, and the demo recipe the synthetic data uses by default.
-CONFIG_DIRS = {"detect": _CONFIGS / "coco", "segment": _CONFIGS / "ade20k"}
+CONFIG_DIRS = {"detect": CONFIG_ROOT / "coco", "segment": CONFIG_ROOT / "ade20k"}
 DEMO_RECIPES = {task: d / "synthetic.yaml" for task, d in CONFIG_DIRS.items()}
 
 
@@ -106,7 +105,7 @@ def merge_dense(base: DenseConfig, overrides: dict[str, Any], origin: str = "con
 
 def resolve_dense_config(args: argparse.Namespace, task: str) -> DenseConfig:
     """defaults < synthetic demo recipe < --config YAML < explicit flags; with --resume DIR: DIR/args.yaml < --config
-    YAML < flags, and a setting that would change the run is refused (`subquad.engine.config.resume_run`; --epochs
+    YAML < flags, and a setting that would change the run is refused (`subquad_cli.runconfig.resume_run`; --epochs
     and --max-iters may extend it)."""
     names = {f.name for f in dense_fields()}
     explicit = {k: v for k, v in vars(args).items() if k in names}

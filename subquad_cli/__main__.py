@@ -1,6 +1,6 @@
 """The `subquad` command: one console script with subcommands.
 
-Each subcommand lives in `subquad/cli/<name>.py` and exposes `add_parser(subparsers)`, which registers its parser
+Each subcommand lives in `subquad_cli/<name>.py` and exposes `add_parser(subparsers)`, which registers its parser
 and sets `func` to the function that runs it. Building the parsers must not import torch or timm (a test holds every
 entry of COMMANDS to `--help` in under a second): import them inside `func`. The library is loaded after parsing,
 before `func` runs, unless the parser sets `lazy=True` (then `func` imports what it needs).
@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 
-# Subcommand -> module in subquad.cli. One line per command.
+# Subcommand -> module in subquad_cli. One line per command.
 COMMANDS: dict[str, str] = {
     "models": "models",
     "flops": "flops",
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS.values():
-        importlib.import_module(f"subquad.cli.{module}").add_parser(sub)
+        importlib.import_module(f"subquad_cli.{module}").add_parser(sub)
     return parser
 
 
@@ -89,14 +89,16 @@ def _one_line(e: BaseException) -> str:
 
 
 def setup_logging() -> None:
-    """subquad's own messages (logger `subquad`, INFO) as plain lines on stderr. The root logger keeps its level
-    (WARNING), so third-party libraries (onnxscript, torch.onnx, timm, ...) say only what they warn about."""
+    """subquad's own messages (loggers `subquad` and `subquad_cli`, INFO) as plain lines on stderr. The root logger
+    keeps its level (WARNING), so third-party libraries (onnxscript, torch.onnx, timm, ...) say only what they warn
+    about."""
     root = logging.getLogger()
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         root.addHandler(handler)
-    logging.getLogger("subquad").setLevel(logging.INFO)
+    for name in ("subquad", "subquad_cli"):
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,20 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "own_logging", False):
         setup_logging()
     if args.version:
-        from subquad.version import __version__
+        from subquad_cli.version import __version__
 
         print(__version__)
         return 0
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     try:
         if not getattr(args, "lazy", False):
-            import subquad
-
-            subquad._load()
+            import subquad  # noqa: F401  (loads the library: every mechanism and model registered)
         if getattr(args, "device", None):
             from subquad.engine.distributed import check_device
 

@@ -19,10 +19,10 @@ import dataclasses
 import os
 from pathlib import Path
 
-from subquad.cli.config import add_sequence_arguments
-from subquad.config import load_run_args, load_yaml
+from subquad_cli.config import add_sequence_arguments
+from subquad_cli.recipes import CONFIG_ROOT, load_run_args, load_yaml
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "charlm"
+CONFIG_DIR = CONFIG_ROOT / "charlm"
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("lm", help="character-level LM: prepare a corpus, train (BPC), eval, generate",
@@ -51,7 +51,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         description="Train the character LM; writes args.yaml, summary.csv, last/best.safetensors "
                         "(+ JSON sidecars) and results.json. Precedence: defaults < the recipe (-c, default small) < "
                         "flags; with --resume DIR: DIR/args.yaml < flags.")
-    from subquad.engine.config import LMConfig
+    from subquad_cli.runconfig import LMConfig
 
     add_sequence_arguments(t, LMConfig, "YAML recipe, a file or a shipped name (default small = "
                            "subquad/configs/charlm/small.yaml; base = the paper's model)")
@@ -84,7 +84,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _need(p: argparse.ArgumentParser) -> int:
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     p.print_help()
     raise UserError("missing subcommand: prepare|train|eval|generate")
@@ -108,10 +108,10 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 def resolve_config(args: argparse.Namespace):
     """defaults < the recipe (-c, default small) < the flags -> LMConfig; with --resume DIR: DIR/args.yaml < -c YAML
-    < the flags, a setting that would change the run refused (`subquad.cli.config.resume_run`)."""
-    from subquad.cli.config import apply_layers, attn_options, recipe_layers, resume_run, typed_fields
-    from subquad.engine.config import LMConfig
-    from subquad.errors import UserError
+    < the flags, a setting that would change the run refused (`subquad_cli.config.resume_run`)."""
+    from subquad_cli.config import apply_layers, attn_options, recipe_layers, resume_run, typed_fields
+    from subquad_cli.errors import UserError
+    from subquad_cli.runconfig import LMConfig
 
     explicit = typed_fields(args, LMConfig)
     opts = getattr(args, "attn_opt", None) or []
@@ -137,10 +137,10 @@ def resolve_config(args: argparse.Namespace):
 
 def run_train(args: argparse.Namespace) -> int:
     from subquad.attention import ATTENTION_REGISTRY
-    from subquad.cli.config import check_run_output
     from subquad.engine.lm import train_lm
     from subquad.engine.loop import Preempted
-    from subquad.errors import UserError
+    from subquad_cli.config import check_run_output
+    from subquad_cli.errors import UserError
 
     cfg = resolve_config(args)
     # get() raises the one-line unknown-attention error.
@@ -169,7 +169,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from subquad.data.char import open_corpus
     from subquad.engine.lm import evaluate_bpc, load_lm
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     model, side = load_lm(args.checkpoint, torch.device(args.device))
     run = side.get("args") or {}
@@ -199,7 +199,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
     from subquad.data.char import decode_ids, encode_text
     from subquad.engine.lm import load_lm
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     if args.max_new < 1:
         raise UserError(f"--max-new must be >= 1, got {args.max_new}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from subquad.cli.detect import add_task_parser
+from subquad_cli.detect import add_task_parser
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

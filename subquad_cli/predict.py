@@ -42,7 +42,7 @@ def expand_images(paths: list[str]) -> list[str]:
         UserError: a path that does not exist, or a folder without images.
     """
     from subquad.data.imagefolder import IMG_EXTENSIONS
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     out: list[str] = []
     for path in paths:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, write_json
     from subquad.engine.classify import eval_transform
     from subquad.engine.distributed import resolve_device
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     if args.topk < 1:
         raise UserError(f"--topk must be >= 1, got {args.topk}")

@@ -110,7 +110,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
@@ -172,7 +172,7 @@ def _outputs(args: argparse.Namespace, kind: str) -> tuple[Path, Path | None]:
     """The CSV and plot paths: new files unless --out FILE --overwrite names an earlier result of this kind."""
     from subquad.bench.sweep import ATTN_COLUMNS, MODEL_COLUMNS, new_result_path
     from subquad.engine.checkpoint import check_output_file
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     out = Path(args.out) if args.out else new_result_path(kind, args.device)
     plot = None if args.no_plot else (Path(args.plot) if args.plot else out.with_suffix(".png"))
@@ -241,7 +241,7 @@ def _warn_spread(rows: list[dict], label) -> None:
 
 def run_attention(args: argparse.Namespace) -> int:
     from subquad.attention import ATTENTION_REGISTRY
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     _check(args)
     if args.dim % args.heads:
@@ -255,7 +255,7 @@ def run_attention(args: argparse.Namespace) -> int:
 def run_model(args: argparse.Namespace) -> int:
     from subquad.bench.precision import check_pairs
     from subquad.bench.sweep import check_model_names, check_model_sizes
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     _check(args)
     if args.compile and args.backend and args.backend != ["compile"]:

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..dense.data import detection_transforms, open_dense_source, read_rgb, segmentation_transforms
-from ..dense.engine import _subset, evaluate_detection, evaluate_segmentation, load_dense_run
-from ..engine.checkpoint import check_output_file, refuse_existing_output, sidecar_path, write_json
-from ..engine.distributed import cleanup, init_distributed
-from ..errors import UserError
+from subquad.dense.data import detection_transforms, open_dense_source, read_rgb, segmentation_transforms
+from subquad.dense.engine import _subset, evaluate_detection, evaluate_segmentation, load_dense_run
+from subquad.engine.checkpoint import check_output_file, refuse_existing_output, sidecar_path, write_json
+from subquad.engine.distributed import cleanup, init_distributed
+from subquad_cli.errors import UserError
 
 __all__ = ["evaluate_run", "predict_run", "RESULT_KEYS", "palette"]
 
@@ -116,7 +116,7 @@ def _check_out_dir(out: Path, files: list[str], overwrite: bool) -> None:
 def _save_png(arr: np.ndarray, path: Path, protect: tuple) -> None:
     from PIL import Image
 
-    from ..files import atomic_write
+    from subquad.files import atomic_write
 
     check_output_file(path, (".png",), protect, "prediction", lambda p: True)
     atomic_write(path, lambda tmp: Image.fromarray(arr).save(tmp, format="PNG"))
@@ -125,7 +125,7 @@ def _save_png(arr: np.ndarray, path: Path, protect: tuple) -> None:
 @torch.no_grad()
 def predict_run(args: argparse.Namespace) -> int:
     """`subquad <task> predict`: drawn PNG (+ JSON for detect, label PNG for segment) per image."""
-    from ..engine.distributed import resolve_device
+    from subquad.engine.distributed import resolve_device
 
     task, device = args.task, resolve_device(args.device)
     inputs = [Path(p) for p in args.images]

@@ -1,6 +1,6 @@
 """Regenerate the generated tables of README.md and the docs from the registries.
 
-`python -m subquad.cli.readme --write` (or `make readme`) rewrites, between their `<!-- NAME:start -->` /
+`python -m subquad_cli.readme --write` (or `make readme`) rewrites, between their `<!-- NAME:start -->` /
 `<!-- NAME:end -->` markers:
 
 - README.md: `families-table` (one row per model family);
@@ -22,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 #: file (relative to the repository root) -> the marker names it holds.
 TARGETS: dict[str, tuple[str, ...]] = {
@@ -164,7 +164,7 @@ def home_page(readme: str) -> str:
                  "and the command that\nloads it: [Model zoo](models.md).\n\n") + t[b:]
     a = t.index("## Documentation\n")
     b = t.index("\n## ", a + 1) + 1
-    note = "<!-- Generated from README.md by `make readme` (python -m subquad.cli.readme --write): edit README.md. -->"
+    note = "<!-- Generated from README.md by `make readme` (python -m subquad_cli.readme --write): edit README.md. -->"
     return note + "\n" + t[:a] + t[b:]
 
 

@@ -31,7 +31,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from subquad.data.video import generate_moving_squares
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():

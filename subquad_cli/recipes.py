@@ -1,11 +1,12 @@
 """Recipe files: find a YAML recipe by path or shipped name, read it, and read a run's args.yaml.
 
-The library (`subquad.dense`, `subquad.arena`) and the command (`subquad.cli.config`) read recipes through these
+The library (`subquad.dense`, `subquad.arena`) and the command (`subquad_cli.config`) read recipes through these
 functions. Bad input (a missing or unparsable file, an ambiguous name) is a `UserError`. No torch is imported.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -15,10 +16,12 @@ import yaml
 
 from .errors import UserError
 
-__all__ = ["CONFIG_ROOT", "find_config", "load_yaml", "load_run_args", "parse_yaml"]
+__all__ = ["LIBRARY_ROOT", "CONFIG_ROOT", "find_config", "load_yaml", "load_run_args", "parse_yaml"]
 
-#: The shipped recipes (package data): subquad/configs/<dir>/<name>.yaml.
-CONFIG_ROOT = Path(__file__).resolve().parent / "configs"
+#: The library's folder, found without importing `subquad` (which loads torch).
+LIBRARY_ROOT = Path(importlib.util.find_spec("subquad").submodule_search_locations[0]).resolve()
+#: The shipped recipes (the library's package data): subquad/configs/<dir>/<name>.yaml.
+CONFIG_ROOT = LIBRARY_ROOT / "configs"
 
 
 def find_config(text: str | os.PathLike, subdirs: tuple[str, ...]) -> Path:

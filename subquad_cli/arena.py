@@ -47,7 +47,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _seeds(text: str | None) -> list[int] | None:
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     if text is None:
         return None
@@ -59,7 +59,7 @@ def _seeds(text: str | None) -> list[int] | None:
 
 def run_run(args: argparse.Namespace) -> int:
     from subquad.arena import run_arena
-    from subquad.errors import UserError
+    from subquad_cli.errors import UserError
 
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
