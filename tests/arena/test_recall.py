@@ -219,8 +219,8 @@ def test_quick_arena_run_and_claims(tmp_path):
 
 
 def test_the_1d_forms_the_claims_name_are_admitted_and_run_at_2x_and_4x():
-    """focused_linear (both tasks) and global_filter (bidirectional only: no causal form) build in the host and
-    run at the extrapolation lengths the cell evaluates."""
+    """focused_linear (both tasks), global_filter and structure_aware (bidirectional only: no causal form) build in
+    the host and run at the extrapolation lengths the cell evaluates."""
     from subquad.arena.recall import build_model
 
     for name in ("recall", "recall_causal"):
@@ -230,7 +230,7 @@ def test_the_1d_forms_the_claims_name_are_admitted_and_run_at_2x_and_4x():
         assert refusal(train, task.mechanism("focused_linear_d128")) is None
         gf = refusal(train, {"attention": "global_filter"})
         assert (gf is None) == (name == "recall"), gf
-        labels = ("focused_linear", "global_filter") if name == "recall" else ("focused_linear",)
+        labels = ("focused_linear", "global_filter", "structure_aware") if name == "recall" else ("focused_linear",)
         for label in labels:
             model = build_model(cell_config(train, task.mechanism(label)))
             for f in (1, 2, 4):
@@ -238,4 +238,5 @@ def test_the_1d_forms_the_claims_name_are_admitted_and_run_at_2x_and_4x():
                 with torch.no_grad():
                     y = model(b.tokens, b.query_pos)
                 assert y.shape == (2, 8, VOCAB) and torch.isfinite(y).all(), (name, label, f)
-    assert "no causal mode" in refusal(load_task("recall_causal").recipe("quick"), {"attention": "global_filter"})
+    for mechanism in ("global_filter", "structure_aware"):
+        assert "no causal mode" in refusal(load_task("recall_causal").recipe("quick"), {"attention": mechanism})
