@@ -88,7 +88,9 @@ _AGENT_PVT = {"agent_pvt_tiny": 224, "agent_pvt_small": 224, "agent_pvt_medium":
 # (img_size, embed_dim, depths, heads, WINDOW_SIZE, ATTN_TYPE); NUM 9-16-49-49 in every cfg.
 _AGENT_SWIN = {"agent_swin_tiny": (224, 96, (2, 2, 6, 2), (3, 6, 12, 24), 56, "AAAB"),
                "agent_swin_small": (224, 96, (2, 2, 18, 2), (3, 6, 12, 24), 56, "AABB"),
-               "agent_swin_small_288": (288, 96, (2, 2, 18, 2), (3, 6, 12, 24), 72, "AABB")}
+               "agent_swin_small_288": (288, 96, (2, 2, 18, 2), (3, 6, 12, 24), 72, "AABB"),
+               "agent_swin_base": (224, 128, (2, 2, 18, 2), (4, 8, 16, 32), 56, "AAMB2"),
+               "agent_swin_base_384": (384, 128, (2, 2, 18, 2), (4, 8, 16, 32), 96, "AAMB2")}
 _AGENT_CSWIN = {"agent_cswin_tiny": ("Agent_CSWin_64_24181_tiny_224", 224),
                 "agent_cswin_small": ("Agent_CSWin_64_36292_small_224", 224),
                 "agent_cswin_base": ("Agent_CSWin_96_36292_base_224", 224),

@@ -6,8 +6,9 @@ one window per stage, no shift), the 'B' blocks Swin W-MSA / SW-MSA with window 
     - `agent_swin_tiny`: ATTN_TYPE AAAB (cfg `agent_swin_t.yaml`);
     - `agent_swin_small`, `agent_swin_small_288`: AABB (cfgs `agent_swin_s.yaml`, `agent_swin_s_288.yaml`);
     - `agent_swin_micro`: a tiny variant for tests and the demo on 64 x 64 images (AAAB, 4 agents per stage).
-Agent-Swin-B (AAMB2: the first two blocks of stage 3 agent, the rest window) needs a mechanism per block inside a
-stage, which the host does not take; it is not registered (docs/deviations.md).
+    - `agent_swin_base`, `agent_swin_base_384`: AAMB2 (cfgs `agent_swin_b.yaml`, `agent_swin_b_384.yaml`): stage 3
+      mixes mechanisms, its first 2 blocks agent and the other 16 window, given to the host as a tuple of one name per
+      block; the 384 model's WINDOW_SIZE 96 makes its 'B' window max(7, 96 // 8) = 12.
 
 Paper: Agent Attention (arXiv 2312.08874), Tab. 1 (Swin rows); Swin (arXiv 2103.14030) for the host.
 Official: LeapLabTHU/Agent-Attention `agent_transformer/models/agent_swin.py` (`AgentSwinTransformer`,
@@ -50,6 +51,8 @@ def _stages(kinds: str) -> tuple[str, ...]:
 _AGENTS = tuple(dict(agent_num=a) for a in (9, 16, 49, 49))
 _T = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), attn=_stages("AAAB"), stage_hints=_AGENTS)
 _S = dict(embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24), attn=_stages("AABB"), stage_hints=_AGENTS)
+_B = dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32),
+          attn=(*_stages("AA"), _stages("AA" + "B" * 16), "window"), stage_hints=_AGENTS)
 register_family(__name__, FlattenSwin, [
     Variant("agent_swin_micro", dict(img_size=64, embed_dim=32, depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 8),
                                      mlp_ratio=2.0, window_size=3, attn=_stages("AAAB"),
@@ -65,4 +68,10 @@ register_family(__name__, FlattenSwin, [
             dict(img_size=288, params_m=50.0, gmacs=14.6, top1=84.1, ref_params=49_707_964, ref_gmacs=14.53),
             cfg=dict(input_size=(3, 288, 288), crop_pct=1.0),
             weights={"in1k": agent_release("09760394e93b4046a25e", 84.1)}),
+    Variant("agent_swin_base", _B, dict(params_m=88.0, gmacs=15.4, top1=84.0, ref_params=88_095_096, ref_gmacs=15.4),
+            weights={"in1k": agent_release("4fcd2d0114bb490483c3", 84.0)}),
+    Variant("agent_swin_base_384", dict(**_B, img_size=384, window_size=12),
+            dict(img_size=384, params_m=88.0, gmacs=46.3, top1=84.9, ref_params=88_305_016, ref_gmacs=46.21),
+            cfg=dict(input_size=(3, 384, 384), crop_pct=1.0),
+            weights={"in1k": agent_release("bb84ee9058954706a557", 84.9)}),
 ], cfg=dict(first_conv="patch_embed.proj", **AGENT_CFG), stride=lambda a: 32, remap=remap_official, card=AGENT_CARD)

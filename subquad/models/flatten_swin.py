@@ -164,8 +164,9 @@ class FlattenSwin(Backbone):
         patch_size: patch side (4).
         in_chans, num_classes: input channels, classifier outputs (0: no head).
         embed_dim, depths, num_heads, mlp_ratio: Swin sizes.
-        attn: the mechanism: a name for every stage, or one name per stage; None: FLatten-Swin's
-            ("focused_linear", "focused_linear", "window", "window"); "window" is the Swin baseline.
+        attn: the mechanism: a name for every stage, or one entry per stage, each a name or a tuple of one name
+            per block (a stage that mixes mechanisms, as InLine-Swin-B's and Agent-Swin-B's stage 3); None:
+            FLatten-Swin's ("focused_linear", "focused_linear", "window", "window"); "window" is the Swin baseline.
         window_size: 'S' window w (7; 12 for the 384 model).
         la_window: None ('L' blocks global at any resolution, the official 224/384 behaviour) or w_L for the
             windowed ablation (paper Tab. 6).
@@ -203,11 +204,14 @@ class FlattenSwin(Backbone):
         depths, num_heads = tuple(depths), tuple(num_heads)
         if len(depths) != len(num_heads):
             raise UserError(f"flatten_swin: depths {depths} and num_heads {num_heads} must have one entry per stage")
+        per_block = _per_block(attn, depths)
+        if per_block:  # the stage's first block names the stage for the checks below
+            attn = tuple(per_block[i][0] if i in per_block else a for i, a in enumerate(attn))
         names = stage_mechanisms("flatten_swin", _LLSS if attn is None else attn, len(depths))
         self.img_size = as_hw(img_size, "img_size")
         self.in_chans = in_chans
         self.num_stages = len(depths)
-        self.attn_names = names
+        self.attn_names = tuple(per_block.get(i, n) for i, n in enumerate(names))
         self.embed_dim = embed_dim
         self.num_features = self.head_hidden_size = embed_dim * 2 ** (self.num_stages - 1)
         self.total_stride = patch_size * 2 ** (self.num_stages - 1)
@@ -223,7 +227,8 @@ class FlattenSwin(Backbone):
         for i, (depth, heads, attn) in enumerate(zip(depths, num_heads, names)):
             dim = embed_dim * 2 ** i
             h_i = {**hints, **(stage_hints[i] if stage_hints else {})}
-            blocks = [SwinBlock(dim, heads, grid, attn, window_size, j % 2 == 1, la_window, la_shift, mlp_ratio,
+            kinds = per_block.get(i, (attn,) * depth)
+            blocks = [SwinBlock(dim, heads, grid, kinds[j], window_size, j % 2 == 1, la_window, la_shift, mlp_ratio,
                                 qkv_bias, drop_rate, dpr[i][j], attn_kwargs, h_i, **dd)
                       for j in range(depth)]
             last = i == self.num_stages - 1
@@ -254,6 +259,21 @@ class FlattenSwin(Backbone):
         """The official keyword rule (`absolute_pos_embed` is absent; `scale` and `positional_encoding` decay)."""
         return {"relative_position_bias_table"}
 
+
+
+def _per_block(attn, depths: tuple[int, ...]) -> dict[int, tuple[str, ...]]:
+    """The stages of `attn` given as one mechanism name per block (a tuple inside the per-stage sequence, e.g.
+    InLine-Swin-B's and Agent-Swin-B's stage 3), checked: `depths[i]` names, each a string."""
+    if not isinstance(attn, (list, tuple)) or len(attn) != len(depths):
+        return {}
+    out = {}
+    for i, a in enumerate(attn):
+        if isinstance(a, (list, tuple)):
+            if len(a) != depths[i] or not all(isinstance(n, str) for n in a):
+                raise UserError(f"flatten_swin: attn for stage {i} takes a name or {depths[i]} names (one per "
+                                f"block), got {a!r}")
+            out[i] = tuple(a)
+    return out
 
 
 def _resize_rpb(sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:

@@ -3,7 +3,7 @@
 A family over `subquad.models.flatten_swin.FlattenSwin` (official Swin names): each stage takes its mechanism from
 `attn`; InLine-Swin-T is ("inline", "inline", "inline", "window") (official `ATTN_TYPE: IIIS`), -S is
 ("inline", "inline", "window", "window") (`IISS`). InLine-Swin-B (`IIMS2`) mixes mechanisms inside stage 3: its
-first 2 blocks are InLine and the other 16 Swin windows; `InLineSwin` takes such a stage as a tuple of one name per
+first 2 blocks are InLine and the other 16 Swin windows; the Swin host takes such a stage as a tuple of one name per
 block. The official InLine window (`WINDOW_SIZE: 56`) covers the whole stage grid at 224 px (stage grids 56 / 28 / 14,
 the window clipped to the grid, no shift), so InLine blocks are global here (the host's default); 'S' blocks use
 windows of 7 (`max(7, 56 // 8)`). `inline_swin_micro` is a tiny variant for tests and the demo.
@@ -18,19 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import UserError
-from ._base import drop_path_rates
 from ._builder import Variant, register_family
 from ._inline_common import INLINE_CARD, INLINE_CFG, inline_release
-from .flatten_swin import FlattenSwin, SwinBlock
+from .flatten_swin import FlattenSwin
 from .flatten_swin import remap_official as _remap_swin
 
 __all__ = ["InLineSwin", "remap_official"]
 
 
 class InLineSwin(FlattenSwin):
-    """`FlattenSwin` whose `attn` may also give one stage as a tuple of one mechanism name per block (InLine-Swin-B's
-    stage 3: 2 InLine blocks, then 16 window blocks). Every other argument is `FlattenSwin`'s.
+    """`FlattenSwin` with InLine-Swin-T's stages by default; `attn` may give a stage as a tuple of one mechanism name
+    per block (InLine-Swin-B's stage 3: 2 InLine blocks, then 16 window blocks). Every other argument is
+    `FlattenSwin`'s.
 
     Args:
         attn: a name for every stage, or one entry per stage, each a name or a tuple of `depths[i]` names; None:
@@ -38,40 +37,9 @@ class InLineSwin(FlattenSwin):
         other: see `FlattenSwin`.
     """
 
-    def __init__(self, *args, attn: str | Sequence[str | Sequence[str]] | None = None,
-                 attn_kwargs: dict | None = None, **kwargs) -> None:
+    def __init__(self, *args, attn: str | Sequence[str | Sequence[str]] | None = None, **kwargs) -> None:
         attn = ("inline", "inline", "inline", "window") if attn is None else attn  # None: InLine-Swin-T's IIIS
-        per_block = {}
-        if isinstance(attn, (list, tuple)):
-            per_block = {i: tuple(a) for i, a in enumerate(attn) if isinstance(a, (list, tuple))}
-            attn = tuple(a[0] if i in per_block and a else a for i, a in enumerate(attn))
-        super().__init__(*args, attn=attn, attn_kwargs=attn_kwargs, **kwargs)
-        if per_block:
-            self._mix_blocks(per_block, {**kwargs, "attn_kwargs": attn_kwargs})
-
-    def _mix_blocks(self, per_block: dict[int, tuple[str, ...]], kw: dict) -> None:
-        """Rebuild the blocks of stage i whose name differs from the stage's first, then re-initialise."""
-        depths = tuple(kw.get("depths", (2, 2, 6, 2)))
-        heads = tuple(kw.get("num_heads", (3, 6, 12, 24)))
-        dpr = drop_path_rates(kw.get("drop_path_rate", 0.0), depths)
-        dd = {"device": kw.get("device"), "dtype": kw.get("dtype")}
-        names = list(self.attn_names)
-        for i, blocks in per_block.items():
-            if len(blocks) != depths[i] or not all(isinstance(a, str) for a in blocks):
-                raise UserError(f"inline_swin: attn for stage {i} takes {depths[i]} names (one per block), got "
-                                f"{blocks!r}")
-            grid = tuple(-(-s // (kw.get("patch_size", 4) * 2 ** i)) for s in self.img_size)
-            hints = dict(focusing_factor=kw.get("focusing_factor", 3), kernel_size=kw.get("kernel_size", 5))
-            for j, a in enumerate(blocks):
-                if a != blocks[0]:
-                    self.layers[i].blocks[j] = SwinBlock(
-                        self.embed_dim * 2 ** i, heads[i], grid, a, kw.get("window_size", 7), j % 2 == 1,
-                        kw.get("la_window"), kw.get("la_shift", True), kw.get("mlp_ratio", 4.0),
-                        kw.get("qkv_bias", True), kw.get("drop_rate", 0.0), dpr[i][j], kw.get("attn_kwargs"), hints,
-                        **dd)
-            names[i] = blocks
-        self.attn_names = tuple(names)
-        self._finish_init()
+        super().__init__(*args, attn=attn, **kwargs)
 
 
 def remap_official(state_dict, model, resize: bool = True) -> dict:

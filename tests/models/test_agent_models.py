@@ -81,6 +81,14 @@ def test_variants_follow_official_cfgs():
     assert small.layers[1].blocks[0].attn.ah_bias.shape == (1, 6, 16, 36, 1)
     kinds = [type(st.blocks[0].attn).__name__ for st in small.layers]
     assert kinds == ["AgentAttention"] * 2 + ["WindowAttention"] * 2
+    # Agent-Swin-B (AAMB2): stage 3's first 2 blocks agent, the other 16 window; 'B' window 12 at 384
+    for name, w in (("agent_swin_base", 7), ("agent_swin_base_384", 12)):
+        b = subquad.create_model(name, device="meta")
+        kinds = [type(blk.attn).__name__ for blk in b.layers[2].blocks]
+        assert kinds == ["AgentAttention"] * 2 + ["WindowAttention"] * 16, (name, kinds)
+        assert b.attn_names[2] == ("agent",) * 2 + ("window",) * 16 and b.attn_names[3] == "window"
+        assert [blk.attn.agent_num for blk in b.layers[2].blocks[:2]] == [49, 49]
+        assert b.layers[2].blocks[2].attn.window_size == w and b.layers[2].blocks[3].attn.shift_size == w // 2
     cs = subquad.create_model("agent_cswin_small", device="meta")
     assert [len(getattr(cs, f"stage{i}")) for i in range(1, 5)] == [3, 6, 29, 2]
     kinds = [isinstance(getattr(cs, f"stage{i}")[0].mixer, AgentCore) for i in range(1, 5)]
@@ -89,7 +97,7 @@ def test_variants_follow_official_cfgs():
     assert cs.stage1[0].attns[0].ah_bias.shape == (1, 2, 9, 56, 1)
     for tag in ("agent_cswin_tiny.in1k", "agent_cswin_small.in1k", "agent_cswin_base.in1k",
                 "agent_cswin_base_384.in1k", "agent_swin_tiny.in1k", "agent_swin_small.in1k",
-                "agent_swin_small_288.in1k",
+                "agent_swin_small_288.in1k", "agent_swin_base.in1k", "agent_swin_base_384.in1k",
                 "agent_deit_tiny.in1k", "agent_deit_base.in1k", "agent_deit_small_448.in1k",
                 *(f"agent_pvt_{s}.in1k" for s in ("tiny", "small", "medium", "medium_256", "large"))):
         cfg = timm.models.get_pretrained_cfg(tag)

@@ -74,7 +74,7 @@ def test_agent_cswin_core(official_root):
 
 
 @pytest.mark.parametrize("name", ["agent_deit_tiny", "agent_deit_base", "agent_pvt_tiny", "agent_swin_tiny",
-                                  "agent_cswin_tiny"])
+                                  "agent_swin_base", "agent_cswin_tiny"])
 def test_agent_logits(official_root, name):
     off = _randomise(build_official(official_root, name)).eval()
     ours = subquad.create_model(name).eval()
