@@ -37,9 +37,10 @@ class InLineSwin(FlattenSwin):
         other: see `FlattenSwin`.
     """
 
-    def __init__(self, *args, attn: str | Sequence[str | Sequence[str]] | None = None, **kwargs) -> None:
+    def __init__(self, *args, attn: str | Sequence[str | Sequence[str]] | None = None,
+                 attn_kwargs: dict | None = None, **kwargs) -> None:
         attn = ("inline", "inline", "inline", "window") if attn is None else attn  # None: InLine-Swin-T's IIIS
-        super().__init__(*args, attn=attn, **kwargs)
+        super().__init__(*args, attn=attn, attn_kwargs=attn_kwargs, **kwargs)
 
 
 def remap_official(state_dict, model, resize: bool = True) -> dict:
