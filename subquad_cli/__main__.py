@@ -1,9 +1,10 @@
 """The `subquad` command: one console script with subcommands.
 
 Each subcommand lives in `subquad_cli/<name>.py` and exposes `add_parser(subparsers)`, which registers its parser
-and sets `func` to the function that runs it. Building the parsers must not import torch or timm (a test holds every
-entry of COMMANDS to `--help` in under a second): import them inside `func`. The library is loaded after parsing,
-before `func` runs, unless the parser sets `lazy=True` (then `func` imports what it needs).
+and sets `func` to the function that runs it. Building the parsers must not import the library (`subquad`, whose
+import loads torch and timm and registers every model; tests hold every entry of COMMANDS to `--help` in under a
+second, and the parser modules to imports from subquad_cli alone): import it inside `func`. The library is loaded
+after parsing, before `func` runs, unless the parser sets `lazy=True` (then `func` imports what it needs).
 
 A user error (`subquad.errors.UserError`, or an OSError naming a file) prints one line `subquad <cmd>: error: ...`
 and exits 2; anything else is a bug and keeps its traceback. Set SUBQUAD_DEBUG=1 for the traceback of a user error.
