@@ -167,3 +167,11 @@ def check_run_output(output: str, overwrite: bool) -> None:
     if out is not None and not any((out / f).exists() for f in ("last.safetensors", "best.safetensors",
                                                                  "last_state.pth")):
         refuse_existing_output(out, "--output", overwrite, folder=True)
+
+
+def add_inference_arguments(p: argparse.ArgumentParser) -> None:
+    """`--device` and `--precision`, as `subquad eval` and `subquad predict` take them."""
+    p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--precision", default="fp32", metavar="fp32|bf16",
+                   help="fp32, or bf16 (autocast; the linear-attention and FFT cores stay fp32). On a CPU without "
+                   "native bf16 arithmetic bf16 falls back to fp32 with a warning (default: fp32)")

@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+from subquad_cli.config import add_inference_arguments
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a checkpoint",
@@ -36,10 +38,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "result; a different, earlier result there is kept and the new one goes to "
                    "<checkpoint>.eval-<split>-2.json, -3, ...)")
     p.add_argument("--overwrite", action="store_true", help="let the results file replace an existing one")
-    p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--precision", default="fp32", metavar="fp32|bf16",
-                   help="fp32, or bf16 (autocast; the linear-attention and FFT cores stay fp32). On a CPU without "
-                   "native bf16 arithmetic bf16 falls back to fp32 with a warning (default: fp32)")
+    add_inference_arguments(p)
     p.set_defaults(func=run)
     return p
 

@@ -6,6 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
+from subquad_cli.config import add_inference_arguments
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="top-5 classes for images",
@@ -26,10 +28,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="also write the predictions to this JSON file (an existing file is "
                    "replaced only with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="let --json replace an existing file")
-    p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--precision", default="fp32", metavar="fp32|bf16",
-                   help="fp32, or bf16 (autocast; the linear-attention and FFT cores stay fp32). On a CPU without "
-                   "native bf16 arithmetic bf16 falls back to fp32 with a warning (default: fp32)")
+    add_inference_arguments(p)
     p.set_defaults(func=run)
     return p
 
