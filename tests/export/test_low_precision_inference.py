@@ -163,3 +163,33 @@ def test_quantize_errors(argv, msg, tmp_path, capsys):
     assert main(["export", "--model", "l2vit_micro", *fmt, *argv, "--out", str(tmp_path / f"m{suffix}")]) == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err and not list(tmp_path.iterdir())
+
+
+def test_precision_accuracy_benchmark(trained, tmp_path, capsys):
+    """benchmarks/precision_accuracy.py on the trained checkpoint: fp32 eager is the reference row, bf16 eager keeps
+    its top-1 and labels, the rows carry the binding columns, and an existing --out is refused untouched."""
+    import csv
+
+    from tests.bench._scripts import load_benchmark
+
+    bench = load_benchmark("precision_accuracy")
+    out = tmp_path / "acc.csv"
+    assert bench.main(["--checkpoint", str(trained["run"]), "--paths", "bf16-eager", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == bench.COLUMNS
+    assert [(r["precision"], r["backend"]) for r in rows] == [("fp32", "eager"), ("bf16", "eager")]
+    ref, bf16 = rows
+    assert int(ref["images"]) == len(trained["y"])
+    assert float(ref["top1"]) == pytest.approx(_top1(trained["ref"], trained["y"]), abs=0.01)
+    assert (ref["top1_delta"], ref["agreement"], ref["status"]) == ("+0.00", "100.00", "ok")
+    if backend.cpu_features().bf16:
+        assert float(bf16["agreement"]) >= 100 * MIN_AGREEMENT and abs(float(bf16["top1_delta"])) <= 0.5
+        assert bf16["status"] == "ok" and float(bf16["max_abs_logit_err"]) > 0  # it really ran in bf16
+    else:
+        assert bf16["status"].startswith("skipped: this CPU has no native bf16")
+    before = out.read_bytes()
+    assert bench.main(["--checkpoint", str(trained["run"]), "--out", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err and out.read_bytes() == before
+    assert bench.main(["--checkpoint", str(trained["run"]), "--paths", "fp16-eager", "--out",
+                       str(tmp_path / "b.csv")]) == 2
+    assert "--paths: unknown fp16-eager" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
