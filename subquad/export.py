@@ -21,11 +21,12 @@ path needs only torch. The check runs the `.onnx` file in ONNX Runtime and the `
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +329,32 @@ def _write_atomic(dest: Path, write: Callable[[Path], None], quantize: str | Non
     return checks
 
 
+@contextlib.contextmanager
+def _linear_time_rewrites() -> Iterator[None]:
+    """torch.onnx's graph optimizer (onnxscript's `optimize_ir`) without its rewrite rules of several output nodes.
+
+    For a pattern with more than one output node onnxscript's matcher indexes the whole graph again for every
+    candidate node (`onnxscript/rewriter/_matcher.py`, `SimplePatternMatcher.match`), so its one such default rule,
+    `SlicesSplit` (two Slices of one tensor -> one Split), costs O(Slices x nodes). A dynamic CSwin graph holds
+    thousands of Slices (its stripes and the crops of padded maps): measured on this project's 2-core AMD EPYC, one
+    thread, the optimizer took 14 s on `flatten_cswin_micro` (2,977 nodes) and over 4 minutes on
+    `flatten_cswin_tiny` (19,807 nodes) before this; `flatten_cswin_small` did not finish in 15 minutes. Every
+    other rule, constant folding and the clean-up passes run as before; ONNX Runtime can still fuse the slices at
+    load time. When onnxscript changes the names this relies on, nothing is changed."""
+    try:
+        from onnxscript import rewriter
+        rules = rewriter._DEFAULT_REWRITE_RULES
+        kept = tuple(r for r in rules if r._target_pattern.has_single_output_node)
+    except (ImportError, AttributeError):
+        yield
+        return
+    rewriter._DEFAULT_REWRITE_RULES = kept
+    try:
+        yield
+    finally:
+        rewriter._DEFAULT_REWRITE_RULES = rules
+
+
 def _write_program(prog: Any, ex: torch.Tensor, fmt: str, path: Path, covered) -> None:
     """Save the exported program `prog` (traced on `ex`) to `path` as a .pt2 archive or an ONNX file.
 
@@ -337,7 +364,8 @@ def _write_program(prog: Any, ex: torch.Tensor, fmt: str, path: Path, covered) -
     if fmt == "pt2":
         torch.export.save(prog, str(path))
         return
-    onnx_prog = torch.onnx.export(prog, (ex,), dynamo=True, verbose=False)
+    with _linear_time_rewrites():
+        onnx_prog = torch.onnx.export(prog, (ex,), dynamo=True, verbose=False)
     onnx_prog.model.metadata_props.update({"subquad.input_height": f"{covered[0][0]}-{covered[0][1]}",
                                            "subquad.input_width": f"{covered[1][0]}-{covered[1][1]}"})
     onnx_prog.save(str(path))

@@ -199,3 +199,31 @@ def test_cli_export_writes_a_checked_file(tmp_path, capsys):
     assert main(["export", "--model", "vit_attn_micro", "--format", "pt2", "--out", str(out)]) == 2
     assert "pass --overwrite" in capsys.readouterr().err
     assert torch.is_grad_enabled()
+
+
+def test_onnx_optimizer_runs_without_its_quadratic_rewrite_rules(tmp_path, monkeypatch):
+    """torch.onnx's optimizer runs inside `_linear_time_rewrites`: onnxscript's rules of several output nodes (whose
+    matcher rescans the whole graph per candidate, O(Slices x nodes): minutes on a dynamic CSwin graph) are left out,
+    every other default rule stays, and the rule list is restored afterwards."""
+    from onnxscript import rewriter
+
+    before = rewriter._DEFAULT_REWRITE_RULES
+    multi = [r for r in before if not r._target_pattern.has_single_output_node]
+    assert multi, "onnxscript's defaults hold a rule of several output nodes (the test's premise)"
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(*args, **kwargs):  # records the rules the optimizer would run with, then stops the export
+        seen.append(rewriter._DEFAULT_REWRITE_RULES)
+        raise Stop
+
+    monkeypatch.setattr(torch.onnx, "export", spy)
+    model = subquad.create_model("l2vit_micro")
+    with pytest.raises(Stop):
+        ex.export_model(model, "onnx", tmp_path / "m.onnx", img_size=(32, 32), log=lambda *_: None)
+    assert not list(tmp_path.iterdir())  # nothing left behind
+    (during,) = seen
+    assert set(during) == set(before) - set(multi) and len(during) == len(before) - len(multi)
+    assert rewriter._DEFAULT_REWRITE_RULES is before
