@@ -44,6 +44,16 @@ def test_functional_fast_vs_ref(case, dtype):
     compare_fn(lambda *a: inline_attention_kv(*a, **kw), lambda *a: inline_attention_ref(*a, **kw), inputs, dtype)
 
 
+@pytest.mark.parametrize("case", ["identity_7x9", "prefix_5x7", "relu_5x3"])
+def test_export_form_fast_vs_ref(case, monkeypatch):
+    """Inside torch.export the per-sample 3 x 3 conv is a sum of shifted maps (ONNX's Conv cannot take a group count
+    that depends on the symbolic batch): the same function, outputs and every gradient, in float64."""
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    inputs, kw = _func_inputs(FUNC_CASES[case])
+    compare_fn(lambda *a: inline_attention_kv(*a, **kw), lambda *a: inline_attention_ref(*a, **kw), inputs,
+               torch.float64)
+
+
 def test_gradcheck_tiny():
     inputs, kw = _func_inputs(dict(hw=(2, 3), prefix=1), B=1, C=4, h=2)
     inputs = [t.requires_grad_(True) for t in inputs]

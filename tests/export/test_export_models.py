@@ -2,7 +2,8 @@
 
 Each dynamic H x W export is checked at 224 x 224, 256 x 320 and sizes that are not multiples of the total stride.
 The default suite exports l2vit_micro (padded windows, linear global attention) to ONNX, one LiSA block in the ViT
-host to ONNX (LiSA's FFTs as real DFT matrices), and single-window and single-tile stages to .pt2; under `slow`
+host to ONNX (LiSA's FFTs as real DFT matrices), one block of each of Agent, InLine, PolaFormer and MLLA to ONNX, and
+single-window and single-tile stages to .pt2; under `slow`
 (make test-all): l2vit_micro, flatten_swin_micro (shifted, masked windows) and lisanet_micro in both formats, and
 every Tiny and Small image model in both. One more dynamic export is checked at other sizes and batch sizes.
 """
@@ -105,6 +106,17 @@ def test_lisa_block_dynamic_onnx_matches_eager(tmp_path):
     symbolic sides, at sizes that are not multiples of the patch. (lisanet_micro's own exports run under slow.)"""
     res = _dynamic("vit_attn_micro", "onnx", tmp_path, [(64, 64), (36, 52), (29, 43)], attn="structure_aware",
                    depth=1, class_token=False, global_pool="avg")
+    assert res["covers"]["H"][0] <= 29 and res["covers"]["W"][0] <= 43
+
+
+@pytest.mark.parametrize("attn", ["agent", "inline", "polarity", "mlla"])
+def test_successor_block_dynamic_onnx_matches_eager(attn, tmp_path):
+    """One block of each of FLatten's successors in the ViT host, dynamic ONNX, checked in ONNX Runtime at batch 2
+    and at batch 1 on a size that is not a multiple of the patch (the Tiny/Small models of each family run under
+    slow). InLine's per-sample 3 x 3 convolution once made a Conv whose group count was the symbolic batch times C,
+    which ONNX cannot hold."""
+    res = _dynamic("vit_attn_micro", "onnx", tmp_path, [(32, 32), (29, 43)], attn=attn, depth=1,
+                   class_token=False, global_pool="avg", img_size=32)
     assert res["covers"]["H"][0] <= 29 and res["covers"]["W"][0] <= 43
 
 

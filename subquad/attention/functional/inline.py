@@ -85,9 +85,19 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, local_weight: torc
 
 
 def _local_fast(v: torch.Tensor, w: torch.Tensor, hw: tuple[int, int], prefix: int) -> torch.Tensor:
-    """(B, H * W, C): the per-sample depthwise 3 x 3 conv of the grid values (one grouped conv over B * C maps)."""
+    """(B, H * W, C): the per-sample depthwise 3 x 3 conv of the grid values (one grouped conv over B * C maps).
+
+    Inside `torch.export` the batch is symbolic, and ONNX's Conv takes `group` as a fixed attribute, so there the
+    same convolution is the sum of the K * K shifted maps, each scaled by its per-sample tap (one program for every
+    batch size)."""
     B, _, C = v.shape
     H, W = hw
+    if torch.compiler.is_exporting():
+        p = LOCAL_K // 2
+        vp = F.pad(v[:, prefix:].transpose(1, 2).reshape(B, C, H, W), (p, p, p, p))
+        y = sum(w[:, :, i, j, None, None] * vp[:, :, i:i + H, j:j + W]
+                for i in range(LOCAL_K) for j in range(LOCAL_K))
+        return y.reshape(B, C, H * W).transpose(1, 2)
     vm = v[:, prefix:].transpose(1, 2).reshape(1, B * C, H, W)
     y = F.conv2d(vm, w.reshape(B * C, 1, LOCAL_K, LOCAL_K), None, padding=LOCAL_K // 2, groups=B * C)
     return y.reshape(B, C, H * W).transpose(1, 2)
