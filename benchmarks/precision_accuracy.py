@@ -65,8 +65,10 @@ def _check(args: argparse.Namespace) -> tuple[list[str], Path]:
     bad = [s for s in paths if s not in PATHS]
     if bad:
         raise UserError(f"--paths: unknown {', '.join(bad)}; choose from {', '.join(PATHS)}")
-    if args.limit < 0 or args.batch_size < 1 or (args.threads is not None and args.threads < 1):
-        raise UserError("--limit must be >= 0, --batch-size and --threads >= 1")
+    for flag, value, low in (("--limit", args.limit, 0), ("--batch-size", args.batch_size, 1),
+                             ("--threads", args.threads, 1)):
+        if value is not None and value < low:
+            raise UserError(f"{flag} must be >= {low}, got {value}")
     for c in args.checkpoint:
         resolve_checkpoint(c)
     out = check_output_file(args.out, (".csv",), tuple(args.checkpoint), "--out", overwrite=False)
@@ -149,11 +151,12 @@ def _skip_reason(precision: str, backend: str) -> str | None:
     import importlib.util
 
     from subquad.backend import cpu_features
+    from subquad.export import EXTRA
 
     if precision == "bf16" and not cpu_features().bf16:
         return "skipped: this CPU has no native bf16 arithmetic (bf16 would run as fp32)"
     if backend == "onnxruntime":
-        missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
+        missing = [m for m in EXTRA["onnx"] if importlib.util.find_spec(m) is None]
         if missing:
             return f"skipped: needs the export extra (missing {', '.join(missing)})"
     return None

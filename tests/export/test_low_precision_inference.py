@@ -193,3 +193,5 @@ def test_precision_accuracy_benchmark(trained, tmp_path, capsys):
     assert bench.main(["--checkpoint", str(trained["run"]), "--paths", "fp16-eager", "--out",
                        str(tmp_path / "b.csv")]) == 2
     assert "--paths: unknown fp16-eager" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
+    assert bench.main(["--checkpoint", str(trained["run"]), "--limit", "-3", "--out", str(tmp_path / "b.csv")]) == 2
+    assert "--limit must be >= 0, got -3" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
