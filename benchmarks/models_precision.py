@@ -1,0 +1,168 @@
+"""Every Tiny/Small model in every CPU path: fp32/bf16 eager, fp32/bf16 `torch.compile`, fp32/int8 ONNX Runtime.
+
+A resumable front-end over `subquad bench model --precision fp32,bf16,int8 --backend eager,compile,onnxruntime`
+for a sweep that takes hours: each model is measured in its own process into `--parts DIR/<model>.csv` (written
+under a temporary name and renamed when the model is done, with `DIR/<model>.json` holding the load average before
+and after and the seconds it took), and a model whose part exists is not measured again. When every selected model
+has its part, `--out` gets them merged in selection order (an existing file is refused), and `--table` prints the
+Markdown table of `docs/benchmarks.md` from such a file: per model and size, fp32 eager latency, each path's
+speed-up over it, and the fastest path.
+
+Usage (from the repository root, on a quiet machine: `uptime`):
+    python benchmarks/models_precision.py --parts runs/precision-parts \
+        --out benchmarks/results/bench-model-precision-<hw>-pt<torch>.csv     # resumable: run it again
+    python benchmarks/models_precision.py --list
+    python benchmarks/models_precision.py --table benchmarks/results/bench-model-precision-<hw>-pt<torch>.csv
+
+The selection is `benchmarks/models.py`'s (registered names ending in _tiny/_small and the papers' small sizes),
+without timm's baselines; `--model` replaces it. `--img-size` (default 224,512), `--threads`, `--repeats` and
+`--warmup` pass through to `subquad bench model`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from subquad.errors import UserError  # noqa: E402
+
+PRECISIONS = "fp32,bf16,int8"
+BACKENDS = "eager,compile,onnxruntime"
+PATHS = [("fp32", "compile"), ("bf16", "eager"), ("bf16", "compile"), ("fp32", "onnxruntime"),
+         ("int8", "onnxruntime")]  # each beside fp32 eager, in this column order
+TARGET = 1.5  # the fastest path's speed-up over fp32 eager asked of every model
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parts", default="runs/precision-parts", help="folder of the per-model CSVs (resumable)")
+    p.add_argument("--out", help="merged CSV, written once every selected model has its part (refused if it exists)")
+    p.add_argument("--model", nargs="+", help="models (default: benchmarks/models.py's Tiny/Small selection)")
+    p.add_argument("--img-size", default="224,512")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--list", action="store_true", help="print the selected models and exit")
+    p.add_argument("--table", metavar="CSV", help="print the Markdown table of a merged CSV and exit")
+    return p.parse_args(argv)
+
+
+def selected(args: argparse.Namespace) -> list[str]:
+    if args.model:
+        return [m for arg in args.model for m in arg.split(",") if m]
+    from benchmarks.models import BASELINES, selected_models
+
+    return [m for m in selected_models() if m not in BASELINES]
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def measure(model: str, args: argparse.Namespace, parts: Path) -> Path:
+    """One model's rows into parts/<model>.csv (skipped when that exists); a failed run leaves no part."""
+    part = parts / f"{model}.csv"
+    if part.exists():
+        return part
+    tmp = parts / f".{model}.partial.csv"
+    tmp.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "subquad_cli", "bench", "model", "--model", model, "--img-size", args.img_size,
+           "--precision", PRECISIONS, "--backend", BACKENDS, "--repeats", str(args.repeats),
+           "--warmup", str(args.warmup), "--no-plot", "--out", str(tmp)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    before, t0 = _load(), time.monotonic()
+    print(f"[{model}] load {before}: {' '.join(cmd[1:])}", flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    meta = {"model": model, "load_before": before, "load_after": _load(),
+            "seconds": round(time.monotonic() - t0, 1), "command": cmd[1:]}
+    (parts / f".{model}.partial.json").write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(parts / f".{model}.partial.json", parts / f"{model}.json")
+    os.replace(tmp, part)
+    return part
+
+
+def merge(parts: list[Path], out: Path) -> Path:
+    """The parts' rows, in order, into `out` (written under a temporary name, then renamed)."""
+    rows, fields = [], None
+    for p in parts:
+        with open(p, newline="") as f:
+            r = csv.DictReader(f)
+            if fields is not None and r.fieldnames != fields:
+                raise UserError(f"{p}: its columns differ from {parts[0]}'s; measure both with the same subquad")
+            fields = r.fieldnames
+            rows += list(r)
+    tmp = out.with_name(f".{out.name}.partial")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, out)
+    return out
+
+
+def table(path: str | Path) -> str:
+    """Markdown: per (model, size), fp32 eager ms, each path's speed-up over it, the fastest path and whether it
+    reaches TARGET. A path that did not run shows its reason's first words."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    groups: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["infer_img_size"]), {})[(r["precision"], r["backend"])] = r
+    head = ["model", "px", "fp32 eager (ms)"] + [f"{p} {b}" for p, b in PATHS] + ["fastest", f">= {TARGET}x"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (model, size), by in groups.items():
+        base = by.get(("fp32", "eager"), {})
+        cells, best = [], ("fp32 eager", 1.0)
+        for key in PATHS:
+            r = by.get(key, {})
+            s = r.get("speedup_vs_fp32_eager", "")
+            if s:
+                cells.append(f"{float(s):.2f}x")
+                if float(s) > best[1]:
+                    best = (" ".join(key), float(s))
+            else:
+                cells.append("-" if not r else (r.get("status", "") or "-").split(":")[0])
+        ms = base.get("infer_step_time", "")
+        line = [f"`{model}`", size, f"{float(ms):.1f}" if ms else (base.get("status") or "-")] + cells
+        line += [f"{best[0]} ({best[1]:.2f}x)", "yes" if best[1] >= TARGET else "**no**"]
+        lines.append("| " + " | ".join(line) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
+    models = selected(args)
+    if args.list:
+        print("\n".join(models))
+        return 0
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists():
+        raise UserError(f"--out {out} exists; choose a new file (a result is never replaced)")
+    parts = Path(args.parts)
+    parts.mkdir(parents=True, exist_ok=True)
+    done = [measure(m, args, parts) for m in models]
+    print(f"{len(done)} models measured into {parts}")
+    if out is not None:
+        print(f"wrote {merge(done, out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as e:
+        sys.exit(f"error: {e}")

@@ -1,0 +1,55 @@
+"""benchmarks/models_precision.py: per-model parts (resumable), their merge, and the docs table."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from subquad.bench.sweep import MODEL_COLUMNS
+from subquad.errors import UserError
+
+from ._scripts import load_benchmark
+
+
+def test_parts_resume_and_merge(tmp_path, monkeypatch):
+    mp = load_benchmark("models_precision")
+    monkeypatch.setattr(mp, "BACKENDS", "eager,onnxruntime")  # compile is a minute per model: slow tests only
+    parts, out = tmp_path / "parts", tmp_path / "all.csv"
+    argv = ["--model", "vit_attn_micro,l2vit_micro", "--img-size", "16", "--repeats", "1", "--warmup", "0",
+            "--threads", "1", "--parts", str(parts)]
+    assert mp.main(argv + ["--out", str(out)]) == 0
+    for m in ("vit_attn_micro", "l2vit_micro"):
+        assert (parts / f"{m}.csv").is_file() and (parts / f"{m}.json").is_file()
+    assert not list(parts.glob(".*"))  # no partial file left behind
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == MODEL_COLUMNS
+    assert [r["model"] for r in rows] == ["vit_attn_micro"] * 6 + ["l2vit_micro"] * 6
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert {(r["precision"], r["backend"]) for r in ok} >= {("fp32", "eager"), ("fp32", "onnxruntime"),
+                                                           ("int8", "onnxruntime")}
+    # A second run measures nothing again (its parts exist) and refuses an existing --out.
+    monkeypatch.setattr(mp.subprocess, "run", lambda *a, **k: pytest.fail("measured a model twice"))
+    with pytest.raises(UserError, match="exists"):
+        mp.main(argv + ["--out", str(out)])
+    assert mp.main(argv + ["--out", str(tmp_path / "again.csv")]) == 0
+    assert (tmp_path / "again.csv").read_bytes() == out.read_bytes()
+
+
+def test_table_marks_the_fastest_path_and_the_target(tmp_path):
+    mp = load_benchmark("models_precision")
+    path = tmp_path / "t.csv"
+    rows = [("a", "fp32", "eager", "10", "1.0", "ok"), ("a", "bf16", "eager", "4", "2.5", "ok"),
+            ("a", "int8", "onnxruntime", "5", "2.0", "ok"), ("a", "bf16", "compile", "", "", "error: boom"),
+            ("b", "fp32", "eager", "8", "1.0", "ok"), ("b", "fp32", "compile", "6.4", "1.25", "ok")]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=MODEL_COLUMNS)
+        w.writeheader()
+        for m, p, b, t, s, st in rows:
+            w.writerow({"model": m, "infer_img_size": 224, "precision": p, "backend": b, "infer_step_time": t,
+                        "speedup_vs_fp32_eager": s, "status": st})
+    lines = mp.table(path).splitlines()
+    a, b = (next(x for x in lines if x.startswith(f"| `{m}`")) for m in "ab")
+    assert "bf16 eager (2.50x)" in a and a.endswith("| yes |") and "| error |" in a and "| 10.0 |" in a
+    assert "fp32 compile (1.25x)" in b and b.endswith("| **no** |")
