@@ -9,7 +9,7 @@ Markdown table of `docs/benchmarks.md` from such a file: per model and size, fp3
 speed-up over it, and the fastest path.
 
 Usage (from the repository root, on a quiet machine: `uptime`):
-    python benchmarks/models_precision.py --parts runs/precision-parts \
+    python benchmarks/models_precision.py \
         --out benchmarks/results/bench-model-precision-<hw>-pt<torch>.csv     # resumable: run it again
     python benchmarks/models_precision.py --list
     python benchmarks/models_precision.py --table benchmarks/results/bench-model-precision-<hw>-pt<torch>.csv
@@ -45,7 +45,8 @@ TARGET = 1.5  # the fastest path's speed-up over fp32 eager asked of every model
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="runs/precision-parts", help="folder of the per-model CSVs (resumable)")
+    p.add_argument("--parts", default="benchmarks/results/bench-model-precision-parts",
+                   help="folder of the per-model CSVs (resumable; commit each part as it lands)")
     p.add_argument("--out", help="merged CSV, written once every selected model has its part (refused if it exists)")
     p.add_argument("--model", nargs="+", help="models (default: benchmarks/models.py's Tiny/Small selection)")
     p.add_argument("--img-size", default="224,512")
