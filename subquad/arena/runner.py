@@ -167,6 +167,25 @@ def _record_entries(meta: dict[str, Any], task: Task, labels: list[str], out: Pa
     return changed
 
 
+def leaderboard_labels(task: Task, meta: dict[str, Any], labels: list[str]) -> list[str]:
+    """The rows of a run's leaderboard: every mechanism this run directory has recorded (`arena.json`), not only
+    the ones this invocation named, so a run trained in parts (`--attention a,b`, then `--attention c`) still
+    gets one leaderboard of all its mechanisms. The task's `default_mechanisms` order first, then the others in
+    the order they joined; a recorded label the task no longer resolves is left out."""
+    recorded = [lb for lb in [*meta.get("mechanisms", {}), *labels] if _resolves(task, lb)]
+    order = {lb: i for i, lb in enumerate(task.default_mechanisms)}
+    unique = list(dict.fromkeys(recorded))
+    return sorted(unique, key=lambda lb: (order.get(lb, len(order)), unique.index(lb)))
+
+
+def _resolves(task: Task, label: str) -> bool:
+    try:
+        task.mechanism(label)
+    except UserError:
+        return False
+    return True
+
+
 def provenance() -> dict[str, Any]:
     """The git commit of the subquad source this process runs, and whether the package's tracked files matched it
     (`commit` is "" outside a git checkout, e.g. an installed wheel; the version then identifies the code)."""
@@ -228,7 +247,8 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
               out: str | os.PathLike = "runs/arena", workers: int | None = None,
               log: Callable[[str], None] = print, poll: float | None = None, device: str | None = None
               ) -> dict[str, Any]:
-    """Train the cells that are not finished, then write the leaderboard; returns a summary.
+    """Train the cells that are not finished, then write the leaderboard (of every mechanism the run directory has
+    recorded, see `leaderboard_labels`); returns a summary.
 
     Cells a mechanism cannot run (a causal-only mechanism on an image task, a 2-D one on a 1-D sequence) are
     skipped with their reason, on screen and in the leaderboard; when no cell can run, nothing is written (UserError).
@@ -283,7 +303,11 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
             mod.prepare_data(task.as_dict(), out / "data", budget)
         n_workers = max(1, min(workers or available_cores(), available_cores(), len(pending) or 1))
         failed = _run_pool(task, pending, out, budget, n_workers, log, POLL_S if poll is None else poll, interrupts)
-        board = write_leaderboard(out, task, labels, seeds, skipped)
+        board_labels = leaderboard_labels(task, meta, labels)
+        board_skipped = {lb: reason for lb in board_labels
+                         if (reason := skipped.get(lb) or mod.refusal(train, mech_entry(task, lb)))}
+        board = write_leaderboard(out, task, board_labels, sorted(set(seeds) | set(task.budget_seeds(budget))),
+                                  board_skipped)
     log(f"[{task.name}] leaderboard: {out / 'leaderboard.csv'}")
     return {"cells": len(cells), "trained": len(pending) - len(failed), "failed": failed, "skipped": skipped,
             "leaderboard": board}

@@ -197,10 +197,17 @@ def test_quick_arena_run_and_claims(tmp_path):
     from subquad_cli.__main__ import main
 
     out = tmp_path / "rq"
-    assert main(["arena", "run", "--task", "recall", "--budget", "quick", "--out", str(out)]) == 0
+    task = load_task("recall")
+    # Trained in two parts, as a long run is: the second part's leaderboard holds the first part's rows too, in
+    # the task's order.
+    assert main(["arena", "run", "--task", "recall", "--budget", "quick", "--attention", "window,softmax",
+                 "--out", str(out)]) == 0
+    with open(out / "leaderboard.csv", newline="") as f:
+        assert [r["attention"] for r in csv.DictReader(f)] == ["softmax", "window"]
+    assert main(["arena", "run", "--task", "recall", "--budget", "quick", "--attention", "linear_relu,long_short",
+                 "--out", str(out)]) == 0
     with open(out / "leaderboard.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    task = load_task("recall")
     assert [r["attention"] for r in rows] == task.budgets["quick"]["mechanisms"] == task.resolve("all", "quick")
     for r in rows:
         assert r["status"] == "ok" and r["seeds"] == "0", r
