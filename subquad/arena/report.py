@@ -53,6 +53,10 @@ LEADERBOARD_COLUMNS = ["task", "attention", "options", "seeds", "n_seeds", "mean
                        "params", "gmacs", "train_per_sec", "eval_per_sec", "peak_mem_mb", "wall_s", "subquad",
                        "torch"]
 EXTRA_COLUMNS = ["mechanism", "status", "reason", "mean_val_acc", "train_per_wall_sec", "metric"]
+# Markdown headings of the kinds' own leaderboard columns (the recall kind's REPORT_COLUMNS).
+EXTRA_HEADS = {"mean_acc_inside": "inside", "mean_acc_beyond": "beyond", "mean_acc_len2x": "2x len",
+               "mean_acc_len4x": "4x len", "mean_acc_kv2x": "2x kv", "mean_step_ms_train_len": "step ms",
+               "mean_step_ms_4096": "step ms 4096", "lr": "lr"}
 HOLM_ALPHA = 0.05
 SMOKE_LINE = ("**Smoke test** (budget `quick`: a few steps on a tiny subset): these numbers check that the cells "
               "run, and say nothing about the mechanisms.")
@@ -309,8 +313,12 @@ def leaderboard_markdown(out: str | Path, task: Any = None) -> str:
     lines = []
     if smoke_note(out):
         lines += [SMOKE_LINE, ""]
-    lines += [f"| attention | options | {col} | best | seeds | params | GMACs | train/s | eval/s | peak MiB | status |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    # A kind's own columns (the recall tasks' accuracy by distance, length and kv, step times, learning rate).
+    extra = [k for k in (rows[0] if rows else {}) if k not in LEADERBOARD_COLUMNS + EXTRA_COLUMNS]
+    heads = [EXTRA_HEADS.get(k, k) for k in extra]
+    lines += [f"| attention | options | {col} | best | seeds | params | GMACs | train/s | eval/s | peak MiB | "
+              + "".join(f"{h} | " for h in heads) + "status |",
+              "|---" * (11 + len(extra)) + "|"]
     for r in rows:
         if not r["mean_acc"]:
             acc = "-"
@@ -325,9 +333,22 @@ def leaderboard_markdown(out: str | Path, task: Any = None) -> str:
         if r.get("reason"):
             status += f" ({r['reason']})"
         lines.append(f"| `{r['attention']}` | {r['options'] or '-'} | {acc} | {best} | {r['n_seeds']} | {params} | "
-                     f"{gm} | {r['train_per_sec'] or '-'} | {r['eval_per_sec'] or '-'} | {r['peak_mem_mb'] or '-'} "
-                     f"| {status} |")
+                     f"{gm} | {_cell(r['train_per_sec'])} | {_cell(r['eval_per_sec'])} | {_cell(r['peak_mem_mb'])} | "
+                     + "".join(f"{_cell(r.get(k, ''), None if k == 'lr' else 2)} | " for k in extra) + f"{status} |")
     return "\n".join(lines)
+
+
+def _cell(v: str, nd: int | None = None) -> str:
+    """A CSV value for the Markdown table: '-' where it is empty or not measured (nan), else as written, or
+    rounded to `nd` decimals where it is a number."""
+    if v in ("", None) or v.lower() == "nan":
+        return "-"
+    if nd is None:
+        return v
+    try:
+        return f"{float(v):.{nd}f}"
+    except ValueError:
+        return v
 
 
 def _t975(df: int) -> float:

@@ -306,8 +306,7 @@ def run_arena(task_name: str, attention: str = "all", seeds: list[int] | None = 
         board_labels = leaderboard_labels(task, meta, labels)
         board_skipped = {lb: reason for lb in board_labels
                          if (reason := skipped.get(lb) or mod.refusal(train, mech_entry(task, lb)))}
-        board = write_leaderboard(out, task, board_labels, sorted(set(seeds) | set(task.budget_seeds(budget))),
-                                  board_skipped)
+        board = write_leaderboard(out, task, board_labels, seeds, board_skipped)
     log(f"[{task.name}] leaderboard: {out / 'leaderboard.csv'}")
     return {"cells": len(cells), "trained": len(pending) - len(failed), "failed": failed, "skipped": skipped,
             "leaderboard": board}

@@ -216,6 +216,13 @@ def test_quick_arena_run_and_claims(tmp_path):
             assert r[col] != "", (r["attention"], col)
     for png in ("leaderboard.png", "curves.png", "distance.png", "frontier.png"):
         assert (out / png).is_file(), png
+    # The Markdown table shows the recall columns; what a cell does not measure (eval/s) is '-', never 'nan'.
+    from subquad.arena.report import leaderboard_markdown
+
+    head, rule, *body = [ln for ln in leaderboard_markdown(out).splitlines() if ln.startswith("|")]
+    assert "| inside | beyond | 2x len | 4x len | 2x kv | step ms | step ms 4096 | lr | status |" in head
+    assert len(body) == 4 and "nan" not in "".join(body)
+    assert all(ln.count("|") == head.count("|") == rule.count("|") for ln in body)
     cell = json.loads((out / "cells" / "window" / "seed0" / "cell.json").read_text())
     assert cell["lr_sweep"] == {"0.003": cell["best_val_acc"]} and cell["commit"] is not None
     assert sum(b["n"] for b in cell["acc_bins"]) == 16 * task.train["kv"]  # every test query in one distance bin
