@@ -30,7 +30,12 @@ def unknown_name(kind: str, name: str, choices: Iterable[str]) -> UserError:
     """Build the standard 'unknown X' error with the closest names as suggestions."""
     choices = sorted(set(choices))
     near = closest(name, choices)
-    hint = f"did you mean {', '.join(repr(c) for c in near)}?" if near else f"{len(choices)} are registered"
+    if near:
+        hint = f"did you mean {', '.join(repr(c) for c in near)}?"
+    elif len(choices) <= 40:  # few enough to name (the mechanisms): the user sees what is allowed
+        hint = f"allowed: {', '.join(choices)}"
+    else:
+        hint = f"{len(choices)} are registered"
     return UserError(f"unknown {kind} {name!r}; {hint} (list them with `subquad models` / subquad.list_{kind}s())"
                      if kind == "model" else f"unknown {kind} {name!r}; {hint}")
 

@@ -95,7 +95,7 @@ def build_attention(name: str, dim: int, num_heads: int, **kwargs: Any) -> nn.Mo
         unknown = sorted(k for k in kwargs if k not in params)
         if unknown:
             allowed = sorted(k for k in params if k not in ("self", "dim", "num_heads"))
-            raise ValueError(f"attention {name!r} got unknown option(s) {unknown}; allowed: {allowed}")
+            raise UserError(f"attention {name!r} got unknown option(s) {unknown}; allowed: {allowed}")
     return cls(dim, num_heads, **kwargs)
 
 

@@ -206,7 +206,25 @@ def _check_config(cfg: TrainConfig, info: DistInfo) -> None:
     if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
         raise UserError(f"--mixup/--cutmix need an even --batch-size, got {cfg.batch_size}")
     if cfg.amp and cfg.amp_dtype == "float16" and info.device.type == "cpu":
-        _logger.warning("--amp-dtype float16 on CPU is slow; bfloat16 is the usual choice there")
+        _logger.warning("--amp with --amp-dtype float16 (its default) on a CPU is slow, often slower than fp32; "
+                        "--amp-dtype bfloat16 is the usual choice there")
+    # Rates and probabilities: refused here in one line, before anything is written (timm asserts, or torch fails
+    # in the first step, otherwise).
+    ranges = {"smoothing": (0.0, 1.0, False), "drop": (0.0, 1.0, False), "drop_path": (0.0, 1.0, False),
+              "mixup_prob": (0.0, 1.0, True), "mixup_switch_prob": (0.0, 1.0, True), "hflip": (0.0, 1.0, True),
+              "reprob": (0.0, 1.0, True)}
+    for name, (lo, hi, closed) in ranges.items():
+        v = getattr(cfg, name, None)
+        if v is not None and not (lo <= v <= hi if closed else lo <= v < hi):
+            flag = "--" + name.replace("_", "-")
+            raise UserError(f"{flag} must be in [{lo:g}, {hi:g}{']' if closed else ')'}, got {v:g}")
+    for name in ("warmup_epochs", "mixup", "cutmix"):
+        if getattr(cfg, name) < 0:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 0 (0: off), got {getattr(cfg, name):g}")
+    if not cfg.resume and cfg.warmup_epochs >= cfg.epochs > 0:
+        _logger.warning("--warmup-epochs %g >= --epochs %d: the whole run is warm-up, the learning rate never "
+                        "reaches --lr %g and never decays; pass a shorter --warmup-epochs (e.g. 0)", cfg.warmup_epochs,
+                        cfg.epochs, cfg.lr)
     for name in ("scale", "ratio"):
         v = getattr(cfg, name)
         if v is not None and len(v) != 2:

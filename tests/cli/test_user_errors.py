@@ -493,3 +493,52 @@ def test_predict_folder_skips_and_reports_unreadable_images(image_run, tmp_path,
         f"subquad predict: error: skipped 2 of 4 image(s) that cannot be read: {folder / 'b.png'} ("), lines
     assert lines[0].endswith(", and 1 more; the others were predicted")
     assert [r["image"] for r in json.loads(res.read_text())] == [str(folder / "a.png"), str(folder / "c.png")]
+
+
+# ----- a new user's walk: rates out of range, a run that is all warm-up, unknown names and options -----
+
+@pytest.mark.parametrize("flag,value,expect", [
+    ("--smoothing", "2", "--smoothing must be in [0, 1), got 2"),
+    ("--drop-path", "1.5", "--drop-path must be in [0, 1), got 1.5"),
+    ("--drop", "-0.1", "--drop must be in [0, 1), got -0.1"),
+    ("--mixup-prob", "1.5", "--mixup-prob must be in [0, 1], got 1.5"),
+    ("--warmup-epochs", "-1", "--warmup-epochs must be >= 0 (0: off), got -1"),
+    ("--mixup", "-1", "--mixup must be >= 0 (0: off), got -1"),
+])
+def test_rates_out_of_range_are_one_line_and_nothing_is_written(tmp_path, capsys, flag, value, expect):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, flag, value, "--epochs", "1", "--output", str(out)]) == 2
+    assert expect in _err_line(capsys)
+    assert not out.exists()
+
+
+def test_a_run_that_is_all_warm_up_says_so(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="subquad"):
+        assert main(["train", *TINY, "--epochs", "1", "--dry-run", "--output", str(tmp_path / "a")]) == 0
+    assert "--warmup-epochs 2 >= --epochs 1: the whole run is warm-up" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="subquad"):
+        assert main(["train", *TINY, "--epochs", "1", "--warmup-epochs", "0", "--dry-run",
+                     "--output", str(tmp_path / "b")]) == 0
+    assert "warm-up" not in caplog.text
+
+
+def test_unknown_mechanism_without_a_near_name_lists_the_allowed_ones():
+    import subquad
+
+    with pytest.raises(ValueError, match="unknown attention 'projection'; allowed: agent, cswin, ") as e:
+        subquad.create_model("flatten_swin_micro", attn="projection")
+    assert all(n in str(e.value) for n in subquad.list_attention())
+
+
+def test_lra_unknown_mechanism_option_is_one_line(tmp_path, capsys):
+    from subquad.data.lra.listops import write_listops
+
+    write_listops(tmp_path / "lo", num_train=8, num_val=4, num_test=4, seed=1, min_len=10, max_len=40)
+    out = tmp_path / "run"
+    assert main(["lra", "train", "--task", "listops", "--data", str(tmp_path / "lo"), "--attention", "long_short",
+                 "--attn-opt", "rnk=2", "--max-steps", "2", "--batch-size", "4", "--output", str(out)]) == 2
+    assert "attention 'long_short' got unknown option(s) ['rnk']; allowed: " in _err_line(capsys)
+    assert not out.exists()
