@@ -46,7 +46,8 @@ def flag_name(f: dataclasses.Field) -> str:
 class TrainConfig:
     """Training options (timm train.py names)."""
 
-    model: str = _f("vit_attn_micro", "registered model name")
+    model: str = _f("vit_attn_micro", "registered model name (default: none; required unless -c FILE or --resume DIR "
+                    "gives one)")
     model_kwargs: dict | None = _f(None, "extra keyword arguments for the model's constructor, as a JSON/YAML "
                                    "mapping (e.g. '{\"attn\": \"focused_linear\", \"depth\": 4}')")
     data: str = _f("digits", "data source: digits (offline default), fashion-mnist[:DIR], imagefolder:PATH, "
@@ -174,7 +175,7 @@ _S = SequenceConfig
 class LRAConfig(SequenceConfig):
     """LRA run options; the shipped YAMLs (subquad/configs/lra/<task>.yaml) override these, flags override both."""
 
-    task: str = _f("listops", "LRA task (required unless --resume)",
+    task: str = _f("listops", "LRA task (default: none; required unless --resume)",
                    choices=("listops", "text", "retrieval", "image", "pathfinder"))
     attention: str = _again(_S, "attention", "softmax", "registered mechanism: any 1-D one (softmax, linear, "
                             "long_short ...), and with --grid the 2-D ones too (structure_aware, focused_linear, "
