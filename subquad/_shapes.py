@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from .errors import UserError
+
 __all__ = [
     "as_hw",
     "sizes",
@@ -24,6 +26,7 @@ __all__ = [
     "tracing",
     "check_tokens",
     "check_hw",
+    "check_sequence_hw",
     "check_heads",
     "check_mask",
     "tokens_to_map",
@@ -145,6 +148,19 @@ def check_hw(x: torch.Tensor, hw: Sequence[int] | None, who: str = "attention", 
         raise ValueError(f"{who}: grid hw={H}x{W}{extra} makes {prefix + H * W} tokens but x has N={x.shape[1]} "
                          f"(shape {tuple(x.shape)})")
     return H, W
+
+
+def check_sequence_hw(x: torch.Tensor, hw: Sequence[int] | None, who: str = "attention") -> None:
+    """Refuse a token grid for the 1-D (sequence) form of a mechanism that also has a grid form (the form that
+    `build_attention` builds without input_size): hw must be None, or (N,) the sequence length of x (B, N, C)."""
+    if hw is None:
+        return
+    hw = tuple(hw)
+    if len(hw) == 1 and known_equal(hw, x.shape[1:2]):
+        return
+    raise UserError(f"{who} was built without input_size, so it is the 1-D (sequence) form and cannot take the grid "
+                    f"hw={'x'.join(map(str, hw))}; pass input_size=(H, W) to build the grid form, or call it with "
+                    f"hw=None")
 
 
 def check_heads(dim: int, num_heads: int, who: str = "attention") -> int:

@@ -48,6 +48,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--locality-k", type=int, default=3, help="neighbourhood side for locality (default: 3)")
     p.add_argument("--rank-max-tokens", type=int, default=256,
                    help="larger maps: rank of a random principal submatrix of this size (default: 256)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the model's initialisation (an untrained --model: its maps show this init) and of "
+                   "any random input, so two runs with the same arguments write the same summary.json (default: 0)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.set_defaults(func=run)
     return p
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from subquad.analysis.report import analyze_model
     from subquad.engine.checkpoint import load_checkpointed_model, refuse_existing_output
     from subquad.engine.classify import eval_transform
+    from subquad.engine.rng import seed_everything
     from subquad_cli.errors import UserError
 
     refuse_existing_output(args.out, "--out", args.overwrite, folder=True)
@@ -69,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.locality_k < 1 or args.locality_k % 2 == 0:
         raise UserError(f"--locality-k must be a positive odd number, got {args.locality_k}")
     transform = dcfg = classes = None
+    seed_everything(args.seed)
     if args.checkpoint is not None:
         name, model, side, dcfg, _ = load_checkpointed_model(args.checkpoint, args.model, args.img_size,
                                                              args.device)
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                       args.locality_k, args.rank_max_tokens, model_name=name, transform=transform,
                       data_config=dcfg, classes=classes)
     if args.checkpoint is None:
-        print(f"note: {name} is untrained (no --checkpoint); maps show the initialisation")
+        print(f"note: {name} is untrained (no --checkpoint); maps show the initialisation of --seed {args.seed}")
     print(f"{'layer':>5}  {'mechanism':<16} {'grid':>7} {'rank':>12} {'+local':>12} {'entropy':>8} "
           f"{'locality':>8} {'cosine':>7}")
     for r in s["layers"]:

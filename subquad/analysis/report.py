@@ -140,7 +140,8 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
     Args:
         model: an image classifier built from registered mechanisms.
         image: path of the image.
-        out: output folder (created).
+        out: output folder, created only once the model ran and every option was checked (a refused call writes
+            nothing).
         img_size: square input side (default: the model's pretrained_cfg size, at most 224).
         layers: attention layers (call order) for the maps and kernels (default: up to 4 spread over depth).
         queries: (x, y) fractions of the image (default: centre and two off-centre points).
@@ -154,21 +155,21 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
         the summary dict written to summary.json.
     """
     size, queries, arr, x = _prepare_input(model, image, img_size, queries, transform, data_config)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     model.eval()
     device = next(model.parameters()).device
     x = x.to(device)
     calls, logits = collect_mixer_calls(model, x)
     shown = _resolve_layers(layers, len(calls))
     name = model_name or type(model).__name__
-    rows, maps, kernels = _layer_rows(calls, shown, queries, out, name, kernel_heads, locality_k, rank_max_tokens,
-                                      rank_heads)
+    rows, maps, kernels = _layer_rows(calls, shown, queries, kernel_heads, locality_k, rank_max_tokens, rank_heads)
+    cam, cls = grad_cam(model, x)
+    # Everything is computed and every option checked: only now is `out` created and written.
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     files = {}
     if maps:
         files["attention_maps"] = plot_query_maps(arr, maps, queries, out / "attention_maps.png",
                                                   f"{name}: attention of query points (mean |A| over heads)").name
-    cam, cls = grad_cam(model, x)
     label = classes[cls] if classes and cls < len(classes) else None
     files["gradcam"] = plot_grad_cam(arr, cam, out / "gradcam.png",
                                      f"Grad-CAM, class {cls}" + (f" ({label})" if label else "")).name
@@ -180,7 +181,10 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
         w.writerows([{k: ("" if v is None else v) for k, v in r.items()} for r in rows])
     files["table"] = "layer_stats.csv"
     if kernels:
-        files["kernels"] = kernels
+        files["kernels"] = {
+            i: plot_kernels(k, out / f"kernels_layer{i}.png", list(kernel_heads),
+                            f"{name} layer {i}: LiSA kernels W^b (offset 0 at centre)").name
+            for i, k in kernels.items()}
     probs = logits[0].float().softmax(-1)
     shown_path = Path(image).resolve()
     try:
@@ -219,10 +223,11 @@ def _prepare_input(model: nn.Module, image: str | Path, img_size: int | None,
     return size, queries, arr, x
 
 
-def _layer_rows(calls: list, shown: list[int], queries: list[tuple[float, float]], out: Path, name: str,
-                kernel_heads: Sequence[int], locality_k: int, rank_max_tokens: int,
-                rank_heads: int | None) -> tuple[list[dict], dict[str, list], dict[str, str]]:
-    """Per attention call: its statistics row; for the shown layers, the query maps and (LiSA) the kernel plots."""
+def _layer_rows(calls: list, shown: list[int], queries: list[tuple[float, float]], kernel_heads: Sequence[int],
+                locality_k: int, rank_max_tokens: int,
+                rank_heads: int | None) -> tuple[list[dict], dict[str, list], dict[str, torch.Tensor]]:
+    """Per attention call: its statistics row; for the shown layers, the query maps and (LiSA) the kernels to plot,
+    by layer index. Writes nothing."""
     rows, maps, kernels = [], {}, {}
     for call in calls:
         attn = mixer_attention(call).cpu()
@@ -233,7 +238,5 @@ def _layer_rows(calls: list, shown: list[int], queries: list[tuple[float, float]
         if call.index in shown:
             k = structure_kernels(call.module, kernel_heads)
             if k is not None:
-                p = plot_kernels(k, out / f"kernels_layer{call.index}.png", list(kernel_heads),
-                                 f"{name} layer {call.index}: LiSA kernels W^b (offset 0 at centre)")
-                kernels[str(call.index)] = p.name
+                kernels[str(call.index)] = k
     return rows, maps, kernels

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
-from .._shapes import as_hw, check_heads, known_equal, map_to_tokens, tokens_to_map, tracing
+from .._shapes import as_hw, check_heads, check_sequence_hw, known_equal, map_to_tokens, tokens_to_map, tracing
 from ..errors import UserError
 from ..layers.precision import fp32_island
 from .base import AttentionCaps, TokenMixer
@@ -379,7 +379,7 @@ class FocusedLinearAttention1d(TokenMixer):
     positions from its host). Causal: prefix sums in chunks (`causal_linear_attention_chunked`), with the 'mean'
     normaliser as the mean over the t + 1 visible keys (docs/deviations.md).
 
-    Shapes: x (B, L, C) -> (B, L, C); hw is ignored; no masks.
+    Shapes: x (B, L, C) -> (B, L, C); hw None (a grid hw is refused: build with input_size); no masks.
     Paper: FLatten (arXiv 2308.00442), Sec. 4, Eq. 5-6 (focused function) and Eq. 12 (O = phi(Q) phi(K)^T V +
         DWC(V)); the causal prefix sums of Katharopoulos et al. 2020 (arXiv 2006.16236), Eq. 9-12.
     Official: LeapLabTHU/FLatten-Transformer `models/flatten_swin.py` `FocusedLinearAttention` (the 2-D form).
@@ -454,6 +454,11 @@ class FocusedLinearAttention1d(TokenMixer):
                         normaliser=self.normaliser, prefix=self.num_prefix_tokens, causal=self.causal,
                         chunk_size=self.chunk_size)
         return self.proj_drop(self.proj(o))
+
+    def _check_input(self, x: torch.Tensor, hw=None, mask: torch.Tensor | None = None) -> None:
+        """As `TokenMixer._check_input`, and a grid hw is refused (this form has no grid: build with input_size)."""
+        super()._check_input(x, hw, mask)
+        check_sequence_hw(x, hw, "focused_linear attention (1-D)")
 
     def forward(self, x: torch.Tensor, hw: tuple[int, int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:

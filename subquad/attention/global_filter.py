@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._shapes import as_hw, check_heads, known_equal
+from .._shapes import as_hw, check_heads, check_sequence_hw, known_equal
 from ..errors import UserError
 from ..layers.precision import compute_dtype, no_autocast
 from .base import AttentionCaps, TokenMixer
@@ -134,7 +134,7 @@ class GlobalFilter1d(TokenMixer):
     filter per channel on the rfft of the sequence, i.e. a per-channel circular convolution over the L tokens.
     `build_attention("global_filter", C, h)` without `input_size` builds it.
 
-    Shapes: x (B, L, C) -> (B, L, C); hw is ignored; no masks; any L.
+    Shapes: x (B, L, C) -> (B, L, C); hw None (a grid hw is refused: build with input_size); no masks; any L.
     Paper: GFNet (Rao et al. 2021, arXiv 2107.00645), Sec. 3 (global filter layer), with the 2-D FFT replaced by
         the 1-D one over the tokens.
     Official: raoyongming/GFNet `gfnet.py` `GlobalFilter` (the 2-D layer; init randn * 0.02, norm='ortho').
@@ -186,6 +186,11 @@ class GlobalFilter1d(TokenMixer):
             return w.expand(length // 2 + 1, C, 2)
         grid = F.interpolate(grid, size=length // 2 + 1, mode="linear", align_corners=True)
         return grid.reshape(C, 2, length // 2 + 1).permute(2, 0, 1)
+
+    def _check_input(self, x: torch.Tensor, hw=None, mask: torch.Tensor | None = None) -> None:
+        """As `TokenMixer._check_input`, and a grid hw is refused (this form has no grid: build with input_size)."""
+        super()._check_input(x, hw, mask)
+        check_sequence_hw(x, hw, "global_filter (1-D)")
 
     def forward(self, x: torch.Tensor, hw: Sequence[int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:

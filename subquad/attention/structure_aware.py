@@ -10,7 +10,7 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
-from .._shapes import check_heads, check_tokens, known_equal, merge_heads, sizes, tracing
+from .._shapes import check_heads, check_sequence_hw, check_tokens, known_equal, merge_heads, sizes, tracing
 from ..backend import cpu_schedules, real_dft_active
 from ..errors import UserError
 from ..layers.precision import compute_dtype, no_autocast
@@ -384,7 +384,8 @@ class StructureAwareAttention1d(StructureAwareAttention):
     relative-position kernels indexed by the 1-D token offset, i.e. the grid form on a 1 x L grid with the FFT over
     the sequence (`fft_dims='1d'`). `build_attention("structure_aware", C, h)` without `input_size` builds it.
 
-    Shapes: x (B, L, C) -> (B, L, C); hw is ignored; no masks, no prefix tokens.
+    Shapes: x (B, L, C) -> (B, L, C); hw None (a grid hw is refused: build with input_size); no masks, no prefix
+    tokens.
     Paper: LiSA (arXiv 2211.16289), Eq. 8-13, with 1-D relative positions.
     Official: none published.
     Symbols: as `StructureAwareAttention`; the kernels are (C, D, K) and (h or 1, D, K) with K = seq_len
@@ -418,20 +419,25 @@ class StructureAwareAttention1d(StructureAwareAttention):
         self.seq_len = seq_len
         self.caps = type(self).caps
 
+    def _check_sequence(self, x: torch.Tensor, hw: Sequence[int] | None) -> None:
+        """x is (B, L, C); a grid hw is refused (this form has no grid: build with input_size)."""
+        check_tokens(x, self.dim, "StructureAwareAttention1d ('structure_aware')")
+        check_sequence_hw(x, hw, "structure_aware (1-D)")
+
     def forward(self, x: torch.Tensor, hw: Sequence[int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        check_tokens(x, self.dim, "StructureAwareAttention1d ('structure_aware')")
+        self._check_sequence(x, hw)
         return super().forward(x, (1, x.shape[1]), mask)
 
     def forward_ref(self, x: torch.Tensor, hw: Sequence[int] | None = None,
                     mask: torch.Tensor | None = None) -> torch.Tensor:
         """Explicit reference of `forward` (Eq. 10 with materialised 1-D RPE tensors)."""
-        check_tokens(x, self.dim, "StructureAwareAttention1d ('structure_aware')")
+        self._check_sequence(x, hw)
         if mask is not None:
             raise ValueError("structure_aware does not support masks; pass mask=None")
         return super().forward_ref(x, (1, x.shape[1]))
 
     @torch.no_grad()
     def attention_matrix(self, x: torch.Tensor, hw: Sequence[int] | None = None) -> torch.Tensor:
-        check_tokens(x, self.dim, "StructureAwareAttention1d ('structure_aware')")
+        self._check_sequence(x, hw)
         return super().attention_matrix(x, (1, x.shape[1]))

@@ -131,6 +131,32 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert "no such file" in _one_line_error(capsys, "--out", out, "--image", str(tmp_path / "missing.jpg"))
 
 
+@pytest.mark.parametrize("model,args,what", [
+    ("vit_attn_micro", ["--layers", "99"], "layer index 99 is out of range"),
+    ("l2vit_micro", ["--img-size", "8"], "smaller than the model's total stride"),
+    ("lisanet_micro", ["--kernel-heads", "9"], "kernel head(s) [9] out of range"),
+])
+def test_refused_options_write_nothing(tmp_path, capsys, model, args, what):
+    """A refused command leaves no --out folder behind (it used to create it, empty, before checking the options;
+    a LiSA layer's kernel figure could be written before a later layer refused --kernel-heads)."""
+    out = tmp_path / "o"
+    assert main(["analyze", "--model", model, "--out", str(out), *args]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and what in lines[0], lines
+    assert not out.exists()
+
+
+def test_seed_makes_an_untrained_model_reproducible(tmp_path):
+    """Issue: an untrained model gave other maps on every run. --seed (default 0) seeds its initialisation."""
+    runs = {}
+    for key, extra in (("a", []), ("b", []), ("seed0", ["--seed", "0"]), ("seed1", ["--seed", "1"])):
+        out = tmp_path / key
+        assert main(["analyze", "--model", "vit_attn_micro", "--out", str(out), "--layers", "0", *extra]) == 0
+        runs[key] = ((out / "summary.json").read_text(), (out / "layer_stats.csv").read_text())
+    assert runs["a"] == runs["b"] == runs["seed0"]
+    assert runs["seed1"][0] != runs["a"][0]
+
+
 class _NoMap(TokenMixer):
     name = "no_map"
 

@@ -128,3 +128,17 @@ def test_forms_build_refuse_and_run_at_other_lengths():
     assert check(subquad.build_attention("focused_linear", 16, 2, causal=True).caps, Request()) == ["is causal only"]
     assert {n for n, _ in m.named_parameters()} == {"qkv.weight", "qkv.bias", "scale", "dwc.weight", "dwc.bias",
                                                     "proj.weight", "proj.bias"}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_1d_form_refuses_a_grid_hw(causal):
+    """Built without input_size, the 1-D form cannot mix a 2-D grid: hw=(H, W) is refused in one line that names
+    input_size (it used to be ignored, so every grid gave the same output); hw=None and hw=(L,) run as before."""
+    m = subquad.build_attention("focused_linear", 16, 2, causal=causal)
+    x = torch.randn(1, 117, 16)
+    assert torch.equal(m(x), m(x, (117,)))
+    for call in (m, m.forward_ref, m.attention_matrix):
+        for hw in ((9, 13), (13, 9), (1, 117), (2, 3, 4)):
+            with pytest.raises(UserError, match=r"built without input_size.*1-D.*input_size=\(H, W\)") as e:
+                call(x, hw)
+            assert "\n" not in str(e.value)

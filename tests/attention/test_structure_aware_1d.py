@@ -74,3 +74,16 @@ def test_forms_and_refusals():
         subquad.build_attention("structure_aware", 8, 2, num_prefix_tokens=1)
     a = _module().attention_matrix(torch.randn(1, 11, 8))
     assert a.shape == (1, 2, 11, 11)
+
+
+def test_1d_form_refuses_a_grid_hw():
+    """Built without input_size, the 1-D form cannot mix a 2-D grid: hw=(H, W) is refused in one line that names
+    input_size (it used to be ignored, so every grid gave the same output); hw=None and hw=(L,) run as before."""
+    m = _module()
+    x = torch.randn(1, 117, 8)
+    assert torch.equal(m(x), m(x, (117,)))
+    for call in (m, m.forward_ref, m.attention_matrix):
+        for hw in ((9, 13), (13, 9), (1, 117), (2, 3, 4)):
+            with pytest.raises(UserError, match=r"built without input_size.*1-D.*input_size=\(H, W\)") as e:
+                call(x, hw)
+            assert "\n" not in str(e.value)
