@@ -102,7 +102,12 @@ def test_charlm_task_file():
         assert c["a"] in task.mechanisms and c["b"] in task.mechanisms
     train = task.recipe("default")
     assert train["seq_len"] == 1024 and train["eval_ctx"] == 1024 and train["eval_score"] == 512
-    assert "PROVISIONAL" in (CONFIG_DIR / "charlm.yaml").read_text()
+    # Frozen at the calibration that passed (attempt 5, benchmarks/results/arena/charlm-calibration/README.md).
+    assert "CALIBRATION PASSED at attempt 5" in (CONFIG_DIR / "charlm.yaml").read_text()
+    assert (train["dim"], train["depth"], train["num_heads"], train["ffn_dim"], train["batch_size"],
+            train["max_steps"], train["lr"], train["warmup"]) == (256, 4, 4, 1024, 32, 6000, 1e-3, 500)
+    assert train["attn_kw"] == {"softmax": {"rope": True}} and train["amp"] is True and train["device"] == "cuda"
+    assert load_task("charlm").requires == "gpu"
     for label in task.default_mechanisms:
         assert lm.refusal(train, task.mechanism(label)) is None, label
     cfgs = {label: lm.cell_config(train, task.mechanism(label)) for label in task.default_mechanisms}
