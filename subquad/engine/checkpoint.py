@@ -7,6 +7,7 @@ renamed over the target, so a crash mid-write leaves the previous file intact.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,8 +20,10 @@ if TYPE_CHECKING:  # torch is imported where it is used: `subquad models` writes
 
 __all__ = ["atomic_write", "refuse_existing_output", "check_output_file", "save_weights", "write_json", "read_json",
            "sidecar_path", "save_state", "load_state", "resolve_checkpoint", "read_sidecar", "checkpoint_arch",
-           "read_weights", "read_checkpoint", "is_timm_checkpoint", "refuse_exported_program",
-           "load_checkpointed_model", "run_kind", "refuse_other_run"]
+           "read_weights", "read_checkpoint", "is_timm_checkpoint", "is_training_state", "refuse_exported_program",
+           "refuse_non_checkpoint", "load_checkpointed_model", "run_kind", "refuse_other_run"]
+
+_logger = logging.getLogger(__name__)
 
 
 def refuse_existing_output(path: str | os.PathLike, flag: str, overwrite: bool = False, folder: bool = False
@@ -270,6 +273,47 @@ def refuse_exported_program(path: str | os.PathLike) -> None:
                         ".safetensors, a run directory, or a .pth / .pth.tar checkpoint")
 
 
+# The first bytes of image files (PNG, JPEG, GIF; WebP below): a torch file starts with a zip or pickle header.
+_IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"))
+_ACCEPTED = "--checkpoint takes .safetensors, a run directory, or a .pth / .pth.tar checkpoint"
+
+
+def refuse_non_checkpoint(path: str | os.PathLike) -> None:
+    """Refuse, in one line naming what it looks like, a file that is no torch or safetensors file at all (an image, a
+    JSON sidecar, YAML or other text) given where weights are expected; a file that starts like a checkpoint is left
+    to the reader (whose failure says truncated or corrupt)."""
+    from ..errors import UserError
+    from ..models._builder import _sniff
+
+    p = Path(path)
+    with open(p, "rb") as f:
+        head = f.read(512)
+    if not head or _sniff(head) is not None:
+        return
+    kind = next((k for magic, k in _IMAGE_MAGIC if head.startswith(magic)), None)
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        kind = "a WebP image"
+    if kind is None:
+        text = head.decode("utf-8", "replace")
+        if text.count("\ufffd") > 1 or not all(c.isprintable() or c in "\t\n\r\f\ufffd" for c in text):
+            return
+        first = text.lstrip()[:1]
+        kind = ("a JSON file" if first in ("{", "[") else "an HTML / XML file" if first == "<" else
+                "a YAML file" if p.suffix.lower() in (".yaml", ".yml") else "a text file")
+    weights = p.with_suffix(".safetensors")
+    if kind == "a JSON file" and weights.is_file():
+        raise UserError(f"{p} is a JSON file (the sidecar of {weights.name}), not a checkpoint; pass {weights} or "
+                        f"the run directory {p.parent}")
+    raise UserError(f"{p} is {kind}, not a checkpoint; {_ACCEPTED}")
+
+
+def is_training_state(obj: Any) -> bool:
+    """The resumable state that the trainers write to `last_state.pth` (`engine.loop.Loop.state_dict`: optimizer,
+    RNG states and the position, beside the task's counters), not weights."""
+    return (isinstance(obj, dict) and "optimizer" in obj and "rng" in obj
+            and any(k in obj for k in ("position", "num_updates", "step")))
+
+
 def is_timm_checkpoint(obj: Any) -> bool:
     """A training checkpoint written by timm's `CheckpointSaver` (its `train.py`): a dict holding `state_dict` next
     to the saver's bookkeeping (`arch`, `args`, `epoch`, `optimizer`, `version`)."""
@@ -290,8 +334,9 @@ def read_checkpoint(path: str | os.PathLike, prefer_ema: bool = False) -> tuple[
     `clean_state_dict` does. Any other torch file: the official wrappers are unwrapped, and the metadata is {}.
 
     Raises:
-        UserError: a missing file, an ONNX or .pt2 program, an unreadable file, a pickle that needs any other global
-            (refused unrun), or `prefer_ema` for a timm checkpoint without EMA weights.
+        UserError: a missing file, an ONNX or .pt2 program, a file that is no checkpoint at all (an image, JSON or
+            other text), a trainer's resumable state (`last_state.pth`), an unreadable file, a pickle that needs any
+            other global (refused unrun), or `prefer_ema` for a timm checkpoint without EMA weights.
     """
     import argparse
 
@@ -304,7 +349,13 @@ def read_checkpoint(path: str | os.PathLike, prefer_ema: bool = False) -> tuple[
     if path.suffix == ".safetensors":
         return read_state_dict(path), {}
     refuse_exported_program(path)
+    refuse_non_checkpoint(path)
     obj = torch_read(path)
+    if is_training_state(obj):
+        refuse_other_run(path.parent)
+        raise UserError(f"{path} is the resumable training state of a run (optimizer, RNG states, counters), not its "
+                        f"weights; pass the run directory {path.parent} or its best.safetensors to --checkpoint, and "
+                        f"`subquad train --resume {path.parent}` continues the training")
     if not is_timm_checkpoint(obj):
         return unwrap_state_dict(obj, prefer_ema=prefer_ema), {}
     from timm.models import clean_state_dict
@@ -383,6 +434,10 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
                 "crop_pct": pc.get("crop_pct"), "aug": "timm", "source_aug": "timm", "native_size": None}
     dcfg["img_size"] = size
     check_img_size(net, name, in_chans, size, device)
+    trained = (side.get("data_config") or {}).get("img_size")
+    if img_size and isinstance(trained, int) and trained != size:
+        _logger.warning("note: evaluating at %d x %d (--img-size %d); the checkpoint was trained at %d x %d", size,
+                        size, img_size, trained, trained)
     return name, net, side, dcfg, weights
 
 

@@ -83,6 +83,21 @@ def build_lra_data(cfg: LRAConfig, split: str) -> Dataset:
     return CifarGrayDataset(cfg.data, split, limit=limit)
 
 
+def _max_len_note(max_len: int, sets: dict[str, Dataset]) -> str | None:
+    """One line saying how many examples of each split `max_len` cuts (the datasets with `lengths()`: ListOps, Text,
+    Retrieval), None when it cuts none."""
+    parts, cut, longest = [], 0, 0
+    for split, ds in sets.items():
+        if callable(getattr(ds, "lengths", None)):
+            n = ds.lengths()
+            k = int((n > max_len).sum())
+            parts.append(f"{k} of {len(n)} {split}")
+            cut, longest = cut + k, max(longest, int(n.max(initial=0)))
+    if not cut:
+        return None
+    return f"note: --max-len {max_len} cuts {', '.join(parts)} examples (longest {longest} tokens)"
+
+
 def build_lra_model(cfg: LRAConfig, device: torch.device | None = None) -> nn.Module:
     from ..sequence import create_sequence_model
 
@@ -184,6 +199,9 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
     if len(sets["train"]) < cfg.batch_size:
         raise UserError(f"the {cfg.task} training split has {len(sets['train'])} examples, fewer than one batch of "
                         f"{cfg.batch_size}")
+    note = _max_len_note(cfg.max_len, sets)
+    if note:
+        log(note)
     model = build_lra_model(cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=cfg.adam_eps,
                                   weight_decay=cfg.weight_decay)

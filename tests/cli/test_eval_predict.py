@@ -257,3 +257,56 @@ def test_predict_folder_predicts_every_image_sorted(run_dir, tmp_path, capsys):
     empty.mkdir()
     assert main(["predict", "--checkpoint", str(run_dir), str(empty), "--device", "cpu"]) == 2
     assert "holds no images" in _err_line(capsys)
+
+
+# A new user's --checkpoint mistakes: the trainer's resumable state, a sidecar, an image or a text file.
+
+def test_training_state_as_checkpoint_explained(run_dir, capsys):
+    assert main(["eval", "--checkpoint", str(run_dir / "last_state.pth"), "--device", "cpu"]) == 2
+    line = _err_line(capsys)
+    assert f"{run_dir / 'last_state.pth'} is the resumable training state of a run" in line, line
+    assert f"pass the run directory {run_dir} or its best.safetensors" in line
+    assert f"`subquad train --resume {run_dir}` continues" in line and "holds no state dict" not in line
+
+
+@pytest.mark.parametrize("case", ["sidecar", "json", "png", "jpeg", "yaml", "text"])
+def test_file_that_is_no_checkpoint_explained(run_dir, tmp_path, capsys, case):
+    from PIL import Image
+
+    img = tmp_path / "d.png"
+    save_digits_image(img, 3)
+    files = {"sidecar": run_dir / "best.json", "json": tmp_path / "x.json", "png": img, "jpeg": tmp_path / "d.jpg",
+             "yaml": run_dir / "args.yaml", "text": run_dir / "summary.csv"}
+    (tmp_path / "x.json").write_text('{"top1": 1.0}\n')
+    Image.open(img).convert("RGB").save(tmp_path / "d.jpg")
+    f = files[case]
+    assert main(["predict", "--checkpoint", str(f), str(img), "--device", "cpu"]) == 2
+    line = _err_line(capsys)
+    assert "truncated or corrupt" not in line, line
+    if case == "sidecar":
+        assert f"{f} is a JSON file (the sidecar of best.safetensors), not a checkpoint; pass " \
+               f"{run_dir / 'best.safetensors'} or the run directory {run_dir}" in line, line
+        return
+    kind = {"json": "a JSON file", "png": "a PNG image", "jpeg": "a JPEG image", "yaml": "a YAML file",
+            "text": "a text file"}[case]
+    assert f"{f} is {kind}, not a checkpoint; --checkpoint takes .safetensors, a run directory" in line, line
+
+
+def test_eval_at_another_size_than_trained_notes_it(tmp_path, caplog, capsys):
+    import logging
+
+    out = tmp_path / "run"
+    assert main(["train", "--model", "cvt_ls_micro", "--data", "digits", "--img-size", "16", "--train-limit", "32",
+                 "--eval-limit", "32", "-b", "32", "--epochs", "1", "--log-interval", "0", "--device", "cpu",
+                 "--output", str(out)]) == 0
+    img = tmp_path / "d.png"
+    save_digits_image(img, 3)
+    note = "note: evaluating at 32 x 32 (--img-size 32); the checkpoint was trained at 16 x 16"
+    ev = ["eval", "--checkpoint", str(out), "--limit", "16", "--device", "cpu", "--overwrite"]
+    for argv, noted in (([*ev, "--img-size", "32"], True), ([*ev, "--img-size", "16"], False), (ev, False),
+                        (["predict", "--checkpoint", str(out), str(img), "--img-size", "32", "--device", "cpu"], True)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="subquad"):
+            assert main(argv) == 0
+        notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("note:")]
+        assert notes == ([note] if noted else []), (argv, notes)

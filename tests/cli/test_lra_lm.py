@@ -43,7 +43,23 @@ def test_lra_train_listops(listops_dir, tmp_path, attention, capsys):
     assert {"train_loss", "eval_acc", "lr", "sec_per_step"} <= set(rows[0])
     res = json.loads((out / "results.json").read_text())
     assert res["test_samples"] == 8 and 0 <= res["test_acc"] <= 100 and res["encoding"] == "lra_released"
-    assert "test accuracy" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "test accuracy" in out and "--max-len" not in out  # no ListOps tree is longer than 64 tokens
+
+
+def test_lra_max_len_that_cuts_examples_says_so(listops_dir, tmp_path, capsys):
+    from subquad.data.lra.listops import ListOpsDataset
+
+    rc = main(["lra", "train", "--task", "listops", "--data", str(listops_dir), "--attention", "softmax",
+               "--max-steps", "2", "--eval-every", "2", "--batch-size", "4", "--max-len", "16", "--output",
+               str(tmp_path / "run")])
+    assert rc == 0
+    lengths = {s: ListOpsDataset(listops_dir, s, max_len=16).lengths() for s in ("train", "val", "test")}
+    cuts = ", ".join(f"{int((n > 16).sum())} of {len(n)} {s}" for s, n in lengths.items())
+    longest = max(int(n.max()) for n in lengths.values())
+    assert 0 < int((lengths["train"] > 16).sum()) < len(lengths["train"])
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if "--max-len" in ln]
+    assert notes == [f"note: --max-len 16 cuts {cuts} examples (longest {longest} tokens)"]
 
 
 def test_lra_generate_listops(tmp_path, capsys):

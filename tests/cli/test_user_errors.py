@@ -95,7 +95,8 @@ def test_unreadable_checkpoint_names_the_file(tmp_path, capsys, cut):
 
     data = _saved_state_dict(tmp_path / "full.pth")
     bad = tmp_path / "bad.pth"
-    bad.write_bytes({"junk": b"junk", "head": data[:100], "half": data[: len(data) // 2], "tail": data[:-10]}[cut])
+    # Binary junk: plain text is no checkpoint file at all, and said so (test_eval_predict.py).
+    bad.write_bytes({"junk": b"\x00junk", "head": data[:100], "half": data[: len(data) // 2], "tail": data[:-10]}[cut])
     assert main(["eval", "--checkpoint", str(bad), "--model", "vit_attn_micro", "--data", "digits"]) == 2
     line = _err_line(capsys)
     assert f"{bad} is not a readable checkpoint (truncated or corrupt" in line, line

@@ -63,3 +63,24 @@ def test_bad_files(tmp_path):
         TextDataset(tmp_path, "train")
     with pytest.raises(UserError, match="split"):
         TextDataset(tmp_path, "dev")
+
+
+def test_lengths_before_the_max_len_cut_and_the_note(tmp_path):
+    """`lengths()` counts the tokens each example has before --max-len cuts it (after the recipe's `truncate`), and
+    `lra train` notes how many examples --max-len cuts; a cut by `truncate` alone is the recipe's, not noted."""
+    from subquad.engine.lra import _max_len_note
+
+    (tmp_path / "train.tsv").write_text("Source\tTarget\nab\t1\nhello world, long review\t0\n", encoding="utf-8")
+    text = TextDataset(tmp_path, "train", max_len=8)
+    assert text.lengths().tolist() == [2, 24] and int(text[1]["mask"].sum()) == 8
+    assert TextDataset(tmp_path, "train", max_len=8, truncate=10).lengths().tolist() == [2, 10]
+    assert TextDataset(tmp_path, "train", max_len=8, limit=1).lengths().tolist() == [2]
+    rows = ["1.0\tid_a\tid_b\tfirst doc\tsecond document here", "0.0\tid_c\tid_d\tx\tyz"]
+    (tmp_path / "new_aan_pairs.train.tsv").write_text("\n".join(rows) + "\n")
+    pairs = RetrievalDataset(tmp_path, "train", max_len=12)
+    assert pairs.lengths().tolist() == [20, 2] and int(pairs[0]["mask_1"].sum()) == 12
+    assert RetrievalDataset(tmp_path, "train", max_len=12, truncate=8).lengths().tolist() == [8, 2]
+    assert _max_len_note(8, {"train": text, "val": pairs}) == \
+        "note: --max-len 8 cuts 1 of 2 train, 1 of 2 val examples (longest 24 tokens)"
+    assert _max_len_note(16, {"train": TextDataset(tmp_path, "train", max_len=16, truncate=10)}) is None
+    assert _max_len_note(24, {"train": text}) is None

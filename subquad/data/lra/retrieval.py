@@ -54,10 +54,10 @@ class RetrievalDataset(Dataset):
             raise UserError(f"Retrieval data folder {root} does not exist")
         self.path = _find(root, FILES[split])
         self.max_len = max_len
-        truncate = min(truncate or max_len, max_len)
+        cap, truncate = truncate, min(truncate or max_len, max_len)
         rows = read_tsv(self.path, 5, header=None, limit=limit)
         self.docs0, self.docs1 = [], []
-        labels = np.empty(len(rows), dtype=np.int64)
+        labels, full = np.empty(len(rows), dtype=np.int64), np.empty(len(rows), dtype=np.int64)
         for i, (label, _id1, _id2, text1, text2) in enumerate(rows):
             try:
                 y = float(label)
@@ -66,14 +66,21 @@ class RetrievalDataset(Dataset):
             if y not in (0.0, 1.0):
                 raise UserError(f"{self.path}:{i + 1}: label must be 0 or 1, got {label!r}")
             labels[i] = int(y)
-            self.docs0.append(encode_bytes(text1, truncate))
-            self.docs1.append(encode_bytes(text2, truncate))
+            raw1, raw2 = text1.encode("utf-8"), text2.encode("utf-8")
+            self.docs0.append(encode_bytes(raw1, truncate))
+            self.docs1.append(encode_bytes(raw2, truncate))
+            longest = max(len(raw1), len(raw2))
+            full[i] = min(longest, cap) if cap else longest
         if not rows:
             raise UserError(f"{self.path} holds no document pairs")
-        self.labels = labels
+        self.labels, self._lengths = labels, full
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def lengths(self) -> np.ndarray:
+        """Token counts per pair (its longer document) before the cut to `max_len` (after the one to `truncate`)."""
+        return self._lengths
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         t0, m0 = pad_ids(self.docs0[i], self.max_len)

@@ -54,12 +54,12 @@ class TextDataset(Dataset):
         if not root.is_dir():
             raise UserError(f"Text data folder {root} does not exist")
         self.max_len = max_len
-        truncate = min(truncate, max_len)
+        cap, truncate = truncate, min(truncate, max_len)
         imdb = _imdb_root(root)
         self.val_is_test = split == "val" and not (root / "val.tsv").is_file()
         file_split = "test" if self.val_is_test else split
         self.docs: list[np.ndarray] = []
-        labels: list[int] = []
+        labels, full = [], []
         if imdb is not None and not (root / f"{file_split}.tsv").is_file():
             if file_split == "val":
                 raise UserError(f"{imdb} has no val split; use test (LRA validates on test)")
@@ -68,7 +68,9 @@ class TextDataset(Dataset):
                 if not d.is_dir():
                     raise UserError(f"{d} not found (expected the aclImdb layout {file_split}/{{pos,neg}}/*.txt)")
                 for f in sorted(d.glob("*.txt")):
-                    self.docs.append(encode_bytes(f.read_bytes(), truncate))
+                    raw = f.read_bytes()
+                    self.docs.append(encode_bytes(raw, truncate))
+                    full.append(min(len(raw), cap))
                     labels.append(label)
         else:
             path = root / f"{file_split}.tsv"
@@ -82,16 +84,23 @@ class TextDataset(Dataset):
                     raise UserError(f"{path}:{i + 2}: Target must be 0 or 1, got {tgt!r}") from None
                 if label not in (0, 1):
                     raise UserError(f"{path}:{i + 2}: Target must be 0 or 1, got {tgt!r}")
-                self.docs.append(encode_bytes(src, truncate))
+                raw = src.encode("utf-8")
+                self.docs.append(encode_bytes(raw, truncate))
+                full.append(min(len(raw), cap))
                 labels.append(label)
         if limit is not None:
-            self.docs, labels = self.docs[:limit], labels[:limit]
+            self.docs, labels, full = self.docs[:limit], labels[:limit], full[:limit]
         if not self.docs:
             raise UserError(f"no Text examples found for split {split!r} in {root}")
         self.labels = np.asarray(labels, dtype=np.int64)
+        self._lengths = np.asarray(full, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.docs)
+
+    def lengths(self) -> np.ndarray:
+        """Token counts per review before the cut to `max_len` (after the one to `truncate` bytes)."""
+        return self._lengths
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         tokens, mask = pad_ids(self.docs[i], self.max_len)
