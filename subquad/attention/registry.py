@@ -106,7 +106,28 @@ def build_stage_attention(name: str, dim: int, num_heads: int, stage: dict, over
     switches on mechanism names. `overrides` (a user's `attn_kwargs`) and `kwargs` (device, dtype) are passed as
     they are."""
     opts = {**get_attention_cls(name).stage_kwargs(stage), **(overrides or {})}
-    return build_attention(name, dim, num_heads, **opts, **kwargs)
+    try:
+        return build_attention(name, dim, num_heads, **opts, **kwargs)
+    except UserError:
+        raise
+    except ValueError as e:  # the mechanism refuses this stage's sizes (e.g. CSwin's two branches, odd heads)
+        fit = [n for n in ATTENTION_REGISTRY.names() if n != name and _builds(n, dim, num_heads, stage)]
+        who = stage.get("host", "this host")
+        raise UserError(f"attention {name!r} cannot serve {who} with {num_heads} head(s) of width {dim}: "
+                        f"{str(e).splitlines()[0]}; mechanisms that fit this stage: {', '.join(fit) or 'none'}"
+                        ) from e
+
+
+def _builds(name: str, dim: int, num_heads: int, stage: dict) -> bool:
+    """Whether mechanism `name` takes this stage (its declared caps, then a build on the meta device)."""
+    cls = get_attention_cls(name)
+    if cls.stage_refusal(stage) is not None:
+        return False
+    try:
+        build_attention(name, dim, num_heads, **cls.stage_kwargs(stage), device="meta")
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def list_attention(filter: str = "") -> list[str]:  # noqa: A002 - mirrors timm.list_models(filter=...)

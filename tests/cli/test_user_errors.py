@@ -543,3 +543,17 @@ def test_lra_unknown_mechanism_option_is_one_line(tmp_path, capsys):
                  "--attn-opt", "rnk=2", "--max-steps", "2", "--batch-size", "4", "--output", str(out)]) == 2
     assert "attention 'long_short' got unknown option(s) ['rnk']; allowed: " in _err_line(capsys)
     assert not out.exists()
+
+
+def test_a_mechanism_that_refuses_a_stage_names_the_host_and_what_fits():
+    """CSwin's two branches need an even head count; a Swin micro stage has one head: the refusal names the host, the
+    stage's sizes and the mechanisms that build there (each checked on the meta device)."""
+    import subquad
+    from subquad.errors import UserError
+
+    with pytest.raises(UserError, match=r"attention 'cswin' cannot serve Swin stages with 1 head\(s\) of width 32: "
+                       r".*even num_heads.*; mechanisms that fit this stage: agent, ") as e:
+        subquad.create_model("flatten_swin_micro", attn="cswin")
+    fit = str(e.value).split("mechanisms that fit this stage: ")[1].split(", ")
+    assert "cswin" not in fit and "softmax" in fit and "window" in fit
+    subquad.create_model("flatten_swin_micro", attn=fit[0])  # what it names does build
