@@ -81,6 +81,12 @@ def run_report(args: argparse.Namespace) -> int:
     print(f"arena {task.name}: {task.description}")
     print()
     print(leaderboard_markdown(args.dir, task))
+    from subquad.arena.report import stale_note
+
+    note = stale_note(args.dir)
+    if note:
+        print()
+        print(note)
     if args.plots:
         from subquad.arena.report import replot
 

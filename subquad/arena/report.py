@@ -108,6 +108,24 @@ def _run_meta(out: Path) -> dict[str, Any]:
         return {}
 
 
+def stale_note(out: str | Path) -> str | None:
+    """A note when finished cells are missing from leaderboard.csv (a run still training, or trained by an older
+    runner), since `report` prints the CSV and `check` reads the cells; None when the CSV holds every cell."""
+    out = Path(out)
+    try:
+        rows = read_leaderboard(out)
+    except UserError:  # no readable leaderboard: report says so itself
+        return None
+    listed = {(r["attention"], int(s)) for r in rows for s in (r.get("seeds") or "").split(";") if s.strip()}
+    cells = {(c["attention"], int(c["seed"])) for c in cell_rows(out)}
+    missing = sorted(cells - listed)
+    if not missing:
+        return None
+    return (f"note: {len(missing)} finished cell(s) are not in leaderboard.csv yet (e.g. {missing[0][0]} seed "
+            f"{missing[0][1]}); `subquad arena check` reads them; run the task's `arena run` again (nothing trains "
+            "for finished cells) to rebuild the leaderboard")
+
+
 def smoke_note(out: str | Path, markdown: bool = True) -> str | None:
     """The smoke-test caveat of a `--budget quick` run (None for any other budget): `report` puts it above the
     leaderboard, `check` above the verdicts."""

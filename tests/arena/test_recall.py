@@ -216,6 +216,14 @@ def test_quick_arena_run_and_claims(tmp_path):
             assert r[col] != "", (r["attention"], col)
     for png in ("leaderboard.png", "curves.png", "distance.png", "frontier.png"):
         assert (out / png).is_file(), png
+    # `report` prints the CSV and `check` reads the cells: report says when cells are missing from the CSV.
+    from subquad.arena.report import stale_note
+
+    assert stale_note(out) is None
+    board = (out / "leaderboard.csv").read_text().splitlines(keepends=True)
+    (out / "leaderboard.csv").write_text("".join(board[:3]))  # as an older runner left it: 2 of the 4 rows
+    assert stale_note(out).startswith("note: 2 finished cell(s) are not in leaderboard.csv yet")
+    (out / "leaderboard.csv").write_text("".join(board))
     # The Markdown table shows the recall columns; what a cell does not measure (eval/s) is '-', never 'nan'.
     from subquad.arena.report import leaderboard_markdown
 
