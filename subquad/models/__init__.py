@@ -11,6 +11,7 @@ from . import vit  # noqa: F401
 from ._base import InputShapeError
 from ._builder import NON_STD
 from ._card import CARDS, ModelCard, get_card
+from ..errors import UserError
 
 __all__ = ["CARDS", "NON_STD", "InputShapeError", "ModelCard", "get_card", "create_model", "list_models",
            "is_subquad_model"]
@@ -32,6 +33,11 @@ def list_models(filter: str = "") -> list[str]:  # noqa: A002 - mirrors timm.lis
     if filter and not any(c in filter for c in "*?["):
         filter = f"*{filter}*"  # noqa: A001
     return timm.list_models(filter or "", module=sorted(FAMILY_MODULES))
+
+
+class ModelOptionError(UserError, TypeError):
+    """A keyword the model's constructor does not take: one line for the command line, and still a TypeError for
+    code that catches one."""
 
 
 def create_model(name: str, pretrained: bool = False, checkpoint_path: str | None = None, **kwargs):
@@ -57,7 +63,16 @@ def create_model(name: str, pretrained: bool = False, checkpoint_path: str | Non
     if checkpoint_path is not None and is_subquad_model(name):
         kwargs["subquad_checkpoint"] = checkpoint_path
         checkpoint_path = None
-    model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    try:
+        model = timm.create_model(name, pretrained=pretrained, **kwargs)
+    except TypeError as e:
+        if "unexpected keyword argument" not in str(e):
+            raise
+        raise ModelOptionError(f"cannot build model {name!r}: {str(e).splitlines()[0]}") from e
+    except AssertionError as e:  # timm's feature wrapper asserts on out_indices
+        if not kwargs.get("features_only"):
+            raise
+        raise UserError(f"cannot build model {name!r} with features_only: {str(e).splitlines()[0]}") from e
     if checkpoint_path is not None:
         from ._builder import load_checkpoint
 

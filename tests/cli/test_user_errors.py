@@ -557,3 +557,14 @@ def test_a_mechanism_that_refuses_a_stage_names_the_host_and_what_fits():
     fit = str(e.value).split("mechanisms that fit this stage: ")[1].split(", ")
     assert "cswin" not in fit and "softmax" in fit and "window" in fit
     subquad.create_model("flatten_swin_micro", attn=fit[0])  # what it names does build
+
+
+def test_python_api_model_option_mistakes_are_one_line():
+    import subquad
+    from subquad.errors import UserError
+
+    with pytest.raises(TypeError, match="cannot build model 'l2vit_micro': .*unexpected keyword argument 'depht'") as e:
+        subquad.create_model("l2vit_micro", depht=3)
+    assert isinstance(e.value, UserError)  # one line on the command line, a TypeError for code that catches one
+    with pytest.raises(UserError, match="cannot build model 'l2vit_micro' with features_only: feature index 5"):
+        subquad.create_model("l2vit_micro", features_only=True, out_indices=(5,))
