@@ -135,6 +135,19 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
     setting that would change the run is refused (`resume_run`; an extension may change --epochs and
     --resume-schedule, and a restarted cosine --lr and --min-lr)."""
     explicit = typed_fields(args, TrainConfig)
+    precision = getattr(args, "precision", None)
+    if precision is not None:  # `subquad train --precision`: the words eval and predict use, for amp / amp_dtype
+        from subquad_cli.errors import UserError
+
+        wanted = {"fp32": {"amp": False}, "bf16": {"amp": True, "amp_dtype": "bfloat16"},
+                  "fp16": {"amp": True, "amp_dtype": "float16"}}[precision]
+        clash = {k: explicit[k] for k in wanted if k in explicit and explicit[k] != wanted[k]}
+        if clash:
+            raise UserError(f"--precision {precision} contradicts "
+                            + ", ".join((f"--{'' if v else 'no-'}amp" if k == "amp" else f"--amp-dtype {v}")
+                                        for k, v in clash.items())
+                            + "; give one of them")
+        explicit.update(wanted)
     layers = [*recipe_layers(args, TRAIN_CONFIG_DIRS), ("command line", explicit)]
     cfg = apply_layers(TrainConfig(), layers)
     if not cfg.resume:

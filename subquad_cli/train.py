@@ -16,6 +16,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        "train ...`). Writes args.yaml, summary.csv, last/best safetensors with JSON sidecars and "
                        "last_state.pth to --output. Precedence: defaults < --config YAML < resumed args.yaml < flags.")
     add_config_arguments(p)
+    p.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16"),
+                   help="training precision, as eval and predict name it: fp32, bf16 (= --amp --amp-dtype bfloat16) "
+                   "or fp16 (= --amp --amp-dtype float16; slow on a CPU) (default: fp32, or the recipe's --amp)")
     p.add_argument("--overwrite", action="store_true",
                    help="train into --output even if it is a folder that is not empty (a run there is still refused: "
                    "continue it with --resume)")

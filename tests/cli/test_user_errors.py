@@ -568,3 +568,18 @@ def test_python_api_model_option_mistakes_are_one_line():
     assert isinstance(e.value, UserError)  # one line on the command line, a TypeError for code that catches one
     with pytest.raises(UserError, match="cannot build model 'l2vit_micro' with features_only: feature index 5"):
         subquad.create_model("l2vit_micro", features_only=True, out_indices=(5,))
+
+
+def test_train_precision_names_what_eval_and_predict_name(tmp_path, capsys):
+    import yaml
+
+    for word, amp, dtype in (("bf16", True, "bfloat16"), ("fp16", True, "float16"), ("fp32", False, "float16")):
+        assert main(["train", *TINY, "--epochs", "1", "--precision", word, "--dry-run",
+                     "--output", str(tmp_path / word)]) == 0
+        cfg = yaml.safe_load(capsys.readouterr().out.split("dry run:")[0])
+        assert (cfg["amp"], cfg["amp_dtype"]) == (amp, dtype), word
+    assert main(["train", *TINY, "--precision", "fp32", "--amp", "--dry-run", "--output", str(tmp_path / "x")]) == 2
+    assert "--precision fp32 contradicts --amp; give one of them" in _err_line(capsys)
+    assert main(["train", *TINY, "--precision", "bf16", "--amp-dtype", "float16", "--dry-run",
+                 "--output", str(tmp_path / "y")]) == 2
+    assert "--precision bf16 contradicts --amp-dtype float16" in _err_line(capsys)
