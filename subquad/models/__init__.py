@@ -35,6 +35,24 @@ def list_models(filter: str = "") -> list[str]:  # noqa: A002 - mirrors timm.lis
     return timm.list_models(filter or "", module=sorted(FAMILY_MODULES))
 
 
+def _check_img_size(name: str, img_size) -> None:
+    """Refuse an `img_size` below a subquad model's smallest input (its pretrained cfg's `min_input_size`: the total
+    stride, or what its stages need) in one line, before any stage is built with an empty grid."""
+    if img_size is None or not is_subquad_model(name.split(".")[0]):
+        return
+    import timm
+
+    cfg = timm.models.get_pretrained_cfg(name.split(".")[0])
+    least = getattr(cfg, "min_input_size", None) if cfg is not None else None
+    if not least:
+        return
+    sides = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    if len(sides) == 2 and all(isinstance(v, int) for v in sides) and (sides[0] < least[-2] or sides[1] < least[-1]):
+        raise UserError(f"{name}: img_size {img_size} is smaller than the model's total stride or smallest input "
+                        f"{least[-2]}x{least[-1]} (its pretrained cfg's min_input_size); use at least "
+                        f"{least[-2]}x{least[-1]}")
+
+
 class ModelOptionError(UserError, TypeError):
     """A keyword the model's constructor does not take: one line for the command line, and still a TypeError for
     code that catches one."""
@@ -60,6 +78,7 @@ def create_model(name: str, pretrained: bool = False, checkpoint_path: str | Non
 
     if not timm.is_model(name.split(".")[0]):
         raise unknown_name("model", name, list_models() or timm.list_models())
+    _check_img_size(name, kwargs.get("img_size"))
     if checkpoint_path is not None and is_subquad_model(name):
         kwargs["subquad_checkpoint"] = checkpoint_path
         checkpoint_path = None

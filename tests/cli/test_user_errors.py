@@ -583,3 +583,14 @@ def test_train_precision_names_what_eval_and_predict_name(tmp_path, capsys):
     assert main(["train", *TINY, "--precision", "bf16", "--amp-dtype", "float16", "--dry-run",
                  "--output", str(tmp_path / "y")]) == 2
     assert "--precision bf16 contradicts --amp-dtype float16" in _err_line(capsys)
+
+
+def test_an_img_size_below_the_models_smallest_input_is_one_line():
+    import subquad
+    from subquad.errors import UserError
+
+    for size in (8, (16, 8)):
+        with pytest.raises(UserError, match=r"flatten_pvt_micro: img_size .* is smaller than the model's total stride "
+                           r"or smallest input 16x16 .*; use at least 16x16"):
+            subquad.create_model("flatten_pvt_micro", img_size=size)
+    assert subquad.create_model("flatten_pvt_micro", img_size=(16, 24)).num_classes > 0
