@@ -18,6 +18,7 @@ from subquad.attention.functional.focused import (
 )
 from subquad.errors import UserError
 from tests._tol import assert_close, compare_fn, compare_module
+from tests.attention._grid_hw import assert_refuses_grid_hw
 
 
 def _inputs(L: int, C: int = 12, d: int = 4, k: int = 5, seed: int = 0):
@@ -136,9 +137,4 @@ def test_1d_form_refuses_a_grid_hw(causal):
     input_size (it used to be ignored, so every grid gave the same output); hw=None and hw=(L,) run as before."""
     m = subquad.build_attention("focused_linear", 16, 2, causal=causal)
     x = torch.randn(1, 117, 16)
-    assert torch.equal(m(x), m(x, (117,)))
-    for call in (m, m.forward_ref, m.attention_matrix):
-        for hw in ((9, 13), (13, 9), (1, 117), (2, 3, 4)):
-            with pytest.raises(UserError, match=r"built without input_size.*1-D.*input_size=\(H, W\)") as e:
-                call(x, hw)
-            assert "\n" not in str(e.value)
+    assert_refuses_grid_hw(m, x)

@@ -11,6 +11,7 @@ import subquad
 from subquad.attention.structure_aware import StructureAwareAttention, StructureAwareAttention1d
 from subquad.errors import UserError
 from tests._tol import assert_close, compare_module
+from tests.attention._grid_hw import assert_refuses_grid_hw
 
 
 def _module(**kw):
@@ -81,9 +82,4 @@ def test_1d_form_refuses_a_grid_hw():
     input_size (it used to be ignored, so every grid gave the same output); hw=None and hw=(L,) run as before."""
     m = _module()
     x = torch.randn(1, 117, 8)
-    assert torch.equal(m(x), m(x, (117,)))
-    for call in (m, m.forward_ref, m.attention_matrix):
-        for hw in ((9, 13), (13, 9), (1, 117), (2, 3, 4)):
-            with pytest.raises(UserError, match=r"built without input_size.*1-D.*input_size=\(H, W\)") as e:
-                call(x, hw)
-            assert "\n" not in str(e.value)
+    assert_refuses_grid_hw(m, x)
