@@ -157,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(table(names, cards, counts if not args.no_count else {})))
     print("params(M), GMACs: ours, counted on the meta device; paper: the card's published numbers; flag: ours "
           "more than 1 % from the card's reference count")
+    print("status: official-arch, the architecture of released code; unofficial, reconstructed by us from the paper; "
+          "test-size, a scaled-down size of ours for tests and demos (no published model)")
     if dirty and not args.no_cache:
         _write_cache(path, {"key": key, "cards": cards, "counts": counts})
     return 0

@@ -139,7 +139,7 @@ def zoo_tables() -> str:
                 out.append(f"| `{n}` | - | - | - | - | {weights} | {load} |")
                 continue
             sources.setdefault(_source(c.source, paper), []).append(n)
-            model = f"`{n}`" + (" (unofficial)" if c.status == "unofficial" else "")
+            model = f"`{n}`" + {"unofficial": " (unofficial)", "test-size": " (test size)"}.get(c.status, "")
             out.append(f"| {model} | {c.img_size} | {_fmt(c.params_m, '.1f')} | {_fmt(c.gmacs, '.2f')} | "
                        f"{_fmt(c.top1, '.1f')} | {weights} | {load} |")
         out += ["", "Numbers from:", ""]

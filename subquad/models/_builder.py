@@ -412,7 +412,9 @@ def register_family(module: str, model_cls: type[nn.Module], variants: Sequence[
             cfgs[v.name] = {**merged, "notes": "no released weights" + (f"; {note}" if note else "")}
     mod.default_cfgs = {**getattr(mod, "default_cfgs", {}), **generate_default_cfgs(cfgs)}
     for v in variants:
-        register_card(ModelCard(arch=v.name, **{**(card or {}), **v.card},
+        # A `*_micro` variant is a size of ours for tests and demos, whatever its family's status.
+        size = {"status": "test-size"} if "_micro" in v.name else {}
+        register_card(ModelCard(arch=v.name, **{**(card or {}), **v.card, **size},
                                 tags=("non-std",) if non_std else ()))
         if non_std:
             NON_STD.add(v.name)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["ModelCard", "CARDS", "register_card", "get_card", "cards_table"]
+__all__ = ["ModelCard", "CARDS", "STATUSES", "register_card", "get_card", "cards_table"]
+
+STATUSES = ("official-arch", "unofficial", "test-size")
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,8 @@ class ModelCard:
         gmacs: published "FLOPs" (MACs) in G at `img_size` (None: not published).
         top1: published ImageNet-1k top-1 (%) (None: not published).
         source: where the numbers come from (paper title or arXiv id with its table, or the official README).
-        status: 'official-arch' (architecture follows released code) or 'unofficial' (reconstructed by us).
+        status: 'official-arch' (architecture follows released code), 'unofficial' (reconstructed by us) or
+            'test-size' (a scaled-down `*_micro` configuration of ours for tests and demos: no published model).
         ref_params: the exact parameter count our model must have (official code, measured; else our
             definition's count, measured). None: no count to hold (tiny test variants).
         ref_gmacs: GMACs our counter must match within 2 % (`slow` test); None: not checked.
@@ -57,8 +60,8 @@ def register_card(card: ModelCard) -> ModelCard:
     """Add `card` to CARDS; a second card for one arch is an error."""
     if card.arch in CARDS:
         raise ValueError(f"model card for {card.arch!r} is already registered")
-    if card.status not in ("official-arch", "unofficial"):
-        raise ValueError(f"card {card.arch!r}: status must be 'official-arch' or 'unofficial', got {card.status!r}")
+    if card.status not in STATUSES:
+        raise ValueError(f"card {card.arch!r}: status must be one of {', '.join(STATUSES)}, got {card.status!r}")
     CARDS[card.arch] = card
     return card
 
