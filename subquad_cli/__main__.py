@@ -125,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
 
             check_device(args.device)
         result = args.func(args)
+        sys.stdout.flush()  # a closed reader shows here, inside the handler below, not at interpreter exit
+    except BrokenPipeError:
+        # The reader of our output went away (`subquad models | head`): stop quietly, as Unix tools do on SIGPIPE.
+        # Python would report the flush of the now-dead stdout at exit again, so stdout goes to /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except (UserError, OSError) as e:
         if os.environ.get("SUBQUAD_DEBUG"):
             raise

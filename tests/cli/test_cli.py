@@ -142,6 +142,23 @@ def test_models_cached_answers_without_torch(tmp_path):
     assert dt < 3.0, f"{dt:.2f} s"
 
 
+@pytest.mark.parametrize("argv", [["models", "--no-count"], ["models", "--no-count", "--filter", "vit_attn_micro"]])
+def test_output_into_a_closed_pipe_stops_quietly(argv, tmp_path):
+    """`subquad models | head -1`: the reader closes early; we stop with SIGPIPE's status and no error text, whether
+    the output fills the buffer (a write fails mid-run) or not (the failure would show at exit)."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    env = {**os.environ, "SUBQUAD_CACHE": str(tmp_path / "cache")}
+    try:
+        r = subprocess.run([sys.executable, "-m", "subquad", *argv], stdout=write, stderr=subprocess.PIPE,
+                           text=True, timeout=300, env=env)
+    finally:
+        os.close(write)
+    assert r.returncode == 141 and r.stderr == "", (r.returncode, r.stderr[-2000:])
+
+
 def test_models_cache_key_follows_versions(monkeypatch):
     from subquad_cli import models
 
