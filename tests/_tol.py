@@ -1,4 +1,4 @@
-"""The single tolerance table and the comparison used by every numerical test (DESIGN.md section 6).
+"""The single tolerance table and the comparison used by every numerical test.
 
 rel = rms(candidate - reference) / (rms(reference) + floor); the reference is float64, the candidate is up-cast.
 Non-finite values fail first, with the tensor named.

@@ -529,7 +529,7 @@ class ChunkedLongShortAttention(TokenMixer):
     are the default (`causal_form="official"`); `causal_form="paper"` compresses LN_L(K), LN_L(V) as Eq. 3 reads.
     The official model compresses a carried-over Transformer-XL hidden-state cache differently from the current
     block (docs/deviations.md); here every chunk is compressed from projected keys, which is what makes parallel and
-    cached decoding equal (cf. `cache_compress='projected'` in the spec).
+    cached decoding equal.
     Symbols: w window_size (official `window_len`), l chunk_size (official `chunk_size`), r rank (official
     `chunk_rank`), h num_heads, d = C / h.
 

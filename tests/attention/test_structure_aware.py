@@ -55,7 +55,8 @@ def test_zero_boundary_fft_equals_toeplitz_ref(grid):
 def test_toeplitz_vs_circulant_agree_away_from_wrap_and_differ_at_border():
     """Kernels supported on |delta| <= 1: queries at distance >= 1 from every border see the same keys in both
     forms (exact agreement); border queries differ because the circulant form wraps in keys from the opposite
-    border. The border difference is the documented effect of the circular approximation (spec section 5)."""
+    border. The border difference is the effect of the FFT form's circular boundary (docs/mechanisms.md, LiSA;
+    `boundary="zero"` is the Toeplitz form without it)."""
     grid, r = (6, 7), 1
     q, k, v, ka, kb, bp = _operands(grid, ksize=(3, 3))
     tka, tkb = fsa.local_to_toeplitz(ka, grid), fsa.local_to_toeplitz(kb, grid)
