@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Pointers into working material a user cannot open. Split so that this file does not match itself.
-PATTERNS = [r"\bspec(ification)? (section|§)", r"\bin the spec\b", r"\.\./" + "shared", r"\bseed ?0\d{2}\b",
+# Pointers into working material a user cannot open.
+PATTERNS = [r"\bspec(ification)? (section|§)", r"\bin the spec\b", r"\.\./shared", r"\bseed ?0\d{2}\b",
             r"\bDESIGN\.md", r"\bregister tag"]
 SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".cfg", ".txt", ".sh"}
 
@@ -29,7 +29,7 @@ def test_no_file_cites_private_working_material():
     pattern = re.compile("|".join(PATTERNS), re.IGNORECASE)
     hits = []
     for path in _tracked():
-        if not path.is_file():
+        if not path.is_file() or path == Path(__file__).resolve():  # this file spells the patterns out
             continue
         for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if pattern.search(line):
