@@ -58,5 +58,8 @@ def prepare_output(cfg: Any) -> Path:
     if (out / "last.safetensors").exists() or (out / "last_state.pth").exists():
         raise UserError(f"--output {out} already holds a run; continue it with --resume {out} or choose another "
                         "--output (nothing was overwritten)")
+    if (out / "best.safetensors").exists():  # a kept model whose resumable state was removed
+        raise UserError(f"--output {out} already holds a run's model (best.safetensors, no resumable state to "
+                        "continue); choose another --output (nothing was overwritten)")
     return out
 

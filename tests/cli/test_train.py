@@ -123,6 +123,14 @@ def test_existing_run_is_never_overwritten(tmp_path, capsys):
     after = {p.name: p.read_bytes() for p in out.iterdir()}
     for name in ("last.safetensors", "best.safetensors", "last_state.pth", "summary.csv"):
         assert before[name] == after[name], name
+    # A kept model without its resumable state (last.* deleted to save space) is refused too, --overwrite or not.
+    (out / "last.safetensors").unlink()
+    (out / "last_state.pth").unlink()
+    kept = {p.name: p.read_bytes() for p in out.iterdir()}
+    for extra in ([], ["--overwrite"]):
+        assert main(["train", *TINY, "--epochs", "1", "--output", str(out), *extra]) == 2
+        assert "already holds a run's model (best.safetensors" in _err_line(capsys)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == kept
 
 
 @pytest.mark.slow
