@@ -201,8 +201,9 @@ def run_generate(args: argparse.Namespace) -> int:
     from subquad.engine.lm import load_lm
     from subquad_cli.errors import UserError
 
-    if args.max_new < 1:
-        raise UserError(f"--max-new must be >= 1, got {args.max_new}")
+    if args.max_new < 1 or args.temperature < 0 or args.top_k < 0:
+        raise UserError(f"need --max-new >= 1, --temperature >= 0 (0 = greedy) and --top-k >= 0 (0 = all); got "
+                        f"{args.max_new}, {args.temperature} and {args.top_k}")
     torch.manual_seed(args.seed)
     model, side = load_lm(args.checkpoint, torch.device(args.device))
     variant = side.get("variant") or "bytes"

@@ -148,6 +148,8 @@ def evaluate_bpc(model: nn.Module, data: np.ndarray, ctx: int, score: int, batch
     """
     if ctx < 1 or not 1 <= score <= ctx:
         raise UserError(f"need ctx >= 1 and 1 <= score <= ctx, got ctx={ctx} and score={score}")
+    if max_tokens < 0:  # would score no token and read as a perfect 0 bpc
+        raise UserError(f"the number of tokens to score must be >= 0 (0 = the whole split), got {max_tokens}")
     device = device or next(model.parameters()).device
     model.eval()
     n = len(data)
@@ -245,6 +247,9 @@ def _train_lm(cfg: LMConfig, info: DistInfo, log: Callable[[str], None] | None,
         _logger.warning("--amp-dtype float16 on CPU is slow and has no grad scaler; bfloat16 is the usual choice")
     if cfg.eval_every < 1:
         raise UserError(f"--eval-every must be >= 1, got {cfg.eval_every}")
+    if cfg.eval_tokens < 0 or cfg.final_eval_tokens < 0:
+        raise UserError(f"--eval-tokens and --final-eval-tokens must be >= 0 (0 = the whole split), got "
+                        f"{cfg.eval_tokens} and {cfg.final_eval_tokens}")
     if not cfg.phases and (cfg.max_steps < 1 or cfg.batch_size < 1 or cfg.seq_len < 2):
         raise UserError(f"need --max-steps >= 1, --batch-size >= 1, --seq-len >= 2; got {cfg.max_steps}, "
                         f"{cfg.batch_size}, {cfg.seq_len}")

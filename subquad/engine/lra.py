@@ -191,6 +191,11 @@ def train_lra(cfg: LRAConfig, log: Callable[[str], None] | None = None,
     if steps < 1 or cfg.batch_size < 1 or cfg.eval_every < 1:
         raise UserError(f"--max-steps, --batch-size and --eval-every must be >= 1, got {steps}, {cfg.batch_size}, "
                         f"{cfg.eval_every}")
+    counts = {"--eval-steps": cfg.eval_steps, "--train-limit": cfg.limit_train, "--eval-limit": cfg.limit_eval,
+              "--workers": cfg.workers}
+    if bad := {k: v for k, v in counts.items() if v is not None and v < 0}:
+        raise UserError("must be >= 0 (0 = the whole split, or no worker processes): "
+                        + ", ".join(f"{k} {v}" for k, v in bad.items()))
     out = Path(cfg.output or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-lra-{cfg.task}-{cfg.attention}")
     state, done = _start_or_resume(out, cfg, steps, log)
     if done is not None:

@@ -82,6 +82,14 @@ def test_lra_bad_input(listops_dir, tmp_path, capsys):
     assert "train.tsv:3: malformed line" in capsys.readouterr().err
     assert main(["lra", "train", "--task", "text", "--data", str(tmp_path / "none")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    # A negative count would evaluate on no example (or cut the split from its end) and still report a result.
+    for flag, value in (("--eval-steps", "-1"), ("--train-limit", "-5"), ("--eval-limit", "-1"), ("--workers", "-1")):
+        out = tmp_path / f"run{flag}"
+        assert main(["lra", "train", "--task", "listops", "--data", str(listops_dir), flag, value,
+                     "--output", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "must be >= 0" in err and f"{flag} {value}" in err and "Traceback" not in err, err
+        assert not out.exists()
 
 
 def test_lm_train_and_generate(corpus_dir, tmp_path, capsys):
@@ -98,6 +106,10 @@ def test_lm_train_and_generate(corpus_dir, tmp_path, capsys):
     assert main(["lm", "generate", "--checkpoint", str(out), "--prompt", "the ", "--max-new", "12"]) == 0
     text = capsys.readouterr().out.rstrip("\n")
     assert text.startswith("the ") and len(text.encode()) >= 4
+    for flag in ("--temperature", "--top-k"):
+        assert main(["lm", "generate", "--checkpoint", str(out), "--prompt", "the ", flag, "-1"]) == 2
+        err = capsys.readouterr().err
+        assert "--temperature >= 0" in err and "Traceback" not in err, err
 
 
 def test_lm_bad_input(corpus_dir, tmp_path, capsys):
@@ -111,6 +123,13 @@ def test_lm_bad_input(corpus_dir, tmp_path, capsys):
     assert "meta.json" in capsys.readouterr().err
     assert main(["lm", "generate", "--checkpoint", str(tmp_path), "--prompt", "x"]) == 2
     assert "not found" in capsys.readouterr().err
+    # A negative token count scored nothing and reported a perfect 0.000 bpc.
+    for flag in ("--eval-tokens", "--final-eval-tokens"):
+        out = tmp_path / f"run{flag}"
+        assert main(["lm", "train", "--data", str(corpus_dir), flag, "-1", "--output", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "must be >= 0 (0 = the whole split)" in err and "Traceback" not in err, err
+        assert not out.exists()
 
 
 def test_lm_train_without_causal_form_lists_those_with_one(corpus_dir, capsys):
