@@ -86,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.workers < 0 or args.limit < 0:
+        raise UserError(f"--workers and --limit must be >= 0 (0: the main process; all images), got {args.workers} "
+                        f"and {args.limit}")
     if args.results_file:  # before any work
         check_output_file(args.results_file, (".json",), (args.checkpoint,), "--results-file",
                           overwrite=args.overwrite)

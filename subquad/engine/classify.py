@@ -203,6 +203,12 @@ def _check_config(cfg: TrainConfig, info: DistInfo) -> None:
         raise UserError(f"--batch-size must be >= 1, got {cfg.batch_size}")
     if cfg.grad_accum_steps < 1:
         raise UserError(f"--grad-accum-steps must be >= 1, got {cfg.grad_accum_steps}")
+    if cfg.validation_batch_size is not None and cfg.validation_batch_size < 1:
+        raise UserError(f"--validation-batch-size must be >= 1, got {cfg.validation_batch_size}")
+    if cfg.workers < 0:
+        raise UserError(f"--workers must be >= 0 (0: load in the main process), got {cfg.workers}")
+    if cfg.clip_grad is not None and cfg.clip_grad <= 0:  # torch would flip (norm) or replace (value) every gradient
+        raise UserError(f"--clip-grad must be > 0 (leave it unset for no clipping), got {cfg.clip_grad:g}")
     if (cfg.mixup > 0 or cfg.cutmix > 0) and cfg.batch_size % 2:
         raise UserError(f"--mixup/--cutmix need an even --batch-size, got {cfg.batch_size}")
     if cfg.amp and cfg.amp_dtype == "float16" and info.device.type == "cpu":

@@ -247,6 +247,8 @@ def _train_lm(cfg: LMConfig, info: DistInfo, log: Callable[[str], None] | None,
         _logger.warning("--amp-dtype float16 on CPU is slow and has no grad scaler; bfloat16 is the usual choice")
     if cfg.eval_every < 1:
         raise UserError(f"--eval-every must be >= 1, got {cfg.eval_every}")
+    if cfg.clip_grad < 0:
+        raise UserError(f"--clip-grad must be >= 0 (0 = off), got {cfg.clip_grad:g}")
     if cfg.eval_tokens < 0 or cfg.final_eval_tokens < 0:
         raise UserError(f"--eval-tokens and --final-eval-tokens must be >= 0 (0 = the whole split), got "
                         f"{cfg.eval_tokens} and {cfg.final_eval_tokens}")

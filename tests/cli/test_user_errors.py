@@ -505,6 +505,11 @@ def test_predict_folder_skips_and_reports_unreadable_images(image_run, tmp_path,
     ("--mixup-prob", "1.5", "--mixup-prob must be in [0, 1], got 1.5"),
     ("--warmup-epochs", "-1", "--warmup-epochs must be >= 0 (0: off), got -1"),
     ("--mixup", "-1", "--mixup must be >= 0 (0: off), got -1"),
+    # An audit of the flags: each of these trained (or crashed inside the DataLoader) before.
+    ("--clip-grad", "-1", "--clip-grad must be > 0 (leave it unset for no clipping), got -1"),
+    ("--clip-grad", "0", "--clip-grad must be > 0"),
+    ("--workers", "-1", "--workers must be >= 0"),
+    ("--validation-batch-size", "-1", "--validation-batch-size must be >= 1, got -1"),
 ])
 def test_rates_out_of_range_are_one_line_and_nothing_is_written(tmp_path, capsys, flag, value, expect):
     out = tmp_path / "run"
@@ -594,3 +599,23 @@ def test_an_img_size_below_the_models_smallest_input_is_one_line():
                            r"or smallest input 16x16 .*; use at least 16x16"):
             subquad.create_model("flatten_pvt_micro", img_size=size)
     assert subquad.create_model("flatten_pvt_micro", img_size=(16, 24)).num_classes > 0
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--limit"])
+def test_eval_negative_workers_or_limit_is_one_line(tmp_path, capsys, flag):
+    """A negative --limit evaluated every image (as 0 does) and a negative --workers crashed in the DataLoader."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--epochs", "1", "--warmup-epochs", "0", "--output", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run), flag, "-1"]) == 2
+    assert "--workers and --limit must be >= 0" in _err_line(capsys)
+
+
+def test_lm_negative_clip_grad_is_one_line(tmp_path, capsys):
+    (tmp_path / "c.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    assert main(["lm", "prepare", "--corpus", str(tmp_path / "c.txt"), "--out", str(tmp_path / "data")]) == 0
+    capsys.readouterr()
+    assert main(["lm", "train", "--data", str(tmp_path / "data"), "--clip-grad", "-1",
+                 "--output", str(tmp_path / "run")]) == 2
+    assert "--clip-grad must be >= 0 (0 = off), got -1" in _err_line(capsys)
+    assert not (tmp_path / "run").exists()
