@@ -17,7 +17,9 @@ from typing import Any
 
 __all__ = ["refusal", "run_cell", "prepare_data", "cell_config"]
 
-_BUILD_ERRORS = (ValueError, TypeError, AssertionError, RuntimeError, NotImplementedError)
+# How a host refuses a mechanism while it is built (an unknown option is a ModelOptionError, a UserError). A
+# RuntimeError or TypeError while building on the meta device is a bug and keeps its traceback.
+_BUILD_ERRORS = (ValueError, AssertionError, NotImplementedError)
 
 
 def refusal(train: dict[str, Any], mech: dict[str, Any]) -> str | None:

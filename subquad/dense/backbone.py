@@ -49,7 +49,7 @@ def create_feature_backbone(name: str, out_indices: Sequence[int] | None = None,
         return timm.create_model(name, pretrained=pretrained, features_only=True, **kw)
     except (RuntimeError, AssertionError, ValueError, TypeError, KeyError) as e:
         raise UserError(f"backbone {name!r} cannot be built with features_only=True ({_first_line(e)}); dense heads "
-                        "need a model that gives multi-level feature maps (see subquad.list_models())") from None
+                        "need a model that gives multi-level feature maps (see subquad.list_models())") from e
 
 
 class FeatureBackbone(nn.Module):

@@ -45,7 +45,7 @@ def build_model(name: str, num_classes: int, img_size: int | None = None, drop_p
     except UserError:
         raise
     except (ValueError, AssertionError, RuntimeError, TypeError) as e:
-        raise UserError(f"cannot build model {name!r} with {kw}: {first_line(e)}") from None
+        raise UserError(f"cannot build model {name!r} with {kw}: {first_line(e)}") from e  # SUBQUAD_DEBUG shows e
     return model.to(device)
 
 
@@ -63,6 +63,6 @@ def check_img_size(model: nn.Module, name: str, in_chans: int, img_size: int, de
     try:
         model(torch.zeros(1, in_chans, img_size, img_size, device=device))
     except (RuntimeError, ValueError, AssertionError, IndexError) as e:
-        raise UserError(f"model {name!r} cannot take --img-size {img_size}: {first_line(e)}") from None
+        raise UserError(f"model {name!r} cannot take --img-size {img_size}: {first_line(e)}") from e
     finally:
         model.train(was_training)
