@@ -102,6 +102,8 @@ def stage_mechanisms(host: str, attn: Any, n: int, what: str = "stage") -> tuple
 
     Anything else is refused in one line naming the host and what `attn=` takes; an unknown name is refused by the
     attention registry when the stage is built (with the names that are close)."""
+    if n < 1:  # a depth (or stage count) below one: say that, not that attn= is wrong
+        raise UserError(f"{host}: needs at least one {what}, got {n} (a depth must be >= 1)")
     names = (attn,) * n if isinstance(attn, str) else tuple(attn) if isinstance(attn, (list, tuple)) else None
     if names is None or len(names) != n or not all(isinstance(a, str) for a in names):
         raise UserError(f"{host}: attn= takes a mechanism name or {n} names (one per {what}), got {attn!r}")

@@ -48,3 +48,10 @@ def test_arena_refusal_is_a_refusal_not_a_bug(monkeypatch, exc, refused):
     else:
         with pytest.raises(type(exc)):
             image.refusal(train, mech)
+
+
+def test_a_depth_below_one_is_named():
+    import subquad
+
+    with pytest.raises(UserError, match=r"needs at least one block, got -2 \(a depth must be >= 1\)"):
+        subquad.create_model("vit_attn_micro", depth=-2)
