@@ -17,6 +17,7 @@ from subquad_cli.recipes import CONFIG_ROOT, find_config, load_run_args, load_ya
 from subquad_cli.runconfig import TrainConfig, apply_layers, flag_name, resume_run
 
 __all__ = ["add_config_arguments", "find_config", "load_yaml", "resolve_config", "shipped_configs", "check_run_output",
+           "write_result_keeping",
            "load_run_args", "CONFIG_ROOT", "typed_fields", "apply_layers", "resume_run", "add_sequence_arguments",
            "attn_options", "recipe_layers"]
 
@@ -188,3 +189,32 @@ def add_inference_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="fp32", metavar="fp32|bf16",
                    help="fp32, or bf16 (autocast; the linear-attention and FFT cores stay fp32). On a CPU without "
                    "native bf16 arithmetic bf16 falls back to fp32 with a warning (default: fp32)")
+
+
+def write_result_keeping(base: Path, row: dict, overwrite: bool, volatile: tuple[str, ...] = ()) -> tuple[Path, str]:
+    """Write a result without losing an earlier one: to `base` when it is new (or `overwrite`); not at all when a file
+    there (or at a numbered name) holds the same result, fields in `volatile` aside; else to the first free
+    `<stem>-N<suffix>` (N = 2, 3, ...), keeping the earlier, different result as it is. Returns the path and a note
+    saying which."""
+    from subquad.engine.checkpoint import read_json, write_json
+
+    if overwrite or not base.exists():
+        write_json(row, base)
+        return base, ""
+
+    def same(p: Path) -> bool:
+        try:
+            old = read_json(p)
+        except (OSError, ValueError):
+            return False
+        return isinstance(old, dict) and {k: v for k, v in old.items() if k not in volatile} == \
+            {k: v for k, v in row.items() if k not in volatile}
+
+    k, path = 1, base
+    while path.exists():
+        if path.is_file() and same(path):
+            return path, " (unchanged: it holds this result already)"
+        k += 1
+        path = base.with_name(f"{base.stem}-{k}{base.suffix}")
+    write_json(row, path)
+    return path, f" (a new file: {base.name} holds an earlier, different result, kept as it is)"

@@ -15,6 +15,7 @@ from subquad.dense.data import detection_transforms, open_dense_source, read_rgb
 from subquad.dense.engine import _subset, evaluate_detection, evaluate_segmentation, load_dense_run
 from subquad.engine.checkpoint import check_output_file, refuse_existing_output, sidecar_path, write_json
 from subquad.engine.distributed import cleanup, init_distributed
+from subquad_cli.config import write_result_keeping
 from subquad_cli.errors import UserError
 
 __all__ = ["evaluate_run", "predict_run", "RESULT_KEYS", "palette"]
@@ -39,8 +40,9 @@ def _is_results(p: Path) -> bool:
 def evaluate_run(args: argparse.Namespace) -> int:
     """`subquad <task> eval`: metrics of a run on a split, written to <run>/results.json (and --results-file)."""
     task = args.task
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.batch_size < 1 or args.limit < 0:
+        raise UserError(f"need --batch-size >= 1 and --limit >= 0 (0: all images), got {args.batch_size} and "
+                        f"{args.limit}")
     if args.results_file:  # before any work: an existing file is replaced only with --overwrite
         refuse_existing_output(args.results_file, "--results-file", getattr(args, "overwrite", False))
     info = init_distributed(args.device)
@@ -69,19 +71,24 @@ def evaluate_run(args: argparse.Namespace) -> int:
         results = {k: float(metrics[k]) for k in RESULT_KEYS[kind]}
         run_dir = weights.parent
         protect = (weights, sidecar_path(weights))
-        targets = [run_dir / "results.json"]
+        overwrite = getattr(args, "overwrite", False)
+        # The run's own files keep an earlier, different result (another split, --limit or --data): the new one
+        # goes to the next numbered name unless --overwrite.
+        res, note = write_result_keeping(run_dir / "results.json", results, overwrite)
+        targets = [res]
         if args.results_file:
             targets.append(check_output_file(args.results_file, (".json",), protect, "--results-file", _is_results))
-        for t in targets:
-            write_json(results, t)
+            write_json(results, targets[-1])
         detail = {"task": task, "kind": kind, "backbone": side.get("arch"), "checkpoint": os.fspath(weights),
-                  "data": spec, "split": split, "images": len(ds), "seconds": round(dt, 2), **results}
+                  "data": spec, "split": split, "images": len(ds), "limit": args.limit or None,
+                  "seconds": round(dt, 2), **results}
         if "IoU" in metrics:
             detail["IoU"] = dict(zip(side.get("classes") or range(len(metrics["IoU"])), metrics["IoU"]))
-        write_json(detail, run_dir / f"results-{split}.detail.json")
+        det, _ = write_result_keeping(run_dir / f"results-{split}.detail.json", detail, overwrite,
+                                      ("seconds", "checkpoint"))
         shown = "  ".join(f"{k} {v:.4f}" for k, v in results.items())
         print(f"{kind} {side.get('arch')} on {spec} [{split}, {len(ds)} images]: {shown}  ({dt:.1f} s)")
-        print(f"results: {', '.join(os.fspath(t) for t in targets)}")
+        print(f"results: {', '.join(os.fspath(t) for t in targets)}{note}; details: {det}")
         return 0
     finally:
         cleanup(info)

@@ -47,7 +47,9 @@ def add_task_parser(sub, task: str) -> argparse.ArgumentParser:
     ev.add_argument("--split", default=None, help="split (default: the data's validation split)")
     ev.add_argument("--results-file", default=None, help="also write the results JSON here (an existing file is "
                     "replaced only with --overwrite)")
-    ev.add_argument("--overwrite", action="store_true", help="let --results-file replace an existing file")
+    ev.add_argument("--overwrite", action="store_true",
+                    help="let --results-file, and the run's results.json and results-<split>.detail.json, replace an "
+                    "earlier result (without it an earlier, different result is kept and the new one is numbered)")
     ev.add_argument("--limit", type=int, default=0, help="evaluate a seeded subset of this many images (0: all)")
     ev.add_argument("-b", "--batch-size", type=int, default=2, help="images per forward (detect)")
     ev.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")

@@ -148,29 +148,11 @@ def _default_results(ckpt: Path, split: str, row: dict, overwrite: bool) -> tupl
     """Where the results go without --results-file: <checkpoint>.eval-<split>.json when it is new (or --overwrite),
     is left as it is when it holds the same result, and an earlier, different result is kept: the new one goes to
     the first free <checkpoint>.eval-<split>-N.json (N = 2, 3, ...). Returns the path and a note saying which."""
-    from subquad.engine.checkpoint import check_output_file, read_json, sidecar_path, write_json
+    from subquad.engine.checkpoint import check_output_file, sidecar_path
+    from subquad_cli.config import write_result_keeping
 
     base = ckpt.with_name(f"{ckpt.stem}.eval-{split}.json")
     check_output_file(base, (".json",), (ckpt, sidecar_path(ckpt)), "--results-file")
-    if overwrite or not base.exists():
-        write_json(row, base)
-        return base, ""
-
-    def same(p: Path) -> bool:
-        try:
-            old = read_json(p)
-        except (OSError, ValueError):
-            return False
-        return isinstance(old, dict) and {k: v for k, v in old.items() if k not in _VOLATILE} == \
-            {k: v for k, v in row.items() if k not in _VOLATILE}
-
-    k, path = 1, base
-    while path.exists():
-        if path.is_file() and same(path):
-            return path, " (unchanged: it holds this result already)"
-        k += 1
-        path = ckpt.with_name(f"{ckpt.stem}.eval-{split}-{k}.json")
-    write_json(row, path)
-    return path, f" (a new file: {base.name} holds an earlier, different result, kept as it is)"
+    return write_result_keeping(base, row, overwrite, _VOLATILE)
 
 

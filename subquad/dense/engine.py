@@ -175,8 +175,9 @@ def _check(cfg: DenseConfig) -> None:
     for name in ("batch_size", "epochs"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.max_iters < 0:
-        raise UserError(f"--max-iters must be >= 0, got {cfg.max_iters}")
+    for name in ("max_iters", "train_limit", "eval_limit", "workers"):
+        if getattr(cfg, name, 0) < 0:  # a negative limit would cut the split from its end
+            raise UserError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
     for name, n in (("scale", 2), ("ratio_range", 2), ("crop_size", 2)):
         if len(getattr(cfg, name)) != n:
             raise UserError(f"--{name.replace('_', '-')} takes {n} numbers, got {getattr(cfg, name)}")
@@ -185,6 +186,9 @@ def _check(cfg: DenseConfig) -> None:
 
 
 def _subset(ds, limit: int, seed: int):
+    """A seeded random subset of `limit` items (all of `ds` when limit is 0 or not below its length)."""
+    if limit < 0:
+        raise UserError(f"a limit must be >= 0 (0: all), got {limit}")
     if limit and limit < len(ds):
         g = torch.Generator().manual_seed(seed)
         return Subset(ds, sorted(torch.randperm(len(ds), generator=g)[:limit].tolist()))

@@ -61,6 +61,24 @@ def test_train_eval_predict_resume(tmp_path, data, capsys, task, kind, flags, ke
     assert "is not an earlier --results-file" in capsys.readouterr().err
     assert main([task, "eval", "--checkpoint", str(run), "--results-file", str(res), "--overwrite"]) == 0
     _check_results(res, keys)
+    # The run's results.json keeps an earlier, different result (e.g. of another --limit): the new one is numbered;
+    # the same result again changes nothing; --overwrite replaces it. A negative --limit is refused.
+    earlier = json.dumps({k: 0.123456 for k in keys})
+    (run / "results.json").write_text(earlier)
+    capsys.readouterr()
+    assert main([task, "eval", "--checkpoint", str(run)]) == 0
+    assert (run / "results.json").read_text() == earlier and "kept as it is" in capsys.readouterr().out
+    _check_results(run / "results-2.json", keys)
+    assert main([task, "eval", "--checkpoint", str(run)]) == 0
+    assert "unchanged" in capsys.readouterr().out and not (run / "results-3.json").exists()
+    assert main([task, "eval", "--checkpoint", str(run), "--overwrite"]) == 0
+    assert (run / "results.json").read_text() != earlier
+    _check_results(run / "results.json", keys)
+    assert main([task, "eval", "--checkpoint", str(run), "--limit", "-1"]) == 2
+    assert "--limit >= 0" in capsys.readouterr().err
+    assert main([task, "train", "--data", data, "--model", "l2vit_micro", "--kind", kind, "--train-limit", "-2",
+                 "--output", str(tmp_path / "neg")]) == 2
+    assert "--train-limit must be >= 0, got -2" in capsys.readouterr().err and not (tmp_path / "neg").exists()
     img = tmp_path / "img.png"
     Image.fromarray((np.random.default_rng(0).random((40, 56, 3)) * 255).astype(np.uint8)).save(img)
     assert main([task, "predict", "--checkpoint", str(run), str(img), "--out-dir", str(tmp_path / "pred")]) == 0
