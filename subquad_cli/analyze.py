@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot read image {str(image)!r}: no such file")
     if args.img_size is not None and args.img_size < 8:
         raise UserError(f"--img-size must be at least 8, got {args.img_size}")
+    if args.rank_max_tokens < 1:
+        raise UserError(f"--rank-max-tokens must be >= 1, got {args.rank_max_tokens}")
     if args.locality_k < 1 or args.locality_k % 2 == 0:
         raise UserError(f"--locality-k must be a positive odd number, got {args.locality_k}")
     transform = dcfg = classes = None

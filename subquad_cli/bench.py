@@ -244,6 +244,8 @@ def run_attention(args: argparse.Namespace) -> int:
     from subquad_cli.errors import UserError
 
     _check(args)
+    if args.dim < 1 or args.heads < 1:
+        raise UserError(f"--dim and --heads must be >= 1, got {args.dim} and {args.heads}")
     if args.dim % args.heads:
         raise UserError(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     for name in _name_list(args.names) or []:

@@ -135,6 +135,8 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     ("vit_attn_micro", ["--layers", "99"], "layer index 99 is out of range"),
     ("l2vit_micro", ["--img-size", "8"], "smaller than the model's total stride"),
     ("lisanet_micro", ["--kernel-heads", "9"], "kernel head(s) [9] out of range"),
+    ("vit_attn_micro", ["--rank-max-tokens", "0"], "--rank-max-tokens must be >= 1, got 0"),
+    ("vit_attn_micro", ["--rank-max-tokens", "-4"], "--rank-max-tokens must be >= 1, got -4"),
 ])
 def test_refused_options_write_nothing(tmp_path, capsys, model, args, what):
     """A refused command leaves no --out folder behind (it used to create it, empty, before checking the options;

@@ -179,3 +179,13 @@ def test_threads_default_to_omp_num_threads(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert "--threads 1" in machine.load_warning(2, load=3.25)
+
+
+@pytest.mark.parametrize("dim,heads", [("16", "0"), ("16", "-2"), ("-16", "2"), ("0", "2")])
+def test_attention_dim_and_heads_below_one_are_one_line(tmp_path, capsys, dim, heads):
+    """--heads 0 raised ZeroDivisionError; a negative --heads or --dim wrote a CSV of failed rows and exited 0."""
+    out = tmp_path / "b.csv"
+    assert main(["bench", "attention", "--names", "linear", "--tokens", "8", "--dim", dim, "--heads", heads,
+                 "--repeats", "1", "--warmup", "0", "--no-plot", "--out", str(out)]) == 2
+    assert f"--dim and --heads must be >= 1, got {dim} and {heads}" in capsys.readouterr().err
+    assert not out.exists()
