@@ -152,6 +152,11 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
     layers = [*recipe_layers(args, TRAIN_CONFIG_DIRS), ("command line", explicit)]
     cfg = apply_layers(TrainConfig(), layers)
     if not cfg.resume:
+        if not any("model" in values for _, values in layers):  # a recipe of hyperparameters only
+            from subquad_cli.errors import UserError
+
+            raise UserError("no model given: the recipe sets none and --model is missing (pass --model NAME or add "
+                            "'model: NAME' to the recipe; `subquad models` lists the names)")
         return cfg
     from subquad.engine.checkpoint import refuse_other_run
 

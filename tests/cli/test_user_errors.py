@@ -619,3 +619,14 @@ def test_lm_negative_clip_grad_is_one_line(tmp_path, capsys):
                  "--output", str(tmp_path / "run")]) == 2
     assert "--clip-grad must be >= 0 (0 = off), got -1" in _err_line(capsys)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_recipe_without_a_model_is_refused(tmp_path, capsys):
+    """A recipe of hyperparameters only (as timm's --config files are) silently trained vit_attn_micro."""
+    recipe = tmp_path / "hp.yaml"
+    recipe.write_text("epochs: 1\nlr: 0.001\n")
+    out = tmp_path / "run"
+    assert main(["train", "-c", str(recipe), "--data", "digits", "--output", str(out)]) == 2
+    assert "no model given: the recipe sets none and --model is missing" in _err_line(capsys)
+    assert not out.exists()
+    assert main(["train", "-c", str(recipe), *TINY, "--dry-run", "--output", str(out)]) == 0
