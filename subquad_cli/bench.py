@@ -168,6 +168,18 @@ def _printer(table: dict[str, str], out: Path, columns: list[str]):
     return show
 
 
+def _progress_path(out: Path) -> Path:
+    """Where the rows go while the sweep runs: --out itself when it is new; beside it (<stem>.partial.csv) when
+    --overwrite replaces an earlier result, which is then replaced only once the sweep has finished (an interrupted
+    sweep leaves the earlier result whole and its own rows in the .partial.csv)."""
+    return out.with_name(f"{out.stem}.partial.csv") if out.exists() else out
+
+
+def _drop_progress(progress: Path, out: Path) -> None:
+    if progress != out:
+        progress.unlink(missing_ok=True)
+
+
 def _outputs(args: argparse.Namespace, kind: str) -> tuple[Path, Path | None]:
     """The CSV and plot paths: new files unless --out FILE --overwrite names an earlier result of this kind."""
     from subquad.bench.sweep import ATTN_COLUMNS, MODEL_COLUMNS, new_result_path
@@ -276,7 +288,8 @@ def _run_attention(args: argparse.Namespace) -> int:
 
     out, plot = _outputs(args, "attn")
     _warn_load()
-    show = _printer(ATTN_TABLE, out, ATTN_COLUMNS)
+    progress = _progress_path(out)
+    show = _printer(ATTN_TABLE, progress, ATTN_COLUMNS)
     rows = sweep_attention(_name_list(args.names), args.dim, args.heads, args.tokens, args.backward,
                            args.batch_size, args.device, args.max_mem, args.max_time, args.warmup, args.repeats,
                            args.force, on_row=show)
@@ -287,6 +300,7 @@ def _run_attention(args: argparse.Namespace) -> int:
             extra = f", forward+backward {train}" if train not in ("", None) else ""
             print(f"  {r['name']:<18} {r['grid']:>8}: forward {r['infer_time_vs_softmax']}{extra}")
     write_csv(rows, out, ATTN_COLUMNS)
+    _drop_progress(progress, out)
     _warn_spread(rows, lambda r: f"{r['name']} at {r['grid']}")
     print(f"wrote {out}")
     if plot is not None:
@@ -302,11 +316,13 @@ def _run_model(args: argparse.Namespace) -> int:
 
     out, plot = _outputs(args, "model")
     _warn_load()
-    show = _printer(MODEL_TABLE, out, MODEL_COLUMNS)
+    progress = _progress_path(out)
+    show = _printer(MODEL_TABLE, progress, MODEL_COLUMNS)
     rows = bench_models(_name_list(args.model), args.img_size, args.batch_size, args.backward, args.device,
                         args.max_mem, args.max_time, args.warmup, args.repeats, args.force, on_row=show,
                         precisions=args.precision, backends=args.backend)
     write_csv(rows, out, MODEL_COLUMNS)
+    _drop_progress(progress, out)
     _warn_spread(rows, lambda r: f"{r['model']} at {r['infer_img_size']} px")
     print(f"wrote {out}")
     if plot is not None:

@@ -586,15 +586,20 @@ def _rates(sweep: _Sweep, row: dict[str, Any], precision: str) -> None:
 
 
 def write_csv(rows: Iterable[dict], path: str | Path, columns: Sequence[str]) -> Path:
-    """Write rows (missing keys empty) to `path`, creating its folder; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: r.get(c, "") for c in columns})
-    return path
+    """Write rows (missing keys empty) to `path` atomically (a temporary name renamed over it), creating its folder;
+    returns the path."""
+    from ..files import atomic_write
+
+    rows = list(rows)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+            w.writeheader()
+            for r in rows:
+                w.writerow({c: r.get(c, "") for c in columns})
+
+    return atomic_write(path, write)
 
 
 def read_csv(path: str | Path) -> list[dict]:

@@ -69,6 +69,31 @@ def test_overwrite_replaces_an_earlier_result_of_the_same_kind(tmp_path):
     assert list(rows[0]) == ATTN_COLUMNS and rows[0]["threads"] == "1"
 
 
+def test_an_interrupted_overwrite_leaves_the_earlier_result_whole(tmp_path, monkeypatch):
+    """With --overwrite the rows go to <stem>.partial.csv while the sweep runs (they replaced the earlier result
+    after the first row, so a Ctrl-C left one row where a committed sweep had been)."""
+    import subquad.bench.sweep as sweep
+
+    out = tmp_path / "a.csv"
+    earlier = ",".join(ATTN_COLUMNS) + "\n" + ",".join(["x"] * len(ATTN_COLUMNS)) + "\n"
+    out.write_text(earlier)
+
+    def one_row_then_ctrl_c(*a, on_row, **k):
+        on_row({"name": "softmax", "grid": "2x2"})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "sweep_attention", one_row_then_ctrl_c)
+    assert main(["bench", "attention", "--names", "softmax", "--tokens", "4", *TINY, "--no-plot", "--out", str(out),
+                 "--overwrite"]) == 130
+    assert out.read_text() == earlier
+    assert [r["name"] for r in csv.DictReader(open(tmp_path / "a.partial.csv"))] == ["softmax"]
+    monkeypatch.undo()
+    assert main(["bench", "attention", "--names", "softmax", "--tokens", "4", *TINY, "--no-plot", "--out", str(out),
+                 "--overwrite"]) == 0
+    assert out.read_text() != earlier and not (tmp_path / "a.partial.csv").exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_physical_cores_counts_smt_siblings_once(tmp_path, monkeypatch):
     # CPUs 0-3: two cores with two hyper-threads each; the process may use CPUs 0, 1 and 2.
     for cpu, core in enumerate([0, 0, 1, 1]):
