@@ -2,7 +2,9 @@
 
 By default a run writes a new file under runs/, named after the hardware, torch version and time
 (`runs/bench-attn-<device>-pt<ver>-<YYYYmmdd-HHMMSS>.csv`), and never replaces an existing file: committed results
-are rewritten only with `--out FILE --overwrite` (and only by a result of the same kind). The plot is written beside
+are rewritten only with `--out FILE --overwrite` (and only by a result of the same kind, when the sweep has finished:
+its rows go to `<stem>.partial.csv` until then, so an interrupted sweep leaves the earlier result whole). The plot is
+written beside
 the CSV with the same stem unless `--plot` names it (`--no-plot`: none).
 
 torch's threads are pinned to OMP_NUM_THREADS when it is set, else to the physical cores this process was given
@@ -56,7 +58,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="CSV path (default: a new runs/bench-<kind>-<device>-pt<torch>-<time>"
                    ".csv); an existing file is replaced only with --overwrite")
     p.add_argument("--overwrite", action="store_true",
-                   help="let --out (and --plot) replace an existing result of the same kind")
+                   help="let --out (and --plot) replace an existing result of the same kind, once the sweep has "
+                   "finished (its rows go to <stem>.partial.csv until then)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (default: OMP_NUM_THREADS when set, else the physical cores this "
                    "process may use)")
