@@ -4,8 +4,7 @@ By default a run writes a new file under runs/, named after the hardware, torch 
 (`runs/bench-attn-<device>-pt<ver>-<YYYYmmdd-HHMMSS>.csv`), and never replaces an existing file: committed results
 are rewritten only with `--out FILE --overwrite` (and only by a result of the same kind, when the sweep has finished:
 its rows go to `<stem>.partial.csv` until then, so an interrupted sweep leaves the earlier result whole). The plot is
-written beside
-the CSV with the same stem unless `--plot` names it (`--no-plot`: none).
+written beside the CSV with the same stem unless `--plot` names it (`--no-plot`: none).
 
 torch's threads are pinned to OMP_NUM_THREADS when it is set, else to the physical cores this process was given
 (`--threads` overrides both; the CSV's
