@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "atomic_write_text", "atomic_savefig"]
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
@@ -31,3 +31,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """`Path(path).write_text(text)`, atomically."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def atomic_savefig(fig, path: str | os.PathLike, **kwargs) -> Path:
+    """`fig.savefig(path, **kwargs)` for a matplotlib figure, atomically (the format is taken from path's suffix)."""
+    fmt = Path(path).suffix.lstrip(".") or "png"
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs))

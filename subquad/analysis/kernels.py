@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..files import atomic_savefig
 
 __all__ = ["structure_kernels", "plot_kernels", "fit_suptitle"]
 
@@ -80,6 +81,6 @@ def plot_kernels(kernels: torch.Tensor, path: str | Path, heads: Sequence[int], 
                 ax.set_ylabel(f"head {heads[i]}", fontsize=8)
     fit_suptitle(fig, title or "LiSA kernels W^b (offset 0 at the centre)", fontsize=10)
     path = Path(path)
-    fig.savefig(path, dpi=100)
+    atomic_savefig(fig, path, dpi=100)
     plt.close(fig)
     return path

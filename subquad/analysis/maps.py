@@ -19,6 +19,7 @@ from torch import nn
 
 from ..attention.base import TokenMixer
 from ..errors import UserError
+from ..files import atomic_savefig
 
 __all__ = ["MixerCall", "find_mixers", "collect_mixer_calls", "mixer_attention", "query_map", "grad_cam",
            "load_image", "plot_query_maps", "plot_grad_cam"]
@@ -342,7 +343,7 @@ def plot_query_maps(image: np.ndarray, maps: dict, queries: Sequence[tuple[float
     fig.suptitle(title or "attention of query points (mean over heads, |A|)", fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=90)
+    atomic_savefig(fig, path, dpi=90)
     plt.close(fig)
     return path
 
@@ -365,6 +366,6 @@ def plot_grad_cam(image: np.ndarray, cam: np.ndarray, path: str | Path, title: s
         ax.set_yticks([])
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=100)
+    atomic_savefig(fig, path, dpi=100)
     plt.close(fig)
     return path

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from ..files import atomic_savefig, atomic_write, atomic_write_text
 from .kernels import plot_kernels, structure_kernels
 from .linear_stats import attention_entropy, attention_locality, clamp_share, token_cosine
 from .maps import (
@@ -110,7 +111,7 @@ def _plot_stats(rows: list[dict], path: Path, title: str, k: int) -> Path:
         a.grid(True, alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    atomic_savefig(fig, path, dpi=100)
     plt.close(fig)
     return path
 
@@ -175,10 +176,13 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
                                      f"Grad-CAM, class {cls}" + (f" ({label})" if label else "")).name
     files["layer_stats"] = _plot_stats(rows, out / "layer_stats.png", f"{name} on {Path(image).name} ({size}x{size})",
                                        locality_k).name
-    with open(out / "layer_stats.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=STAT_COLUMNS)
-        w.writeheader()
-        w.writerows([{k: ("" if v is None else v) for k, v in r.items()} for r in rows])
+    def write_table(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=STAT_COLUMNS)
+            w.writeheader()
+            w.writerows([{k: ("" if v is None else v) for k, v in r.items()} for r in rows])
+
+    atomic_write(out / "layer_stats.csv", write_table)
     files["table"] = "layer_stats.csv"
     if kernels:
         files["kernels"] = {
@@ -196,8 +200,7 @@ def analyze_model(model: nn.Module, image: str | Path, out: str | Path, img_size
                "num_attention_layers": len(calls),
                "layers_shown": shown, "queries": [list(q) for q in queries], "locality_k": locality_k,
                "rank_max_tokens": rank_max_tokens, "rank_heads": rank_heads, "layers": rows, "files": files}
-    with open(out / "summary.json", "w") as f:
-        json.dump(summary, f, indent=2)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     return summary
 
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from ..files import atomic_write_text
 
 __all__ = ["prepare_data", "refusal", "run_cell", "MECH_KEYS", "CELL_KEYS"]
 
@@ -83,7 +84,7 @@ def _generate(settings: dict[str, Any], out: Path) -> None:
     meta_path = out / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta.pop("seconds", None)
-    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    atomic_write_text(meta_path, json.dumps(meta, indent=2) + "\n")
 
 
 def _token_cache(task: dict[str, Any], budget: str, folder: Path) -> None:

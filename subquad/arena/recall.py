@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
-from ..files import atomic_write
+from ..files import atomic_savefig, atomic_write
 
 __all__ = ["prepare_data", "refusal", "run_cell", "depends_on", "write_plots", "RecallConfig", "train_recall",
            "MECH_KEYS", "distance_bins"]
@@ -384,7 +384,7 @@ def write_plots(out: Path, task: Any, board: list[dict[str, Any]], by_label: dic
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "distance.png", dpi=120, bbox_inches="tight")
+    atomic_savefig(fig, out / "distance.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -402,6 +402,6 @@ def write_plots(out: Path, task: Any, board: list[dict[str, Any]], by_label: dic
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "frontier.png", dpi=120, bbox_inches="tight")
+    atomic_savefig(fig, out / "frontier.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     return [out / "distance.png", out / "frontier.png"]

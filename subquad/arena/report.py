@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..files import atomic_write
+from ..files import atomic_savefig, atomic_write
 
 __all__ = ["LEADERBOARD_COLUMNS", "write_leaderboard", "read_leaderboard", "leaderboard_markdown", "check_claims",
            "claims_text", "method_text", "check_run_claims", "cell_rows", "replot", "SERIES_STYLES", "HOLM_ALPHA",
@@ -226,7 +226,7 @@ def write_plots(out: Path, task: Any, board: list[dict[str, Any]],
                   frameon=False)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        atomic_savefig(fig, path, dpi=120, bbox_inches="tight")
         plt.close(fig)
 
     written = []

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from ..files import atomic_savefig
 from .memory import peak_memory
 from .timing import time_fn
 
@@ -659,7 +660,7 @@ def _save(fig, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return path
 

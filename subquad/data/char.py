@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
+from ..files import atomic_write_text
 
 __all__ = ["VARIANTS", "LINUX_DOC_SOURCES", "prepare_corpus", "load_split", "read_meta", "encode_text",
            "decode_ids", "find_linux_doc", "skipped_summary", "STANDARD_CORPORA", "split_bounds", "parse_data_spec",
@@ -222,7 +223,7 @@ def prepare_corpus(corpus: str | os.PathLike, out: str | os.PathLike, variant: s
             "vocab_size": 256 if variant == "bytes" else 27, "vocab": vocab if variant == "chars" else "bytes 0-255",
             "splits": splits, "metric": "bpb" if variant == "bytes" else "bpc",
             "note": "not comparable to enwik8/text8" if is_linux_doc else ""}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     return meta
 
 

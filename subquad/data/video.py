@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from ..errors import UserError
+from ..files import atomic_write_text
 
 __all__ = ["VideoClipDataset", "read_video_list", "decode_frames", "probe_video", "clip_indices", "sample_views",
            "generate_moving_squares", "write_video", "multiview_logits", "DIRECTIONS", "VIDEO_SPLITS"]
@@ -116,7 +117,7 @@ def generate_moving_squares(out: str | os.PathLike, n_train: int = 200, n_val: i
         raise UserError(f"--size must be even (yuv420p video), got {size}")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "classes.txt").write_text("".join(f"{c}\n" for c in DIRECTIONS))
+    atomic_write_text(root / "classes.txt", "".join(f"{c}\n" for c in DIRECTIONS))
     counts = {}
     for k, (split, n) in enumerate((("train", n_train), ("val", n_val), ("test", n_test))):
         rng = np.random.RandomState([seed, k])

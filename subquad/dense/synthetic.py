@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..files import atomic_write_text
+
 __all__ = ["SYNTHETIC_CLASSES", "generate_synthetic", "synthetic_root", "SYNTHETIC_VERSION"]
 
 SYNTHETIC_CLASSES = ("circle", "square", "triangle")
@@ -120,7 +122,7 @@ def generate_synthetic(root: str | os.PathLike, seed: int = 0, n_train: int = 32
     rng = np.random.default_rng(seed)
     cats = [{"id": i + 1, "name": n, "supercategory": "shape"} for i, n in enumerate(SYNTHETIC_CLASSES)]
     (root / "ade20k").mkdir(parents=True, exist_ok=True)
-    (root / "ade20k" / "classes.txt").write_text("\n".join(("background",) + SYNTHETIC_CLASSES) + "\n")
+    atomic_write_text(root / "ade20k" / "classes.txt", "\n".join(("background",) + SYNTHETIC_CLASSES) + "\n")
     for split, ade_split, n in (("train", "training", n_train), ("val", "validation", n_val)):
         img_dir, ade_img, ade_ann = (root / "coco" / split, root / "ade20k" / "images" / ade_split,
                                      root / "ade20k" / "annotations" / ade_split)
@@ -146,7 +148,7 @@ def generate_synthetic(root: str | os.PathLike, seed: int = 0, n_train: int = 32
         write_json({"info": {"description": f"subquad synthetic shapes v{SYNTHETIC_VERSION}, seed {seed}"},
                     "images": images, "annotations": anns, "categories": cats},
                    root / "coco" / "annotations" / f"instances_{split}.json")
-    (root / _DONE).write_text(f"{SYNTHETIC_VERSION} {seed}\n")
+    atomic_write_text(root / _DONE, f"{SYNTHETIC_VERSION} {seed}\n")
     return root
 
 

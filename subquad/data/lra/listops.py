@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ...errors import UserError
+from ...files import atomic_write_text
 from ._tsv import read_tsv
 
 __all__ = ["OPERATORS", "ENCODINGS", "generate_tree", "generate", "write_listops", "evaluate_source",
@@ -174,7 +175,7 @@ def write_listops(out: str | os.PathLike, num_train: int = 96_000, num_val: int 
                        "min_len": min_len, "max_len": max_len, "max_depth": 10, "max_args": 10,
                        "value_p": VALUE_P, "operators": list(OPERATORS)},
             "files": files, "seconds": round(time.perf_counter() - t0, 2)}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     return meta
 
 

@@ -42,6 +42,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ...errors import UserError
+from ...files import atomic_write_text
 
 __all__ = ["PathfinderParams", "params_for", "draw_sample", "sample_label", "write_pathfinder", "PathfinderDataset",
            "connected_oracle"]
@@ -316,7 +317,7 @@ def write_pathfinder(out: str | os.PathLike, size: int = 32, contour_length: int
         parts = [_write_range(os.fspath(out), p, seed, a, b) for a, b in chunks]
     lines = [ln for part in parts for ln in part]
     text = "\n".join(lines) + "\n"
-    (out / "metadata.txt").write_text(text)
+    atomic_write_text(out / "metadata.txt", text)
     positives = sum(int(ln.split()[3]) for ln in lines)
     meta = {"generator": "subquad.data.lra.pathfinder", "version": VERSION, "params": asdict(p), "seed": seed,
             "num_images": num_images, "positives": positives,
@@ -324,7 +325,7 @@ def write_pathfinder(out: str | os.PathLike, size: int = 32, contour_length: int
                        "test": [num_images * 9 // 10, num_images]},
             "metadata_sha256": hashlib.sha256(text.encode()).hexdigest(),
             "seconds": round(time.perf_counter() - t0, 2)}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     return meta
 
 
