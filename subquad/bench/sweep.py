@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
+import os
 import platform
 import re
 import tempfile
@@ -38,6 +39,14 @@ __all__ = ["ATTN_COLUMNS", "MODEL_COLUMNS", "attention_candidates", "sweep_atten
            "plot_attention", "plot_models"]
 
 _log = logging.getLogger(__name__)
+
+
+def _reported(e: BaseException) -> None:
+    """A sweep reports a failure in its row and goes on; its traceback is logged at debug level, and SUBQUAD_DEBUG=1
+    re-raises it instead (a library bug then shows where it is)."""
+    if os.environ.get("SUBQUAD_DEBUG"):
+        raise e
+    _log.debug("reported in the row", exc_info=e)
 
 ATTN_COLUMNS = ["name", "grid", "seq_len", "dim", "heads", "infer_batch_size", "infer_img_size", "infer_step_time",
                 "infer_samples_per_sec", "infer_gmacs", "peak_mem_mb", "infer_time_vs_softmax", "train_step_time",
@@ -229,6 +238,7 @@ class _Sweep:
             sec, best, mem, spread = _measure(step, self.device, max(0, self.warmup - 1), self.repeats,
                                               self.step_budget)
         except Exception as e:  # noqa: BLE001 - report the failure in the row and go on
+            _reported(e)
             msg = str(e).splitlines()[0][:160] if str(e) else ""
             status.append(f"{mode} error: {type(e).__name__}: {msg}")
             self.budget.stopped[key] = "an error"
@@ -309,6 +319,7 @@ def _attention_row(sweep: _Sweep, name: str, t: int, dim: int, heads: int, backw
         meta = build_attention(name, dim, heads, device="meta", **kw).eval()
         row["param_count"] = sum(p.numel() for p in module.parameters())
     except Exception as e:  # noqa: BLE001 - a mechanism that cannot be built is reported, not fatal
+        _reported(e)
         return _build_failed(row, e)
     x = torch.randn(batch_size, N, dim, device=device)
     row["infer_gmacs"] = _attn_gmacs(meta, module, x, t)
@@ -346,6 +357,7 @@ def _attn_gmacs(meta: torch.nn.Module, module: torch.nn.Module, x: torch.Tensor,
         try:
             return float(f'{count_module_macs(m, inp, hw=(t, t))["gmacs"]:.6g}')
         except Exception as e:  # noqa: BLE001 - counting is best effort; timing still runs
+            _reported(e)
             _log.debug("GMACs of %s at %s on %s failed: %s", type(m).__name__, t, inp.device, e)
     return ""
 
@@ -490,6 +502,7 @@ def _built(built: dict[str, Any], name: str, size: int, sweep: _Sweep) -> dict[s
         meta = create_model(name, device="meta", **kw)
         built["gmacs"] = float(f'{count_macs(meta, size, batch_size=sweep.batch_size)["gmacs"]:.6g}')
     except Exception as e:  # noqa: BLE001 - counting is best effort
+        _reported(e)
         _log.debug("GMACs of %s at %s failed: %s", name, size, e)
         built["gmacs"] = ""
     return built
@@ -512,6 +525,7 @@ def _model_row(sweep: _Sweep, name: str, size: int, backward: bool, backend: str
     try:
         b = _built(built if built is not None else {}, name, size, sweep)
     except Exception as e:  # noqa: BLE001 - reported in the row
+        _reported(e)
         return _build_failed(row, e)
     model = b["model"]
     row.update(param_count=b["params"], infer_gmacs=b["gmacs"])

@@ -214,3 +214,20 @@ def test_attention_dim_and_heads_below_one_are_one_line(tmp_path, capsys, dim, h
                  "--repeats", "1", "--warmup", "0", "--no-plot", "--out", str(out)]) == 2
     assert f"--dim and --heads must be >= 1, got {dim} and {heads}" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_failure_is_reported_in_its_row_and_debug_shows_its_traceback(monkeypatch):
+    """A sweep goes on past a mechanism that fails (the row says why); SUBQUAD_DEBUG=1 re-raises the failure so a
+    library bug shows where it is."""
+    import subquad.attention
+    from subquad.bench.sweep import sweep_attention
+
+    def broken(*a, **k):
+        raise RuntimeError("a bug in a mechanism")
+
+    monkeypatch.setattr(subquad.attention, "build_attention", broken)
+    rows = sweep_attention(["linear"], dim=16, heads=2, tokens=(4,), repeats=1, warmup=0)
+    assert rows[0]["status"] == "error: build failed: RuntimeError: a bug in a mechanism"
+    monkeypatch.setenv("SUBQUAD_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="a bug in a mechanism"):
+        sweep_attention(["linear"], dim=16, heads=2, tokens=(4,), repeats=1, warmup=0)
