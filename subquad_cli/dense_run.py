@@ -74,11 +74,13 @@ def evaluate_run(args: argparse.Namespace) -> int:
         overwrite = getattr(args, "overwrite", False)
         # The run's own files keep an earlier, different result (another split, --limit or --data): the new one
         # goes to the next numbered name unless --overwrite.
+        extra = check_output_file(args.results_file, (".json",), protect, "--results-file", _is_results) \
+            if args.results_file else None  # refused before anything is written
         res, note = write_result_keeping(run_dir / "results.json", results, overwrite)
         targets = [res]
-        if args.results_file:
-            targets.append(check_output_file(args.results_file, (".json",), protect, "--results-file", _is_results))
-            write_json(results, targets[-1])
+        if extra is not None:
+            write_json(results, extra)
+            targets.append(extra)
         detail = {"task": task, "kind": kind, "backbone": side.get("arch"), "checkpoint": os.fspath(weights),
                   "data": spec, "split": split, "images": len(ds), "limit": args.limit or None,
                   "seconds": round(dt, 2), **results}
