@@ -204,6 +204,8 @@ def _outputs(args: argparse.Namespace, kind: str) -> tuple[Path, Path | None]:
             raise UserError(f"{flag} {path} exists; pass --overwrite to replace it, or leave {flag} out for a new "
                             "file (nothing was written)")
     check_output_file(out, (".csv",), (), "--out", overwrite_if=_earlier_csv)
+    if out.exists():  # the rows will go to the .partial.csv beside it: only an earlier one of ours may be replaced
+        check_output_file(_progress_path(out), (".csv",), (), "--out's .partial.csv", overwrite_if=_earlier_csv)
     if plot is not None:
         check_output_file(plot, (".png",), (out,), "--plot",
                           overwrite_if=lambda p: p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n")

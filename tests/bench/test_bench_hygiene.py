@@ -92,6 +92,11 @@ def test_an_interrupted_overwrite_leaves_the_earlier_result_whole(tmp_path, monk
                  "--overwrite"]) == 0
     assert out.read_text() != earlier and not (tmp_path / "a.partial.csv").exists()
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    # A file of the user's own under that name is never replaced.
+    (tmp_path / "a.partial.csv").write_text("mine\n")
+    assert main(["bench", "attention", "--names", "softmax", "--tokens", "4", *TINY, "--no-plot", "--out", str(out),
+                 "--overwrite"]) == 2
+    assert (tmp_path / "a.partial.csv").read_text() == "mine\n"
 
 
 def test_physical_cores_counts_smt_siblings_once(tmp_path, monkeypatch):
