@@ -34,7 +34,8 @@ The arena runner calls, per task YAML (`kind: recall`):
 Cell metrics (cell.json): `test_acc` query accuracy (%) at the training length on the test split,
 `best_val_acc` the validation accuracy that selected the checkpoint, `acc_inside` / `acc_beyond` the test accuracy
 of queries inside / beyond the window bins, `acc_len<k>x` at k x seq_len, `acc_kv<c>x` at c x kv, `acc_bins` the
-accuracy per power-of-two distance bin, `lr` and `lr_sweep` ({lr: best val accuracy}, on the sweep seed),
+accuracy per power-of-two distance bin, `lr` and `lr_sweep` ({lr: best val accuracy} of the sweep that chose `lr`,
+run on seed `lr_sweep_seed`: a cell of another seed records the sweep it took its learning rate from),
 `step_ms_train_len` / `step_ms_<time_len>` the median forward + backward time of one batch-1 training step at the
 training length / at `time_len` tokens, `peak_mem_mb` the peak memory that step allocates at `time_len` tokens.
 """
@@ -333,8 +334,8 @@ def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | 
         if not src.is_file():
             raise UserError(f"{out}: seed {seed} trains with the learning rate the sweep on seed {cfg.sweep_seed} "
                             f"chose, and {src} does not exist yet; run seed {cfg.sweep_seed} first")
-        lr = float(json.loads(src.read_text())["lr"])
-        chosen, sweep = _sweep_lr(out, cfg, seed, lr, progress, on_update), {}
+        swept = json.loads(src.read_text())
+        chosen, sweep = _sweep_lr(out, cfg, seed, float(swept["lr"]), progress, on_update), swept.get("lr_sweep", {})
     model = chosen.get("model") or build_model(cfg)  # timings need only the architecture
     ms_train, _ = time_step(model, cfg, cfg.seq_len)
     ms_long, peak_mb = time_step(model, cfg, cfg.time_len)
@@ -342,7 +343,7 @@ def run_cell(train: dict[str, Any], mech: dict[str, Any], seed: int, out: str | 
     gmacs = float(count_module_macs(model.eval(), tokens)["gmacs"])
     n_train = cfg.steps * cfg.batch_size
     res = {k: v for k, v in chosen.items() if k != "model"}
-    res.update({"metric": "acc", "lr": chosen["lr"], "lr_sweep": sweep,
+    res.update({"metric": "acc", "lr": chosen["lr"], "lr_sweep": sweep, "lr_sweep_seed": cfg.sweep_seed,
                 "params": sum(p.numel() for p in model.parameters()), "gmacs": gmacs,
                 "train_per_sec": n_train / res["train_cpu_s"] if res["train_cpu_s"] > 0 else math.nan,
                 "train_per_wall_sec": n_train / res["train_wall_s"] if res["train_wall_s"] > 0 else math.nan,

@@ -162,12 +162,19 @@ def test_next_ready_waits_for_the_sweep_cell(tmp_path):
     assert _next_ready(task, lone, [], "default").label == "c"
 
 
-def test_cell_of_another_seed_refuses_without_the_sweep(tmp_path):
+def test_cell_of_another_seed_takes_and_records_the_sweep(tmp_path):
+    """Seed 1 refuses until seed 0's sweep exists, then trains at the rate it chose and records that sweep."""
     from subquad.arena.recall import run_cell
 
     task = load_task("recall")
     with pytest.raises(UserError, match="run seed 0 first"):
         run_cell(task.recipe("quick"), task.mechanism("softmax"), 1, tmp_path / "softmax" / "seed1")
+    swept = {"0.001": 12.5, "0.003": 40.0, "0.01": 3.0}
+    (tmp_path / "softmax" / "seed0").mkdir(parents=True)
+    (tmp_path / "softmax" / "seed0" / "cell.json").write_text(json.dumps({"lr": 0.003, "lr_sweep": swept}))
+    res = run_cell(task.recipe("quick"), task.mechanism("softmax"), 1, tmp_path / "softmax" / "seed1")
+    assert (res["lr"], res["lr_sweep"], res["lr_sweep_seed"]) == (0.003, swept, 0)
+    assert [p.name for p in (tmp_path / "softmax" / "seed1").glob("lr-*.json")] == ["lr-0.003.json"]
 
 
 @pytest.mark.parametrize("name", ["recall", "recall_causal"])
@@ -232,7 +239,8 @@ def test_quick_arena_run_and_claims(tmp_path):
     assert len(body) == 4 and "nan" not in "".join(body)
     assert all(ln.count("|") == head.count("|") == rule.count("|") for ln in body)
     cell = json.loads((out / "cells" / "window" / "seed0" / "cell.json").read_text())
-    assert cell["lr_sweep"] == {"0.003": cell["best_val_acc"]} and cell["commit"] is not None
+    assert cell["lr_sweep"] == {"0.003": cell["best_val_acc"]} and cell["lr_sweep_seed"] == 0
+    assert cell["commit"] is not None
     assert sum(b["n"] for b in cell["acc_bins"]) == 16 * task.train["kv"]  # every test query in one distance bin
     from subquad.arena import check_claims
 

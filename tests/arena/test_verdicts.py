@@ -454,6 +454,41 @@ def test_backfill_reconstructs_the_commit_from_git_history(tmp_path, monkeypatch
     assert mod.backfill(run, dry_run=False) == 0  # idempotent
 
 
+def test_backfill_lr_sweeps_records_the_sweep_each_seed_took_its_rate_from(tmp_path, capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "backfill_arena_lr_sweeps.py"
+    spec = importlib.util.spec_from_file_location("backfill_arena_lr_sweeps", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run = tmp_path / "run"
+    sweep = {"0.001": 5.0, "0.003": 90.0, "0.01": 1.0}
+    cells = {0: {"seed": 0, "lr": 0.003, "lr_sweep": sweep, "test_acc": 88.0},
+             1: {"seed": 1, "lr": 0.003, "lr_sweep": {}, "test_acc": float("nan")},
+             2: {"seed": 2, "lr": 0.003, "lr_sweep": sweep, "lr_sweep_seed": 0}}
+    for seed, row in cells.items():
+        (run / "cells" / "m" / f"seed{seed}").mkdir(parents=True)
+        (run / "cells" / "m" / f"seed{seed}" / "cell.json").write_text(json.dumps(row, indent=2) + "\n")
+    before = (run / "cells" / "m" / "seed2" / "cell.json").read_text()
+    assert mod.main([str(run), "--dry-run"]) == 0 and "2 cell(s) would change" in capsys.readouterr().out
+    assert json.loads((run / "cells" / "m" / "seed1" / "cell.json").read_text())["lr_sweep"] == {}
+    assert mod.main([str(run)]) == 0
+    r0, r1 = (json.loads((run / "cells" / "m" / f"seed{s}" / "cell.json").read_text()) for s in (0, 1))
+    assert r0 == {**cells[0], "lr_sweep_seed": 0}
+    assert (r1["lr_sweep"], r1["lr_sweep_seed"], r1["lr"]) == (sweep, 0, 0.003) and math.isnan(r1["test_acc"])
+    assert r1["lr_sweep_source"].startswith("filled in afterwards from cells/m/seed0/cell.json")
+    assert (run / "cells" / "m" / "seed2" / "cell.json").read_text() == before  # already recorded: untouched
+    assert mod.main([str(run)]) == 0 and "0 cell(s) changed" in capsys.readouterr().out.splitlines()[-1]
+    # A seed whose rate is not the one the sweep chose stops the script, naming both.
+    (run / "cells" / "n" / "seed0").mkdir(parents=True)
+    (run / "cells" / "n" / "seed1").mkdir(parents=True)
+    (run / "cells" / "n" / "seed0" / "cell.json").write_text(json.dumps({"seed": 0, "lr": 0.01, "lr_sweep": sweep}))
+    (run / "cells" / "n" / "seed1" / "cell.json").write_text(json.dumps({"seed": 1, "lr": 0.003, "lr_sweep": {}}))
+    with pytest.raises(SystemExit, match="lr 0.003 is not the rate"):
+        mod.main([str(run)])
+    assert "lr_sweep_seed" not in json.loads((run / "cells" / "n" / "seed0" / "cell.json").read_text())
+
+
 def test_tasks_lists_the_gpu_requirement(capsys):
     assert main(["arena", "tasks"]) == 0
     lines = {ln.split(" ")[0]: ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith(" ")}
