@@ -23,6 +23,8 @@ import json
 import sys
 from pathlib import Path
 
+from subquad.files import atomic_write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RUNS = [ROOT / "benchmarks/results/arena/recall", ROOT / "benchmarks/results/arena/recall_causal"]
 SWEEP_SEED = 0  # subquad.arena.recall.RecallConfig.sweep_seed; the committed recipes do not override it
@@ -39,6 +41,8 @@ def fill(cell_json: Path) -> dict[str, object] | None:
             raise SystemExit(f"{cell_json}: the sweep seed's cell has no lr_sweep")
         return {"lr_sweep_seed": SWEEP_SEED}
     src = cell_json.parent.parent / f"seed{SWEEP_SEED}" / "cell.json"
+    if not src.is_file():
+        raise SystemExit(f"{cell_json}: no sweep seed cell {src} to take the sweep from")
     swept = json.loads(src.read_text())
     if float(swept["lr"]) != float(row["lr"]) or not swept.get("lr_sweep"):
         raise SystemExit(f"{cell_json}: lr {row['lr']} is not the rate {src} chose ({swept['lr']}), or that cell "
@@ -61,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.dry_run:
             row = json.loads(cell_json.read_text())
             row.update(add)
-            tmp = cell_json.with_name(cell_json.name + ".tmp")
-            tmp.write_text(json.dumps(row, indent=2) + "\n")
-            tmp.replace(cell_json)
+            atomic_write_text(cell_json, json.dumps(row, indent=2) + "\n")
     print(f"{len(todo)} cell(s) {'would change' if args.dry_run else 'changed'}")
     return 0
 

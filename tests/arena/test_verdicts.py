@@ -487,6 +487,13 @@ def test_backfill_lr_sweeps_records_the_sweep_each_seed_took_its_rate_from(tmp_p
     with pytest.raises(SystemExit, match="lr 0.003 is not the rate"):
         mod.main([str(run)])
     assert "lr_sweep_seed" not in json.loads((run / "cells" / "n" / "seed0" / "cell.json").read_text())
+    # A seed without its sweep seed's cell stops with one line naming the missing file, and writes nothing.
+    (run / "cells" / "n" / "seed1" / "cell.json").write_text(json.dumps({"seed": 1, "lr": 0.01, "lr_sweep": {}}))
+    (run / "cells" / "n" / "seed0" / "cell.json").unlink()
+    with pytest.raises(SystemExit, match="no sweep seed cell .*seed0.cell.json"):
+        mod.main([str(run)])
+    assert json.loads((run / "cells" / "n" / "seed1" / "cell.json").read_text())["lr_sweep"] == {}
+    assert not list(run.rglob("*.tmp"))
 
 
 def test_tasks_lists_the_gpu_requirement(capsys):
