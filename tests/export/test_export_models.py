@@ -120,6 +120,14 @@ def test_successor_block_dynamic_onnx_matches_eager(attn, tmp_path):
     assert res["covers"]["H"][0] <= 29 and res["covers"]["W"][0] <= 43
 
 
+def test_agent_deit_dynamic_onnx_pools_agents_at_every_size(tmp_path):
+    """Agent-DeiT (class token, 3 x 3 agents) traced at a size whose grid the agent grid does not divide: ONNX's
+    graph of adaptive_avg_pool2d over symbolic sides ran off its gather bounds in ONNX Runtime (every Agent
+    Tiny/Small model failed its dynamic ONNX export); the agents are now pooled by bin matrices in the program."""
+    res = _dynamic("agent_deit_micro", "onnx", tmp_path, [(64, 64), (29, 43)], depth=1)
+    assert res["covers"]["H"][0] <= 29 and res["covers"]["W"][0] <= 43
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, fmt", SLOW_CASES)
 def test_micro_dynamic_export_other_format(name, fmt, tmp_path):

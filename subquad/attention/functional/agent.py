@@ -31,6 +31,7 @@ __all__ = [
     "resize_axis",
     "agent_biases",
     "pool_matrix",
+    "adaptive_pool_2d",
     "agent_attention",
     "agent_attention_ref",
     "agent_attention_matrix",
@@ -79,12 +80,28 @@ def agent_biases(an: torch.Tensor, na: torch.Tensor, ah: torch.Tensor, aw: torch
 def pool_matrix(size_in: int, size_out: int, dtype: torch.dtype = torch.float64,
                 device: torch.device | None = None) -> torch.Tensor:
     """(size_out, size_in) matrix of 1-D adaptive average pooling: output i averages inputs
-    [floor(i * n / m), ceil((i + 1) * n / m)) (PyTorch's AdaptiveAvgPool bins; they overlap when m > n)."""
-    m = torch.zeros(size_out, size_in, dtype=dtype, device=device)
-    for i in range(size_out):
-        lo, hi = (i * size_in) // size_out, -((-(i + 1) * size_in) // size_out)
-        m[i, lo:hi] = 1.0 / (hi - lo)
-    return m
+    [floor(i * n / m), ceil((i + 1) * n / m)) (PyTorch's AdaptiveAvgPool bins; they overlap when m > n).
+
+    Built from comparisons of index vectors, so a symbolic size_in (torch.export) stays symbolic: no loop over it,
+    no slice bounds, no negative floor division (ONNX's integer division truncates)."""
+    j = torch.arange(size_in, device=device)
+    i = torch.arange(size_out, device=device)
+    lo = (i * size_in) // size_out
+    hi = ((i + 1) * size_in + size_out - 1) // size_out
+    inside = (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None])
+    return inside.to(dtype) / (hi - lo).to(dtype)[:, None]
+
+
+def adaptive_pool_2d(x: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
+    """`F.adaptive_avg_pool2d(x, out_hw)` for a map (B, C, H, W); in a `torch.export` trace as two products with
+    `pool_matrix` bins. The exported ONNX graph of adaptive_avg_pool2d over symbolic sides computes other bins than
+    eager, or fails in ONNX Runtime, whenever H or W is not the traced one (torch 2.14)."""
+    if not torch.compiler.is_exporting():
+        return F.adaptive_avg_pool2d(x, tuple(out_hw))
+    H, W = x.shape[-2:]
+    ph = pool_matrix(H, out_hw[0], x.dtype, x.device)
+    pw = pool_matrix(W, out_hw[1], x.dtype, x.device)
+    return torch.einsum("ih,bchw,jw->bcij", ph, x, pw)
 
 
 def _split(x: torch.Tensor, h: int) -> torch.Tensor:
@@ -139,7 +156,7 @@ def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b1: torch
     B, N, C = q.shape
     h = num_heads
     qm = q[:, prefix:].transpose(1, 2).reshape(B, C, hw[0], hw[1])
-    a = F.adaptive_avg_pool2d(qm, tuple(agent_hw)).flatten(2).transpose(1, 2)  # (B, A, C)
+    a = adaptive_pool_2d(qm, tuple(agent_hw)).flatten(2).transpose(1, 2)  # (B, A, C)
     a = _split(a, h)
     va = F.scaled_dot_product_attention(a, _split(k, h), _split(v, h), attn_mask=b1.to(q.dtype))  # (B, h, A, d)
     out = _merge(F.scaled_dot_product_attention(_split(q, h), a, va, attn_mask=b2.to(q.dtype)))  # (B, N, C)
