@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from ..._shapes import known_equal
 from .focused import upsample_matrix, upsample_v
 from .linear import depthwise_conv_matrix
+from .softmax import adaptive_pool_bins
 
 __all__ = [
     "resize_axis",
@@ -77,19 +78,8 @@ def agent_biases(an: torch.Tensor, na: torch.Tensor, ah: torch.Tensor, aw: torch
     return b1, b2
 
 
-def pool_matrix(size_in: int, size_out: int, dtype: torch.dtype = torch.float64,
-                device: torch.device | None = None) -> torch.Tensor:
-    """(size_out, size_in) matrix of 1-D adaptive average pooling: output i averages inputs
-    [floor(i * n / m), ceil((i + 1) * n / m)) (PyTorch's AdaptiveAvgPool bins; they overlap when m > n).
-
-    Built from comparisons of index vectors, so a symbolic size_in (torch.export) stays symbolic: no loop over it,
-    no slice bounds, no negative floor division (ONNX's integer division truncates)."""
-    j = torch.arange(size_in, device=device)
-    i = torch.arange(size_out, device=device)
-    lo = (i * size_in) // size_out
-    hi = ((i + 1) * size_in + size_out - 1) // size_out
-    inside = (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None])
-    return inside.to(dtype) / (hi - lo).to(dtype)[:, None]
+# (size_out, size_in) 1-D adaptive average pooling bins, in a form torch.export keeps symbolic.
+pool_matrix = adaptive_pool_bins
 
 
 def adaptive_pool_2d(x: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["softmax_attention_ref", "softmax_attention_probs", "softmax_attention", "spatial_reduction_ref",
-           "adaptive_pool_matrix", "patch_mean_matrix", "causal_band_mask", "sliding_window_attention_ref",
-           "sliding_window_attention"]
+           "adaptive_pool_bins", "adaptive_pool_matrix", "patch_mean_matrix", "causal_band_mask",
+           "sliding_window_attention_ref", "sliding_window_attention"]
 
 
 def softmax_attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float | None = None,
@@ -83,21 +83,27 @@ def spatial_reduction_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return out.reshape(B, h * w, -1)
 
 
+def adaptive_pool_bins(size_in: int, size_out: int, dtype: torch.dtype = torch.float64,
+                       device: torch.device | None = None) -> torch.Tensor:
+    """(size_out, size_in) matrix of 1-D adaptive average pooling: output i averages inputs
+    [floor(i * n / m), ceil((i + 1) * n / m)) (PyTorch's AdaptiveAvgPool bins; they overlap when m > n).
+
+    Built from comparisons of index vectors, so a symbolic size_in (torch.export) stays symbolic: no loop over it,
+    no slice bounds, no negative floor division (ONNX's integer division truncates)."""
+    j = torch.arange(size_in, device=device)
+    i = torch.arange(size_out, device=device)
+    lo = (i * size_in) // size_out
+    hi = ((i + 1) * size_in + size_out - 1) // size_out
+    inside = (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None])
+    return inside.to(dtype) / (hi - lo).to(dtype)[:, None]
+
+
 def adaptive_pool_matrix(hw: tuple[int, int], out_hw: tuple[int, int], device=None,
                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(n, N) averaging matrix of `AdaptiveAvgPool2d(out_hw)` on an (H, W) map: bin i spans
     [floor(i H / h), ceil((i + 1) H / h)) in each direction (torch's rule)."""
-    H, W = hw
-    oh, ow = out_hw
-
-    def bins(size: int, out: int) -> torch.Tensor:
-        m = torch.zeros(out, size, dtype=dtype, device=device)
-        for i in range(out):
-            start, end = (i * size) // out, -((-(i + 1) * size) // out)
-            m[i, start:end] = 1.0 / (end - start)
-        return m
-
-    return torch.kron(bins(H, oh), bins(W, ow))
+    return torch.kron(adaptive_pool_bins(hw[0], out_hw[0], dtype, device),
+                      adaptive_pool_bins(hw[1], out_hw[1], dtype, device))
 
 
 def patch_mean_matrix(hw: tuple[int, int], sr_ratio: int, device=None,
