@@ -27,6 +27,7 @@ from .functional.focused import (
     focused_linear_attention_ref,
     resize_pe,
 )
+from .functional.softmax import adaptive_pool_2d
 from .registry import register_attention, register_attention_form
 
 __all__ = ["FocusedLinearAttention", "FocusedLinearAttention1d", "FocusedLinearCore", "KeyReduction", "remap_q_kv",
@@ -348,7 +349,7 @@ class FocusedLinearAttention(FocusedLinearCore):
         kv_hw = self._kv_hw(hw)
         xm = tokens_to_map(x[:, P:], hw)  # (B, C, H, W)
         if self.linear_sr:
-            xm = self.pool(xm)
+            xm = adaptive_pool_2d(xm, self.pool.output_size)
         xr = map_to_tokens(self.sr(xm))  # (B, n_g, C)
         xr = self.norm(torch.cat([x[:, :P], xr], dim=1))
         if self.linear_sr:

@@ -12,6 +12,7 @@ from .._shapes import check_heads, check_hw, map_to_tokens, merge_heads, split_h
 from .base import AttentionCaps, TokenMixer
 from .functional.rotary import rotary, rotary_ref
 from .functional.softmax import (
+    adaptive_pool_2d,
     adaptive_pool_matrix,
     patch_mean_matrix,
     softmax_attention,
@@ -128,7 +129,7 @@ class MultiHeadAttention(TokenMixer):
                 w = self.sr.weight[:, :, 0, 0]
                 t = pooled @ w.t() + self.sr.bias
             else:
-                t = map_to_tokens(self.sr(self.pool(xm)))
+                t = map_to_tokens(self.sr(adaptive_pool_2d(xm, self.pool.output_size)))
             return self.act(self.norm(t))
         if explicit:
             t = spatial_reduction_ref(xm, self.sr.weight, self.sr.bias, self.sr_ratio)

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 import subquad
 from subquad.attention.agent import AgentAttention, AgentCore
 from subquad.attention.functional.agent import (
-    adaptive_pool_2d,
     agent_attention,
     agent_attention_ref,
     agent_biases,
@@ -125,22 +124,6 @@ def test_bias_tables_resize_linearly_at_other_grids():
 def test_pool_matrix_is_adaptive_average_pooling(n_in, n_out):
     x = torch.randn(3, n_in, dtype=torch.float64)
     torch.testing.assert_close(x @ pool_matrix(n_in, n_out).T, F.adaptive_avg_pool1d(x[:, None], n_out)[:, 0])
-
-
-def test_exported_agent_pooling_is_adaptive_average_pooling_at_every_size():
-    """Inside torch.export the agents are pooled by pool_matrix products over the symbolic sides (ONNX's graph of
-    adaptive_avg_pool2d went wrong off the traced size); the program equals eager's pooling at other sizes."""
-
-    class Pool(torch.nn.Module):
-        def forward(self, x):
-            return adaptive_pool_2d(x, (3, 4))
-
-    dims = {"x": {2: torch.export.Dim("H", min=4, max=64), 3: torch.export.Dim("W", min=4, max=64)}}
-    prog = torch.export.export(Pool(), (torch.randn(2, 3, 10, 13),), dynamic_shapes=dims, strict=False).module()
-    assert "adaptive_avg_pool" not in str(prog.graph)
-    for hw in [(10, 13), (7, 29), (4, 4), (64, 5)]:
-        x = torch.randn(2, 3, *hw)
-        torch.testing.assert_close(prog(x), F.adaptive_avg_pool2d(x, (3, 4)), rtol=1e-6, atol=1e-6)
 
 
 def test_attention_matrix_reproduces_output_per_channel():

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import subquad
-from subquad.attention.functional.softmax import adaptive_pool_matrix, spatial_reduction_ref
+from subquad.attention.functional.softmax import adaptive_pool_2d, adaptive_pool_matrix, spatial_reduction_ref
 from subquad.attention.softmax import MultiHeadAttention
 from tests._tol import assert_close, compare_module
 
@@ -83,3 +83,42 @@ def test_bad_inputs():
         MultiHeadAttention(16, 2, sr_ratio=2, causal=True)
     with pytest.raises(ValueError, match="num_heads"):
         MultiHeadAttention(18, 4, sr_ratio=2)
+
+
+def _export_hw(fn, example_hw, low: int = 4):
+    """torch.export of fn over a map (B, C, H, W) with H and W symbolic: the program as a callable."""
+
+    class Wrap(torch.nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    dims = {"x": {2: torch.export.Dim("H", min=low, max=64), 3: torch.export.Dim("W", min=low, max=64)}}
+    return torch.export.export(Wrap(), (torch.randn(2, 6, *example_hw),), dynamic_shapes=dims, strict=False).module()
+
+
+def test_exported_adaptive_pooling_equals_eager_at_every_size():
+    """Inside torch.export the pooling is two products with bin matrices over the symbolic sides (torch.onnx's graph
+    of adaptive_avg_pool2d over symbolic sides computes other bins, or runs out of bounds, off the traced size)."""
+    prog = _export_hw(lambda x: adaptive_pool_2d(x, (3, 4)), (10, 13))
+    assert "adaptive_avg_pool" not in str(prog.graph)
+    for hw in [(10, 13), (7, 29), (4, 4), (64, 5)]:
+        x = torch.randn(2, 6, *hw)
+        torch.testing.assert_close(prog(x), F.adaptive_avg_pool2d(x, (3, 4)), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("attn", ["softmax", "focused_linear"])
+def test_exported_pvt_v2_pooled_keys_equal_eager_at_every_size(attn):
+    """PVTv2's pooled keys (linear_sr) in an exported program: the 7 x 7 pooling follows the symbolic grid."""
+    torch.manual_seed(0)
+    m = subquad.build_attention(attn, 6, 2, input_size=(9, 11), linear_sr=True).eval()
+
+    def run(x):
+        B, C, H, W = x.shape
+        return m(x.flatten(2).transpose(1, 2), (H, W))
+
+    with torch.no_grad():
+        prog = _export_hw(run, (9, 11), low=8)
+        assert "adaptive_avg_pool" not in str(prog.graph)
+        for hw in [(9, 11), (8, 23), (30, 13)]:
+            x = torch.randn(2, 6, *hw)
+            torch.testing.assert_close(prog(x), run(x), rtol=1e-5, atol=1e-5)

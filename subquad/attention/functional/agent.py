@@ -26,13 +26,12 @@ import torch.nn.functional as F
 from ..._shapes import known_equal
 from .focused import upsample_matrix, upsample_v
 from .linear import depthwise_conv_matrix
-from .softmax import adaptive_pool_bins
+from .softmax import adaptive_pool_2d, adaptive_pool_bins
 
 __all__ = [
     "resize_axis",
     "agent_biases",
     "pool_matrix",
-    "adaptive_pool_2d",
     "agent_attention",
     "agent_attention_ref",
     "agent_attention_matrix",
@@ -80,18 +79,6 @@ def agent_biases(an: torch.Tensor, na: torch.Tensor, ah: torch.Tensor, aw: torch
 
 # (size_out, size_in) 1-D adaptive average pooling bins, in a form torch.export keeps symbolic.
 pool_matrix = adaptive_pool_bins
-
-
-def adaptive_pool_2d(x: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
-    """`F.adaptive_avg_pool2d(x, out_hw)` for a map (B, C, H, W); in a `torch.export` trace as two products with
-    `pool_matrix` bins. The exported ONNX graph of adaptive_avg_pool2d over symbolic sides computes other bins than
-    eager, or fails in ONNX Runtime, whenever H or W is not the traced one (torch 2.14)."""
-    if not torch.compiler.is_exporting():
-        return F.adaptive_avg_pool2d(x, tuple(out_hw))
-    H, W = x.shape[-2:]
-    ph = pool_matrix(H, out_hw[0], x.dtype, x.device)
-    pw = pool_matrix(W, out_hw[1], x.dtype, x.device)
-    return torch.einsum("ih,bchw,jw->bcij", ph, x, pw)
 
 
 def _split(x: torch.Tensor, h: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["softmax_attention_ref", "softmax_attention_probs", "softmax_attention", "spatial_reduction_ref",
-           "adaptive_pool_bins", "adaptive_pool_matrix", "patch_mean_matrix", "causal_band_mask",
+           "adaptive_pool_bins", "adaptive_pool_2d", "adaptive_pool_matrix", "patch_mean_matrix", "causal_band_mask",
            "sliding_window_attention_ref", "sliding_window_attention"]
 
 
@@ -104,6 +104,19 @@ def adaptive_pool_matrix(hw: tuple[int, int], out_hw: tuple[int, int], device=No
     [floor(i H / h), ceil((i + 1) H / h)) in each direction (torch's rule)."""
     return torch.kron(adaptive_pool_bins(hw[0], out_hw[0], dtype, device),
                       adaptive_pool_bins(hw[1], out_hw[1], dtype, device))
+
+
+def adaptive_pool_2d(x: torch.Tensor, out_hw: int | tuple[int, int]) -> torch.Tensor:
+    """`F.adaptive_avg_pool2d(x, out_hw)` for a map (B, C, H, W); in a `torch.export` trace as two products with
+    `adaptive_pool_bins`. The exported ONNX graph of adaptive_avg_pool2d over symbolic sides computes other bins than
+    eager, or fails in ONNX Runtime, whenever H or W is not the traced one (torch 2.14)."""
+    out_hw = (out_hw, out_hw) if isinstance(out_hw, int) else tuple(out_hw)
+    if not torch.compiler.is_exporting():
+        return F.adaptive_avg_pool2d(x, out_hw)
+    H, W = x.shape[-2:]
+    ph = adaptive_pool_bins(H, out_hw[0], x.dtype, x.device)
+    pw = adaptive_pool_bins(W, out_hw[1], x.dtype, x.device)
+    return torch.einsum("ih,bchw,jw->bcij", ph, x, pw)
 
 
 def patch_mean_matrix(hw: tuple[int, int], sr_ratio: int, device=None,
