@@ -122,3 +122,16 @@ def test_exported_pvt_v2_pooled_keys_equal_eager_at_every_size(attn):
         for hw in [(9, 11), (8, 23), (30, 13)]:
             x = torch.randn(2, 6, *hw)
             torch.testing.assert_close(prog(x), run(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hw,out", [((7, 11), (3, 4)), ((5, 3), (7, 7)), ((13, 9), (7, 2))])
+def test_export_form_of_adaptive_pooling_matches_torch_outputs_and_gradients(hw, out, monkeypatch):
+    """The bin-matrix form adaptive_pool_2d takes inside torch.export, run eagerly in float64 (odd, non-square maps,
+    overlapping bins where out > hw): outputs and input gradients equal F.adaptive_avg_pool2d's."""
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    x = torch.randn(2, 3, *hw, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 3, *out, dtype=torch.float64)
+    (gx,) = torch.autograd.grad((adaptive_pool_2d(x, out) * g).sum(), x)
+    (want_gx,) = torch.autograd.grad((F.adaptive_avg_pool2d(x, out) * g).sum(), x)
+    assert_close(adaptive_pool_2d(x, out), F.adaptive_avg_pool2d(x, out), torch.float64)
+    assert_close(gx, want_gx, torch.float64)
