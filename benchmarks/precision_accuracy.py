@@ -166,6 +166,22 @@ def _top1(logits: torch.Tensor, y: torch.Tensor) -> float:
     return 100.0 * float((logits.argmax(1) == y).double().mean())
 
 
+def changed_labels(ref: torch.Tensor, logits: torch.Tensor) -> str:
+    """Where the top-1 labels of `logits` differ from the reference's: each such image's rank among all images by its
+    reference top-two logit gap (1: the closest call), and the median gap. Near-ties (low ranks) mean the labels
+    flipped on images the reference itself barely decided; high ranks mean the path's numerics moved real margins."""
+    top2 = ref.double().topk(2, dim=1).values
+    gap = top2[:, 0] - top2[:, 1]
+    rank = gap.argsort().argsort() + 1
+    changed = (logits.argmax(1) != ref.argmax(1)).nonzero().flatten()
+    if not len(changed):
+        return "no label changed"
+    ranks = sorted(int(rank[i]) for i in changed)
+    gaps = ", ".join(f"{float(gap[i]):.3g}" for i in changed[rank[changed].argsort()])
+    return (f"labels changed on {len(ranks)} images, ranked {', '.join(map(str, ranks))} of {len(gap)} by the "
+            f"reference's top-two logit gap ({gaps}; median {float(gap.median()):.3g})")
+
+
 def measure(checkpoint: str, paths: list[str], batch_size: int, limit: int, env: dict, log=print) -> list[dict]:
     """One row per path for one checkpoint (fp32 eager first: the reference)."""
     name, model, spec, split, x, y = _held_out(checkpoint, batch_size, limit)
@@ -206,6 +222,8 @@ def measure(checkpoint: str, paths: list[str], batch_size: int, limit: int, env:
                          "seconds": f"{seconds:.1f}"})
             log(f"{name} {path}: top-1 {top1:.2f} % ({delta:+.2f}), agreement {agree:.2f} %, max |dlogit| "
                 f"{float(diff.max()):.3g} [{status}]")
+            if status != "ok":
+                log(f"{name} {path}: {changed_labels(ref, logits)}")
         torch._dynamo.reset()
     return rows
 

@@ -195,3 +195,18 @@ def test_precision_accuracy_benchmark(trained, tmp_path, capsys):
     assert "--paths: unknown fp16-eager" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
     assert bench.main(["--checkpoint", str(trained["run"]), "--limit", "-3", "--out", str(tmp_path / "b.csv")]) == 2
     assert "--limit must be >= 0, got -3" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
+
+
+def test_precision_accuracy_changed_labels():
+    """The flagged-row diagnosis ranks each image whose label changed by the reference's top-two gap (1: closest)."""
+    from tests.bench._scripts import load_benchmark
+
+    bench = load_benchmark("precision_accuracy")
+    ref = torch.tensor([[2.0, 0.0], [1.0, 0.9], [0.0, 3.0], [0.5, 0.49], [0.0, 1.2]])
+    assert bench.changed_labels(ref, ref.clone()) == "no label changed"
+    path = ref.clone()
+    path[1] = torch.tensor([0.9, 1.0])  # gap 0.1: rank 2
+    path[2] = torch.tensor([3.0, 0.0])  # gap 3.0: rank 5
+    msg = bench.changed_labels(ref, path)
+    assert msg.startswith("labels changed on 2 images, ranked 2, 5 of 5 by the reference's top-two logit gap (0.1, 3;")
+    assert msg.endswith("median 1.2)")
