@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
@@ -40,16 +41,42 @@ def test_parts_resume_and_merge(tmp_path, monkeypatch):
 def test_table_marks_the_fastest_path_and_the_target(tmp_path):
     mp = load_benchmark("models_precision")
     path = tmp_path / "t.csv"
-    rows = [("a", "fp32", "eager", "10", "1.0", "ok"), ("a", "bf16", "eager", "4", "2.5", "ok"),
-            ("a", "int8", "onnxruntime", "5", "2.0", "ok"), ("a", "bf16", "compile", "", "", "error: boom"),
-            ("b", "fp32", "eager", "8", "1.0", "ok"), ("b", "fp32", "compile", "6.4", "1.25", "ok")]
+    rows = [("a", "fp32", "eager", "10", "1.0", "ok", "3.1"), ("a", "bf16", "eager", "4", "2.5", "ok", "12.6"),
+            ("a", "int8", "onnxruntime", "5", "2.0", "ok", "0.4"), ("a", "bf16", "compile", "", "", "error: boom", ""),
+            ("b", "fp32", "eager", "8", "1.0", "ok", "2.0"), ("b", "fp32", "compile", "6.4", "1.25", "ok", "1.0")]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=MODEL_COLUMNS)
         w.writeheader()
-        for m, p, b, t, s, st in rows:
+        for m, p, b, t, s, st, sp in rows:
             w.writerow({"model": m, "infer_img_size": 224, "precision": p, "backend": b, "infer_step_time": t,
-                        "speedup_vs_fp32_eager": s, "status": st})
+                        "speedup_vs_fp32_eager": s, "status": st, "time_spread_pct": sp})
     lines = mp.table(path).splitlines()
     a, b = (next(x for x in lines if x.startswith(f"| `{m}`")) for m in "ab")
-    assert "bf16 eager (2.50x)" in a and a.endswith("| yes |") and "| error |" in a and "| 10.0 |" in a
-    assert "fp32 compile (1.25x)" in b and b.endswith("| **no** |")
+    assert "bf16 eager (2.50x)" in a and a.endswith("| yes | 13 % |") and "| error |" in a and "| 10.0 |" in a
+    assert "fp32 compile (1.25x)" in b and b.endswith("| **no** | 2 % |")
+
+
+def test_a_noisy_model_is_measured_once_more_and_the_repeat_kept(tmp_path, monkeypatch):
+    mp = load_benchmark("models_precision")
+    spreads = iter(["35.0", "4.0"])
+
+    def fake_run(cmd, check, cwd):  # writes what `subquad bench model --out` would, with the next spread
+        out = cmd[cmd.index("--out") + 1]
+        with open(out, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=MODEL_COLUMNS)
+            w.writeheader()
+            w.writerow({"model": "m", "status": "ok", "time_spread_pct": next(spreads), "precision": "fp32",
+                        "backend": "eager"})
+            w.writerow({"model": "m", "status": "skipped: no int8 in eager", "time_spread_pct": "99"})
+
+    monkeypatch.setattr(mp.subprocess, "run", fake_run)
+    args = mp._args(["--model", "m"])
+    part = mp.measure("m", args, tmp_path)
+    with open(part, newline="") as f:
+        assert next(csv.DictReader(f))["time_spread_pct"] == "4.0"
+    assert json.loads((tmp_path / "m.json").read_text())["max_spread_pct"] == [35.0, 4.0]
+    assert not list(tmp_path.glob(".*"))
+    # A quiet first run is kept as it is.
+    spreads = iter(["5.0"])
+    mp.measure("q", args, tmp_path)
+    assert json.loads((tmp_path / "q.json").read_text())["max_spread_pct"] == [5.0]
