@@ -72,7 +72,8 @@ def _load() -> list[float]:
 
 
 def max_spread(path: Path) -> float:
-    """The widest `time_spread_pct` (max - min over the timed steps, in % of the median) of a part's measured rows."""
+    """The widest `time_spread_pct` (interquartile range of the timed steps, in % of their median) of a part's
+    measured rows."""
     with open(path, newline="") as f:
         return max((float(r["time_spread_pct"]) for r in csv.DictReader(f)
                     if r["status"] == "ok" and r["time_spread_pct"]), default=0.0)
@@ -137,7 +138,8 @@ def merge(parts: list[Path], out: Path) -> Path:
 
 def table(path: str | Path) -> str:
     """Markdown: per (model, size), fp32 eager ms, each path's speed-up over it, the fastest path, whether it
-    reaches TARGET, and the widest spread of the timed steps among its paths (max - min, % of the median). A path
+    reaches TARGET, and the widest spread of the timed steps among its paths (`time_spread_pct`: interquartile range, % of the
+    median). A path
     that did not run shows its reason's first words."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
