@@ -138,9 +138,8 @@ def merge(parts: list[Path], out: Path) -> Path:
 
 def table(path: str | Path) -> str:
     """Markdown: per (model, size), fp32 eager ms, each path's speed-up over it, the fastest path, whether it
-    reaches TARGET, and the widest spread of the timed steps among its paths (`time_spread_pct`: interquartile range, % of the
-    median). A path
-    that did not run shows its reason's first words."""
+    reaches TARGET, and the widest spread of the timed steps among its paths (`time_spread_pct`: interquartile
+    range, % of the median). A path that did not run shows its reason's first words."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     groups: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}
