@@ -41,6 +41,8 @@ BACKENDS = "eager,compile,onnxruntime"
 PATHS = [("fp32", "compile"), ("bf16", "eager"), ("bf16", "compile"), ("fp32", "onnxruntime"),
          ("int8", "onnxruntime")]  # each beside fp32 eager, in this column order
 TARGET = 1.5  # the fastest path's speed-up over fp32 eager asked of every model
+MAX_DROP = 0.5  # top-1 points the fastest path may lose against fp32 on trained weights
+MICRO = {"l2vit_deit_tiny": "l2vit_micro"}  # micro siblings the name rule below does not find
 NOISY_SPREAD = 20.0  # percent: a model whose timed steps spread wider is measured once more (the second run stays)
 
 
@@ -56,6 +58,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--list", action="store_true", help="print the selected models and exit")
     p.add_argument("--table", metavar="CSV", help="print the Markdown table of a merged CSV and exit")
+    p.add_argument("--accuracy", metavar="CSV",
+                   help="with --table: a `benchmarks/precision_accuracy.py` CSV of micro models; adds the top-1 change "
+                        "of each model's fastest path on its micro sibling (same blocks and mechanism)")
     return p.parse_args(argv)
 
 
@@ -136,34 +141,69 @@ def merge(parts: list[Path], out: Path) -> Path:
     return out
 
 
-def table(path: str | Path) -> str:
+def micro_sibling(model: str, known: set[str]) -> str | None:
+    """The micro model sharing `model`'s blocks and mechanism: its name without the size suffix, + '_micro'
+    (agent_swin_small -> agent_swin_micro, flatten_pvt_v2_b1 -> flatten_pvt_v2_micro), or MICRO's entry."""
+    if model in MICRO:
+        return MICRO[model] if MICRO[model] in known else None
+    stem = model.rsplit("_", 1)[0]
+    return f"{stem}_micro" if f"{stem}_micro" in known else None
+
+
+def table(path: str | Path, accuracy: str | Path | None = None) -> str:
     """Markdown: per (model, size), fp32 eager ms, each path's speed-up over it, the fastest path, whether it
     reaches TARGET, and the widest spread of the timed steps among its paths (`time_spread_pct`: interquartile
-    range, % of the median). A path that did not run shows its reason's first words."""
+    range, % of the median). A path that did not run shows its reason's first words.
+
+    With `accuracy` (a precision_accuracy.py CSV), the fastest path whose top-1 on the model's micro sibling drops by
+    at most MAX_DROP points (its change beside it) takes the place of the fastest path in the TARGET column: a path
+    whose accuracy was not measured does not count."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
+    deltas: dict[tuple[str, str, str], float] = {}
+    if accuracy is not None:
+        with open(accuracy, newline="") as f:
+            for r in csv.DictReader(f):
+                if r["top1_delta"]:  # measured: 'ok' or flagged for its drop
+                    deltas[(r["model"], r["precision"], r["backend"])] = float(r["top1_delta"])
+    known = {m for m, _, _ in deltas}
     groups: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}
     for r in rows:
         groups.setdefault((r["model"], r["infer_img_size"]), {})[(r["precision"], r["backend"])] = r
-    head = ["model", "px", "fp32 eager (ms)"] + [f"{p} {b}" for p, b in PATHS] + ["fastest", f">= {TARGET}x", "spread"]
+    head = ["model", "px", "fp32 eager (ms)"] + [f"{p} {b}" for p, b in PATHS] + ["fastest"]
+    if accuracy is not None:
+        head += ["fastest keeping top-1 (change on the micro model)", f">= {TARGET}x, drop <= {MAX_DROP}"]
+    else:
+        head += [f">= {TARGET}x"]
+    head += ["spread"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (model, size), by in groups.items():
         base = by.get(("fp32", "eager"), {})
-        cells, best = [], ("fp32 eager", 1.0)
+        cells, speed = [], {("fp32", "eager"): 1.0}
         for key in PATHS:
             r = by.get(key, {})
             s = r.get("speedup_vs_fp32_eager", "")
             if s:
                 cells.append(f"{float(s):.2f}x")
-                if float(s) > best[1]:
-                    best = (" ".join(key), float(s))
+                speed[key] = float(s)
             else:
                 cells.append("-" if not r else (r.get("status", "") or "-").split(":")[0])
         ms = base.get("infer_step_time", "")
         line = [f"`{model}`", size, f"{float(ms):.1f}" if ms else (base.get("status") or "-")] + cells
+        best = max(speed, key=speed.get)
+        line += [f"{' '.join(best)} ({speed[best]:.2f}x)"]
+        ok = speed[best] >= TARGET
+        if accuracy is not None:
+            micro = micro_sibling(model, known)
+            kept = {k: v for k, v in speed.items() if micro and deltas.get((micro, *k), -1e9) >= -MAX_DROP}
+            if kept:
+                k = max(kept, key=kept.get)
+                line += [f"{' '.join(k)} ({kept[k]:.2f}x, {deltas[(micro, *k)]:+.2f} on `{micro}`)"]
+            else:
+                line += ["- (no micro model measured)" if not micro else "- (every path drops)"]
+            ok = bool(kept) and max(kept.values()) >= TARGET
         spread = max((float(r["time_spread_pct"]) for r in by.values() if r.get("time_spread_pct")), default=None)
-        line += [f"{best[0]} ({best[1]:.2f}x)", "yes" if best[1] >= TARGET else "**no**",
-                 "-" if spread is None else f"{spread:.0f} %"]
+        line += ["yes" if ok else "**no**", "-" if spread is None else f"{spread:.0f} %"]
         lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines)
 
@@ -171,7 +211,7 @@ def table(path: str | Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     if args.table:
-        print(table(args.table))
+        print(table(args.table, args.accuracy))
         return 0
     models = selected(args)
     if args.list:

@@ -80,3 +80,41 @@ def test_a_noisy_model_is_measured_once_more_and_the_repeat_kept(tmp_path, monke
     spreads = iter(["5.0"])
     mp.measure("q", args, tmp_path)
     assert json.loads((tmp_path / "q.json").read_text())["max_spread_pct"] == [5.0]
+
+
+def test_table_joins_the_fastest_paths_accuracy_on_the_micro_sibling(tmp_path):
+    mp = load_benchmark("models_precision")
+    speed, acc = tmp_path / "s.csv", tmp_path / "a.csv"
+    with open(speed, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=MODEL_COLUMNS)
+        w.writeheader()
+        for m, p, b, s in [("fam_a_small", "fp32", "eager", "1.0"), ("fam_a_small", "int8", "onnxruntime", "3.0"),
+                           ("fam_a_small", "bf16", "eager", "2.0"), ("fam_b_tiny", "fp32", "eager", "1.0"),
+                           ("fam_b_tiny", "bf16", "eager", "2.0"), ("l2vit_deit_tiny", "fp32", "eager", "1.0"),
+                           ("l2vit_deit_tiny", "bf16", "compile", "1.6"), ("orphan_s", "fp32", "eager", "1.0"),
+                           ("orphan_s", "bf16", "eager", "1.9")]:
+            w.writerow({"model": m, "infer_img_size": 224, "precision": p, "backend": b, "infer_step_time": "9",
+                        "speedup_vs_fp32_eager": s, "status": "ok", "time_spread_pct": "1"})
+    with open(acc, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["model", "precision", "backend", "top1_delta", "status"])
+        w.writeheader()
+        w.writerows([{"model": "fam_a_micro", "precision": "int8", "backend": "onnxruntime", "top1_delta": "-0.27",
+                      "status": "ok"},
+                     {"model": "fam_a_micro", "precision": "bf16", "backend": "eager", "top1_delta": "-2.0",
+                      "status": "ok"},
+                     {"model": "fam_b_micro", "precision": "bf16", "backend": "eager", "top1_delta": "-0.82",
+                      "status": "flagged: top-1 drops by more than 0.5 points"},
+                     {"model": "fam_b_micro", "precision": "fp32", "backend": "eager", "top1_delta": "+0.00",
+                      "status": "ok"},
+                     {"model": "l2vit_micro", "precision": "bf16", "backend": "compile", "top1_delta": "+0.55",
+                      "status": "ok"}])
+    lines = mp.table(speed, acc).splitlines()
+    assert lines[0].endswith("| fastest | fastest keeping top-1 (change on the micro model) | >= 1.5x, drop <= 0.5 "
+                             "| spread |")
+    row = {m: next(x for x in lines if x.startswith(f"| `{m}`")) for m in
+           ("fam_a_small", "fam_b_tiny", "l2vit_deit_tiny", "orphan_s")}
+    assert "| int8 onnxruntime (3.00x) | int8 onnxruntime (3.00x, -0.27 on `fam_a_micro`) | yes |" in row["fam_a_small"]
+    # bf16 is fastest but drops 0.82: fp32 eager (its own reference, change 0) is what keeps top-1, at 1.0x.
+    assert "| bf16 eager (2.00x) | fp32 eager (1.00x, +0.00 on `fam_b_micro`) | **no** |" in row["fam_b_tiny"]
+    assert "| bf16 compile (1.60x, +0.55 on `l2vit_micro`) | yes |" in row["l2vit_deit_tiny"]  # a gain is no drop
+    assert "| bf16 eager (1.90x) | - (no micro model measured) | **no** |" in row["orphan_s"]
