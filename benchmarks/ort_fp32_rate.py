@@ -12,6 +12,9 @@ in interleaved rounds, with the same threads:
       all of them off (`ORT_DISABLE_ALL`: no constant folding, no fusion). If the speed stays when nothing is folded
       or fused, folding parameter-only subgraphs is not what makes ONNX Runtime fast. `const_nodes` counts the nodes
       of the exported graph that depend on nothing but initializers (what constant folding could remove).
+Both kinds also time engine `torch_onednn`: the same product or model in torch with its fp32 Linear layers run
+through oneDNN (`torch.utils.mkldnn.MkldnnLinear`) instead of torch's default BLAS, which tells whether the gap is
+ONNX Runtime's or torch's default GEMM's.
 
 Usage (from the repository root, on a quiet machine: `uptime`):
     python benchmarks/ort_fp32_rate.py --out benchmarks/results/ort-fp32-rate-<hw>-pt<torch>.csv
@@ -109,6 +112,23 @@ def const_nodes(path: Path) -> tuple[int, int]:
     return count, len(g.node)
 
 
+def onednn_linears(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` whose fp32 `nn.Linear` layers run through oneDNN (`torch.utils.mkldnn.MkldnnLinear`,
+    weights packed once) instead of torch's default BLAS; inference only. Everything else is unchanged."""
+    import copy
+
+    from torch.utils.mkldnn import MkldnnLinear
+
+    module = copy.deepcopy(module)
+    if type(module) is torch.nn.Linear:
+        return MkldnnLinear(module, torch.float)
+    for parent in list(module.modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear:
+                setattr(parent, child_name, MkldnnLinear(child, torch.float))
+    return module
+
+
 def gemm_rows(shape: tuple[int, int, int], args) -> list[dict]:
     import numpy as np
     import onnx
@@ -130,8 +150,19 @@ def gemm_rows(shape: tuple[int, int, int], args) -> list[dict]:
     got = torch.from_numpy(sess.run(None, {"A": a})[0])
     if not torch.allclose(got, ta @ tb, rtol=1e-4, atol=1e-3):
         raise AssertionError(f"ONNX Runtime's MatMul {shape} differs from torch.matmul")
-    ms = interleaved({"torch": lambda: torch.matmul(ta, tb), "onnxruntime": lambda: sess.run(None, {"A": a})},
-                     args.rounds, args.min_time)
+    lin = torch.nn.Linear(k, n, bias=False)
+    lin.weight.data = tb.t().contiguous()
+    onednn = onednn_linears(lin)
+    with torch.no_grad():
+        if not torch.allclose(onednn(ta), ta @ tb, rtol=1e-4, atol=1e-3):
+            raise AssertionError(f"oneDNN's Linear {shape} differs from torch.matmul")
+
+    def onednn_call():
+        with torch.no_grad():
+            onednn(ta)
+
+    ms = interleaved({"torch": lambda: torch.matmul(ta, tb), "torch_onednn": onednn_call,
+                      "onnxruntime": lambda: sess.run(None, {"A": a})}, args.rounds, args.min_time)
     name = "x".join(map(str, shape))
     return [{"kind": "gemm", "name": name, "engine": e, "ms": t, "gmacs": m * k * n / 1e9} for e, t in ms.items()]
 
@@ -152,8 +183,11 @@ def model_rows(name: str, args, folder: Path) -> list[dict]:
     sessions = {level: ort.InferenceSession(str(path), _options(level, args.threads),
                                             providers=["CPUExecutionProvider"]) for level in ("all", "none")}
     inp = sessions["all"].get_inputs()[0].name
+    onednn = onednn_linears(model)
     with torch.no_grad():
         ref = model(x)
+        if (onednn(x) - ref).abs().max() > 1e-3 * ref.abs().max():
+            raise AssertionError(f"{name}: logits with oneDNN Linear layers differ from eager")
     for level, s in sessions.items():
         got = torch.from_numpy(s.run(None, {inp: x.numpy()})[0])
         if (got - ref).abs().max() > 1e-3 * ref.abs().max():
@@ -163,13 +197,17 @@ def model_rows(name: str, args, folder: Path) -> list[dict]:
         with torch.no_grad():
             model(x)
 
-    engines = {"torch": eager}
+    def eager_onednn():
+        with torch.no_grad():
+            onednn(x)
+
+    engines = {"torch": eager, "torch_onednn": eager_onednn}
     engines.update({f"onnxruntime_opt_{lv}": (lambda s=s: s.run(None, {inp: x.numpy()})) for lv, s in sessions.items()})
     ms = interleaved(engines, args.rounds, args.min_time)
     gmacs = count_macs(name, size)["gmacs"]
     const, nodes = const_nodes(path)
     return [{"kind": "model", "name": name, "img_size": size, "engine": e, "ms": t, "gmacs": gmacs,
-             "const_nodes": const if e != "torch" else "", "nodes": nodes if e != "torch" else ""}
+             "const_nodes": const if e.startswith("onnx") else "", "nodes": nodes if e.startswith("onnx") else ""}
             for e, t in ms.items()]
 
 
@@ -179,7 +217,7 @@ def finish(rows: list[dict], threads: int) -> list[dict]:
 
     torch_ms = {(r["kind"], r["name"]): r["ms"] for r in rows if r["engine"] == "torch"}
     for r in rows:
-        r["gflops"] = round(2 * r["gmacs"] / (r["ms"] / 1e3), 2)
+        r["gflops"] = float(f"{2 * r['gmacs'] / (r['ms'] / 1e3):.5g}")  # significant digits: tiny test shapes stay > 0
         r["ratio_vs_torch"] = round(torch_ms[(r["kind"], r["name"])] / r["ms"], 3)
         r["ms"], r["gmacs"] = float(f"{r['ms']:.6g}"), float(f"{r['gmacs']:.6g}")
         r.update(threads=threads, cpu=_cpu_name())
