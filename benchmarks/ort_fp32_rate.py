@@ -241,11 +241,11 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     for s in shapes:
         rows += gemm_rows(s, args)
-        print(rows[-2]["name"], {r["engine"]: round(r["ms"], 3) for r in rows[-2:]}, flush=True)
+        print(rows[-1]["name"], {r["engine"]: round(r["ms"], 3) for r in rows[-3:]}, flush=True)
     with tempfile.TemporaryDirectory() as folder:
         for name in args.model:
             rows += model_rows(name, args, Path(folder))
-            print(name, {r["engine"]: round(r["ms"], 2) for r in rows[-3:]}, flush=True)
+            print(name, {r["engine"]: round(r["ms"], 2) for r in rows[-4:]}, flush=True)
     from subquad.bench.sweep import write_csv
 
     write_csv(finish(rows, args.threads), out, COLUMNS)
