@@ -35,7 +35,8 @@ def _int_list(text: str) -> list[int]:
 
 
 def _word_list(text: str) -> list[str]:
-    return [v for v in text.replace(" ", "").split(",") if v]
+    """'a, b,a' -> ['a', 'b']: a value named twice is measured once."""
+    return list(dict.fromkeys(v for v in text.replace(" ", "").split(",") if v))
 
 
 def _name_list(values: list[str] | None) -> list[str] | None:

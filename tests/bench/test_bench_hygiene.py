@@ -236,3 +236,10 @@ def test_a_failure_is_reported_in_its_row_and_debug_shows_its_traceback(monkeypa
     monkeypatch.setenv("SUBQUAD_DEBUG", "1")
     with pytest.raises(RuntimeError, match="a bug in a mechanism"):
         sweep_attention(["linear"], dim=16, heads=2, tokens=(4,), repeats=1, warmup=0)
+
+
+def test_a_precision_or_backend_named_twice_is_measured_once():
+    from subquad_cli.bench import _word_list
+
+    assert _word_list("eager, compile,eager,,") == ["eager", "compile"]
+    assert _word_list("bf16,fp32,bf16") == ["bf16", "fp32"]
