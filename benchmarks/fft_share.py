@@ -12,7 +12,9 @@ without the profiler: `--rounds` steps of fp32, then of bf16 (a model per precis
 
 Columns: model, img_size, fp32_ms, bf16_ms (medians over the timed steps), fft_ms_fp32 / fft_ms_bf16 (FFT time per step,
 profiled, scaled to the unprofiled step), fft_share_fp32, bound_vs_fp32_eager, rest_speedup_bf16,
-rest_speedup_needed (for 1.5x over fp32 eager; 'inf' when the FFTs alone exceed fp32_ms / 1.5), bf16_fft (whether
+rest_speedup_needed (for 1.5x over fp32 eager; 'inf' when the FFTs alone exceed fp32_ms / 1.5), dft_fp32_ms and
+dft_vs_fft_fp32 (the fp32 step in the real-DFT form that ONNX exports run, `subquad.backend.real_dft`, and its ratio
+to the FFT form's), bf16_fft (whether
 torch.fft accepts a bf16 tensor on this CPU), threads, cpu.
 
 Usage (from the repository root, on a quiet machine: `uptime`):
@@ -36,7 +38,8 @@ import torch  # noqa: E402
 from subquad.errors import UserError  # noqa: E402
 
 COLUMNS = ["model", "img_size", "fp32_ms", "bf16_ms", "fft_ms_fp32", "fft_ms_bf16", "fft_share_fp32",
-           "bound_vs_fp32_eager", "rest_speedup_bf16", "rest_speedup_needed", "bf16_fft", "threads", "cpu"]
+           "bound_vs_fp32_eager", "rest_speedup_bf16", "rest_speedup_needed", "dft_fp32_ms", "dft_vs_fft_fp32",
+           "bf16_fft", "threads", "cpu"]
 TARGET = 1.5
 
 
@@ -77,6 +80,7 @@ def fft_fraction(model, x, bf16: bool, steps: int = 2) -> float:
 
 def row(name: str, size: int, rounds: int) -> dict:
     import subquad
+    from subquad.backend import real_dft
 
     torch.manual_seed(0)
     # One precision after the other, each on its own copy of the model: a user runs one precision, and alternating
@@ -93,6 +97,15 @@ def row(name: str, size: int, rounds: int) -> dict:
             _step(models[bf16], x, bf16)
             times[bf16].append((time.perf_counter() - t0) * 1e3)
     fp32_ms, bf16_ms = statistics.median(times[False]), statistics.median(times[True])
+    # The real-DFT form the ONNX export runs (no complex tensors there), in torch fp32 on the fp32 copy.
+    with real_dft():
+        _step(models[False], x, False)
+        dft = []
+        for _ in range(max(1, rounds // 3)):
+            t0 = time.perf_counter()
+            _step(models[False], x, False)
+            dft.append((time.perf_counter() - t0) * 1e3)
+    dft_ms = statistics.median(dft)
     fft32 = fft_fraction(models[False], x, False) * fp32_ms
     fft16 = fft_fraction(models[True], x, True) * bf16_ms
     budget = fp32_ms / TARGET - fft32  # what the rest may take for TARGET, with the FFTs as they are in fp32
@@ -101,7 +114,8 @@ def row(name: str, size: int, rounds: int) -> dict:
             "fft_share_fp32": round(fft32 / fp32_ms, 4),
             "bound_vs_fp32_eager": round(fp32_ms / fft32, 3) if fft32 else "inf",
             "rest_speedup_bf16": round((fp32_ms - fft32) / (bf16_ms - fft16), 3),
-            "rest_speedup_needed": round((fp32_ms - fft32) / budget, 3) if budget > 0 else "inf"}
+            "rest_speedup_needed": round((fp32_ms - fft32) / budget, 3) if budget > 0 else "inf",
+            "dft_fp32_ms": round(dft_ms, 3), "dft_vs_fft_fp32": round(dft_ms / fp32_ms, 3)}
 
 
 def main(argv=None) -> int:

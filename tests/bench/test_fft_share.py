@@ -26,6 +26,7 @@ def test_rows_bounds_and_refusals(tmp_path):
         assert float(r["fft_share_fp32"]) == pytest.approx(fft / fp32, abs=1e-3)
         assert float(r["bound_vs_fp32_eager"]) == pytest.approx(fp32 / fft, rel=1e-2)
         assert float(r["bound_vs_fp32_eager"]) > 1
+        assert float(r["dft_vs_fft_fp32"]) == pytest.approx(float(r["dft_fp32_ms"]) / fp32, rel=1e-2)
     assert {r["bf16_fft"] for r in rows} == {str(int(share.bf16_fft_supported()))}
     with pytest.raises(UserError, match="exists"):
         share.main(argv)
