@@ -34,6 +34,25 @@ def _int_list(text: str) -> list[int]:
     return vals
 
 
+def _size_list(text: str) -> list[int | str]:
+    """'224, 320x512' -> [224, '320x512']: image sizes, a side S (S x S) or HxW."""
+    from subquad.bench.sweep import image_size, size_label
+    from subquad.errors import UserError
+
+    out: list[int | str] = []
+    for v in text.replace(" ", "").split(","):
+        if not v:
+            continue
+        try:
+            out.append(size_label(image_size(v)))
+        except UserError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated sizes S or HxW (positive integers, for "
+                                             f"example 224,320x512), got {text!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sizes S or HxW, got {text!r}")
+    return list(dict.fromkeys(out))
+
+
 def _word_list(text: str) -> list[str]:
     """'a, b,a' -> ['a', 'b']: a value named twice is measured once."""
     return list(dict.fromkeys(v for v in text.replace(" ", "").split(",") if v))
@@ -88,11 +107,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     _common(a)
     a.set_defaults(func=run_attention)
     m = kinds.add_parser("model", help="benchmark models at image sizes",
-                         description="Latency, images/s, peak memory, params and GMACs of models at square sizes.")
+                         description="Latency, images/s, peak memory, params and GMACs of models at image sizes.")
     m.add_argument("--model", nargs="+", required=True, metavar="NAME",
                    help="registered models (subquad or timm), space- or comma-separated")
-    m.add_argument("--img-size", type=_int_list, default=[224], metavar="S,S,...",
-                   help="square input sides (default: 224)")
+    m.add_argument("--img-size", type=_size_list, default=[224], metavar="S|HxW,...",
+                   help="input sizes: a side S for S x S, or HxW for any other shape, e.g. 224,320x512 (default: 224)")
     m.add_argument("-b", "--batch-size", type=int, default=1, help="batch size (default: 1)")
     m.add_argument("--compile", action="store_true",
                    help="time torch.compile(model) (the untimed first call compiles; column `compiled`); the same "

@@ -118,11 +118,11 @@ def _ort_options():
     return opts
 
 
-def ort_runner(model: torch.nn.Module, size: int, precision: str, folder: str | os.PathLike,
+def ort_runner(model: torch.nn.Module, size: int | tuple[int, int], precision: str, folder: str | os.PathLike,
                cache: dict) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`model` exported to ONNX at size x size (batch symbolic) under `folder`, int8-quantized for 'int8', as a
-    function of the input run by an ONNX Runtime CPU session. `cache` (one per model and size) keeps the fp32 file,
-    so fp32 and int8 come from one export."""
+    """`model` exported to ONNX at `size` (a side or (H, W); batch symbolic) under `folder`, int8-quantized for
+    'int8', as a function of the input run by an ONNX Runtime CPU session. `cache` (one per model and size) keeps
+    the fp32 file, so fp32 and int8 come from one export."""
     import tempfile
 
     import onnxruntime as ort
@@ -131,7 +131,8 @@ def ort_runner(model: torch.nn.Module, size: int, precision: str, folder: str | 
 
     if "onnx_fp32" not in cache:
         path = Path(tempfile.mkdtemp(dir=folder)) / "model.onnx"
-        export_model(model, "onnx", path, (size, size), log=lambda *_: None)
+        hw = (size, size) if isinstance(size, int) else tuple(size)
+        export_model(model, "onnx", path, hw, log=lambda *_: None)
         cache["onnx_fp32"] = path
     path = cache["onnx_fp32"]
     if precision == "int8":

@@ -376,16 +376,42 @@ def _is_subquad(name: str) -> bool:
     return is_subquad_model(name)
 
 
-def _model_kwargs(name: str, size: int) -> dict[str, Any]:
+def image_size(size: int | str | Sequence[int]) -> tuple[int, int]:
+    """(H, W) of an image size given as a side (224), 'HxW' ('224x320') or a pair; refused (one line) unless
+    both are positive integers."""
+    if isinstance(size, str):
+        parts = size.lower().split("x")
+        try:
+            hw = tuple(int(p) for p in parts)
+        except ValueError:
+            hw = ()
+    elif isinstance(size, int):
+        hw = (size, size)
+    else:
+        hw = tuple(int(v) for v in size)
+    if len(hw) == 1:
+        hw = (hw[0], hw[0])
+    if len(hw) != 2 or min(hw) < 1:
+        raise UserError(f"image size {size!r}: expected a positive side S or HxW (for example 224 or 224x320)")
+    return hw  # type: ignore[return-value]
+
+
+def size_label(hw: tuple[int, int]) -> str | int:
+    """The `infer_img_size` of (H, W): the side when square (224), else 'HxW' ('224x320')."""
+    return hw[0] if hw[0] == hw[1] else f"{hw[0]}x{hw[1]}"
+
+
+def _model_kwargs(name: str, size: int | tuple[int, int]) -> dict[str, Any]:
     """Construction options for `name` at `size`: timm models are built at the size (position tables, Swin masks;
     Swin pads windows itself); subquad models run at any size as built."""
     import timm
 
     if _is_subquad(name):
         return {}
+    hw = image_size(size)
     cfg = timm.models.get_pretrained_cfg(name.split(".")[0])
     native = tuple(cfg.input_size[-2:]) if cfg is not None else None
-    return {} if native == (size, size) else {"img_size": size}
+    return {} if native == hw else {"img_size": hw[0] if hw[0] == hw[1] else hw}
 
 
 def check_model_names(models: Sequence[str]) -> None:
@@ -400,13 +426,15 @@ def check_model_names(models: Sequence[str]) -> None:
             raise unknown_name("model", m, list_models() + timm.list_models())
 
 
-def check_model_sizes(models: Sequence[str], img_sizes: Sequence[int]) -> None:
+def check_model_sizes(models: Sequence[str], img_sizes: Sequence[int | str | tuple[int, int]]) -> None:
     """Refuse (one-line UserError) a size below what a subquad model takes (its total stride), found by a forward on
-    the meta device at the smallest size, before anything is measured or written."""
+    the meta device at the smallest height and width asked, before anything is measured or written."""
     from ..models import create_model
     from ..models._base import InputShapeError
 
-    size = min(int(s) for s in img_sizes)
+    sizes = [image_size(s) for s in img_sizes]
+    hw = (min(h for h, _ in sizes), min(w for _, w in sizes))
+    size = size_label(hw)
     for name in models:
         if not _is_subquad(name):
             continue
@@ -414,21 +442,22 @@ def check_model_sizes(models: Sequence[str], img_sizes: Sequence[int]) -> None:
         in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
         try:
             with torch.no_grad():
-                model.eval()(torch.empty(1, in_chans, size, size, device="meta"))
+                model.eval()(torch.empty(1, in_chans, *hw, device="meta"))
         except InputShapeError as e:
             raise UserError(f"--img-size {size} is too small for {name}: {e}") from None
 
 
-def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch_size: int = 1,
+def bench_models(models: Sequence[str], img_sizes: Sequence[int | str | tuple[int, int]] = (224,), batch_size: int = 1,
                  backward: bool = False, device: str | torch.device = "cpu", max_mem_mb: float | None = 8192.0,
                  max_time_s: float | None = 300.0, warmup: int = 1, repeats: int = 5, force: bool = False,
                  on_row: Callable[[dict], None] | None = None, compile: bool = False,
                  precisions: Sequence[str] = ("fp32",), backends: Sequence[str] | None = None) -> list[dict]:
-    """Latency, images/s, peak memory, params and GMACs of image models at square sizes, per precision and backend.
+    """Latency, images/s, peak memory, params and GMACs of image models at image sizes, per precision and backend.
 
     Args:
         models: registered names (subquad's or timm's).
-        img_sizes: square input sides, measured in increasing order per model.
+        img_sizes: input sizes: a side S (S x S), 'HxW' or (H, W); measured in increasing order of pixels per model.
+            `infer_img_size` is S for a square size and 'HxW' otherwise.
         batch_size: images per step.
         backward: also time a training step (forward, cross-entropy on random labels, backward; no optimizer step;
             eager and compile only).
@@ -446,15 +475,16 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
     backends = list(backends) if backends else (["compile"] if compile else ["eager"])
     check_pairs(precisions, backends)
     check_model_names(models)
-    if any(int(s) < 1 for s in img_sizes) or batch_size < 1:
-        raise UserError(f"need positive --img-size and --batch-size, got {list(img_sizes)} and {batch_size}")
+    sizes = sorted({image_size(s) for s in img_sizes}, key=lambda hw: (hw[0] * hw[1], hw))
+    if batch_size < 1:
+        raise UserError(f"need a positive --batch-size, got {batch_size}")
     check_model_sizes(models, img_sizes)
     sweep = _Sweep(device, max_mem_mb, max_time_s, warmup, repeats, force, batch_size)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="subquad-bench-") as folder:
         sweep.folder = folder
         for name in models:
-            for size in sorted({int(s) for s in img_sizes}):
+            for size in sizes:
                 built: dict[str, Any] = {}
                 group = [_model_row(sweep, name, size, backward, be, prec, built)
                          for prec in precisions for be in backends]
@@ -464,6 +494,15 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int] = (224,), batch
                     if on_row:
                         on_row(row)
     return rows
+
+
+def _pixels(label: Any) -> float:
+    """H x W of an `infer_img_size` cell (224 or '224x320'); 0 when empty or unreadable."""
+    try:
+        h, w = image_size(label if isinstance(label, (int, str)) else str(label))
+    except (UserError, ValueError):
+        return 0.0
+    return float(h * w)
 
 
 def _speedups(group: list[dict]) -> None:
@@ -476,7 +515,7 @@ def _speedups(group: list[dict]) -> None:
             r["speedup_vs_fp32_eager"] = round(base / t, 3)
 
 
-def _build_model(name: str, size: int, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
+def _build_model(name: str, size: tuple[int, int], device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
     """`name` built for `size` on `device`, and the construction options used."""
     from ..models import create_model
 
@@ -489,7 +528,7 @@ def _build_model(name: str, size: int, device: torch.device) -> tuple[torch.nn.M
         return create_model(name).to(device), {}
 
 
-def _built(built: dict[str, Any], name: str, size: int, sweep: _Sweep) -> dict[str, Any]:
+def _built(built: dict[str, Any], name: str, size: tuple[int, int], sweep: _Sweep) -> dict[str, Any]:
     """The model of one (model, size), built once and shared by its precisions and backends, with its GMACs."""
     from ..models import create_model
     from .flops import count_macs
@@ -508,15 +547,15 @@ def _built(built: dict[str, Any], name: str, size: int, sweep: _Sweep) -> dict[s
     return built
 
 
-def _model_row(sweep: _Sweep, name: str, size: int, backward: bool, backend: str = "eager",
+def _model_row(sweep: _Sweep, name: str, size: tuple[int, int], backward: bool, backend: str = "eager",
                precision: str = "fp32", built: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The row of model `name` at size x size in `precision` on `backend`: built, counted, then each mode
+    """The row of model `name` at size (H, W) in `precision` on `backend`: built, counted, then each mode
     measured (or the reason the pair does not run)."""
     from .precision import skip_reason
 
     device, batch_size = sweep.device, sweep.batch_size
     row: dict[str, Any] = dict.fromkeys(MODEL_COLUMNS, "")
-    row.update(model=name, infer_img_size=size, infer_batch_size=batch_size, forced=0,
+    row.update(model=name, infer_img_size=size_label(size), infer_batch_size=batch_size, forced=0,
                compiled=int(backend == "compile"), precision=precision, backend=backend, **sweep.env)
     why = skip_reason(precision, backend, device)
     if why:
@@ -530,16 +569,16 @@ def _model_row(sweep: _Sweep, name: str, size: int, backward: bool, backend: str
     model = b["model"]
     row.update(param_count=b["params"], infer_gmacs=b["gmacs"])
     in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
-    x = torch.randn(batch_size, in_chans, size, size, device=device)
+    x = torch.randn(batch_size, in_chans, *size, device=device)
     status: list[str] = []
     modes = [("infer", False)] + ([("train", True)] if backward and backend != "onnxruntime" else [])
     if backward and backend == "onnxruntime":
         status.append("train not measured: ONNX Runtime runs inference only")
     for mode, grad in modes:
         make_step = _step_maker(sweep, b, x, grad, backend, precision, size)
-        if sweep.measure(row, status, (name, mode, precision, backend), size * size, 2.0, make_step) \
+        if sweep.measure(row, status, (name, mode, precision, backend), size[0] * size[1], 2.0, make_step) \
                 and mode == "train":
-            row.update(train_img_size=size, train_batch_size=batch_size)
+            row.update(train_img_size=size_label(size), train_batch_size=batch_size)
     model.eval()
     if backend == "onnxruntime":
         row["peak_mem_mb"] = ""  # ONNX Runtime allocates outside torch's allocator probe
@@ -549,7 +588,7 @@ def _model_row(sweep: _Sweep, name: str, size: int, backward: bool, backend: str
 
 
 def _step_maker(sweep: _Sweep, built: dict[str, Any], x: torch.Tensor, grad: bool, backend: str, precision: str,
-                size: int):
+                size: tuple[int, int]):
     """make_step for `_Sweep.measure`: the timed step of one mode and its finiteness check."""
     from ..backend import precision_context
 
@@ -735,8 +774,8 @@ def plot_models(rows: Sequence[dict], path: str | Path, title: str | None = None
     for ax, (col, label) in zip([a for rr in axes for a in rr], panels):
         all_x, all_y = [], []
         for i, name in enumerate(order):
-            pts = sorted((_num(r["infer_img_size"]) ** 2, _num(r.get(col))) for r in rows
-                         if line(r) == name and _num(r["infer_img_size"]))
+            pts = sorted((_pixels(r["infer_img_size"]), _num(r.get(col))) for r in rows
+                         if line(r) == name and _pixels(r["infer_img_size"]))
             pts = [(x, y) for x, y in pts if y]
             if not pts:
                 continue
@@ -744,7 +783,7 @@ def plot_models(rows: Sequence[dict], path: str | Path, title: str | None = None
             all_x += xs
             all_y += ys
             ax.plot(xs, ys, marker="o", ms=4, color=cmap(i % cmap.N), label=name)
-        _finish_axis(ax, all_x, all_y, "pixels per image = img_size² (log scale)", label)
+        _finish_axis(ax, all_x, all_y, "pixels per image = H x W (log scale)", label)
     r0 = rows[0] if rows else {}
     fig.suptitle(title or f"model cost: batch {r0.get('infer_batch_size')}, fp32, {r0.get('device')}, "
                  f"torch {r0.get('torch')}", fontsize=11)

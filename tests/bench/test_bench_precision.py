@@ -81,3 +81,40 @@ def test_compile_backend_rows():
     by = {(r["precision"], r["backend"]): r for r in rows}
     assert by[("fp32", "compile")]["status"] == "ok" and by[("fp32", "compile")]["compiled"] == 1
     assert float(by[("fp32", "compile")]["speedup_vs_fp32_eager"]) > 0
+
+
+def test_non_square_sizes_in_every_backend(tmp_path):
+    """`--img-size HxW`: the model runs, is counted and exported at H x W, rows say 'HxW', sizes go by pixels."""
+    from subquad.bench.flops import count_macs
+
+    out = tmp_path / "ns.csv"
+    assert main(["bench", "model", "--model", "vit_attn_micro", "--img-size", "32x16,24,16x40",
+                 "--precision", "fp32,int8", "--backend", "eager,onnxruntime", "--repeats", "1", "--warmup", "0",
+                 "--no-plot", "--out", str(out)]) == 0
+    with open(out, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+    assert list(dict.fromkeys(r["infer_img_size"] for r in rows)) == ["32x16", "24", "16x40"]  # 512, 576, 640 px
+    for r in rows:
+        hw = tuple(int(v) for v in r["infer_img_size"].split("x")) * (1 if "x" in r["infer_img_size"] else 2)
+        assert float(r["infer_gmacs"]) == pytest.approx(count_macs("vit_attn_micro", hw)["gmacs"], rel=1e-4)
+    assert {(r["precision"], r["backend"]) for r in rows if r["infer_img_size"] == "16x40"} == {
+        ("fp32", "eager"), ("fp32", "onnxruntime"), ("int8", "onnxruntime")}
+
+
+@pytest.mark.parametrize("bad", ["0x16", "16x", "axb", "16x16x3", ","])
+def test_bad_image_sizes_are_one_line(bad, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "model", "--model", "vit_attn_micro", "--img-size", bad, "--no-plot"])
+    err = capsys.readouterr().err
+    assert "--img-size" in err and "HxW" in err and "Traceback" not in err
+
+
+def test_image_size_forms():
+    from subquad.bench.sweep import image_size, size_label
+    from subquad.errors import UserError
+
+    assert image_size(224) == image_size("224") == image_size((224, 224)) == (224, 224)
+    assert image_size("224x320") == image_size("224X320") == image_size((224, 320)) == (224, 320)
+    assert size_label((224, 224)) == 224 and size_label((224, 320)) == "224x320"
+    with pytest.raises(UserError, match="HxW"):
+        image_size((0, 3))
