@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
+import numbers
 import os
 import platform
 import re
@@ -379,16 +380,20 @@ def _is_subquad(name: str) -> bool:
 def image_size(size: int | str | Sequence[int]) -> tuple[int, int]:
     """(H, W) of an image size given as a side (224), 'HxW' ('224x320') or a pair; refused (one line) unless
     both are positive integers."""
-    if isinstance(size, str):
-        parts = size.lower().split("x")
-        try:
-            hw = tuple(int(p) for p in parts)
-        except ValueError:
-            hw = ()
-    elif isinstance(size, int):
-        hw = (size, size)
-    else:
-        hw = tuple(int(v) for v in size)
+    def side(v: Any) -> int:
+        if isinstance(v, bool) or (isinstance(v, str) and not v.strip().isdigit()) or int(v) != float(v):
+            raise ValueError(v)
+        return int(v)
+
+    try:
+        if isinstance(size, str):
+            hw = tuple(side(p) for p in size.lower().split("x"))
+        elif isinstance(size, numbers.Real):
+            hw = (side(size), side(size))
+        else:
+            hw = tuple(side(v) for v in size)
+    except (TypeError, ValueError):
+        hw = ()
     if len(hw) == 1:
         hw = (hw[0], hw[0])
     if len(hw) != 2 or min(hw) < 1:
@@ -499,7 +504,9 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int | str | tuple[in
 def _pixels(label: Any) -> float:
     """H x W of an `infer_img_size` cell (224 or '224x320'); 0 when empty or unreadable."""
     try:
-        h, w = image_size(label if isinstance(label, (int, str)) else str(label))
+        if isinstance(label, str) and label.replace(".", "", 1).isdigit():
+            label = float(label)  # a CSV cell read back: '224' or '224.0'
+        h, w = image_size(label)
     except (UserError, ValueError):
         return 0.0
     return float(h * w)

@@ -116,5 +116,18 @@ def test_image_size_forms():
     assert image_size(224) == image_size("224") == image_size((224, 224)) == (224, 224)
     assert image_size("224x320") == image_size("224X320") == image_size((224, 320)) == (224, 320)
     assert size_label((224, 224)) == 224 and size_label((224, 320)) == "224x320"
-    with pytest.raises(UserError, match="HxW"):
-        image_size((0, 3))
+    import numpy as np
+
+    assert image_size(np.int64(224)) == image_size(224.0) == (224, 224)
+    assert image_size([np.int64(16), 24]) == (16, 24)
+    for bad in ((0, 3), "2_24", True, 224.5, "16x", "x", None, (1, 2, 3)):
+        with pytest.raises(UserError, match="HxW"):
+            image_size(bad)
+
+
+def test_plot_reads_sizes_back_from_csv_cells():
+    from subquad.bench.sweep import _pixels
+
+    assert _pixels(224) == _pixels("224") == _pixels(224.0) == _pixels("224.0") == 224 * 224
+    assert _pixels("32x16") == 512
+    assert _pixels("") == _pixels(None) == _pixels(float("nan")) == 0
