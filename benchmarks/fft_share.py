@@ -1,4 +1,4 @@
-"""How much of a LiSA model's CPU step is its FFTs, and what that bounds for the bf16 and int8 paths (Amdahl).
+"""How much of a LiSA model's CPU step is its FFTs, and what that bounds for the bf16 path (Amdahl).
 
 LiSA's structure-aware attention (arXiv 2211.16289, Eq. 13) evaluates its correlations with FFTs over the token
 grid. torch's CPU FFTs run in fp32 or fp64 only (there is no bf16 kernel), so under bf16 autocast they stay fp32
@@ -12,7 +12,8 @@ without the profiler: `--rounds` steps of fp32, then of bf16 (a model per precis
 
 Columns: model, img_size, fp32_ms, bf16_ms (medians over the timed steps), fft_ms_fp32 / fft_ms_bf16 (FFT time per step,
 profiled, scaled to the unprofiled step), fft_share_fp32, bound_vs_fp32_eager, rest_speedup_bf16,
-rest_speedup_needed (for 1.5x over fp32 eager; 'inf' when the FFTs alone exceed fp32_ms / 1.5), dft_fp32_ms and
+rest_speedup_needed (for 1.5x over fp32 eager, with the FFTs at their fp32 time; 'inf' when the FFTs alone exceed
+fp32_ms / 1.5; rest_speedup_bf16 uses the FFT time measured under bf16), dft_fp32_ms and
 dft_vs_fft_fp32 (the fp32 step in the real-DFT form that ONNX exports run, `subquad.backend.real_dft`, and its ratio
 to the FFT form's), bf16_fft (whether
 torch.fft accepts a bf16 tensor on this CPU), threads, cpu.
@@ -83,8 +84,8 @@ def row(name: str, size: int, rounds: int) -> dict:
     from subquad.backend import real_dft
 
     torch.manual_seed(0)
-    # One precision after the other, each on its own copy of the model: a user runs one precision, and alternating
-    # them step by step was measured to slow lisanet_i's fp32 steps at 224 px 2.5x (eval caches, allocator).
+    # One precision after the other, each on its own copy of the model, as a user runs them (in one trial,
+    # alternating fp32 and bf16 step by step took lisanet_i's fp32 step at 224 px from about 107 to 286 ms).
     x = torch.randn(1, 3, size, size)
     models, times = {}, {}
     for bf16 in (False, True):
@@ -108,14 +109,20 @@ def row(name: str, size: int, rounds: int) -> dict:
     dft_ms = statistics.median(dft)
     fft32 = fft_fraction(models[False], x, False) * fp32_ms
     fft16 = fft_fraction(models[True], x, True) * bf16_ms
+    return {"model": name, "img_size": size, **bounds(fp32_ms, bf16_ms, fft32, fft16),
+            "dft_fp32_ms": round(dft_ms, 3), "dft_vs_fft_fp32": round(dft_ms / fp32_ms, 3)}
+
+
+def bounds(fp32_ms: float, bf16_ms: float, fft32: float, fft16: float) -> dict:
+    """The step times, the FFT times in each precision and what they bound (the CSV's columns from fp32_ms to
+    rest_speedup_needed)."""
     budget = fp32_ms / TARGET - fft32  # what the rest may take for TARGET, with the FFTs as they are in fp32
-    return {"model": name, "img_size": size, "fp32_ms": round(fp32_ms, 3), "bf16_ms": round(bf16_ms, 3),
+    return {"fp32_ms": round(fp32_ms, 3), "bf16_ms": round(bf16_ms, 3),
             "fft_ms_fp32": round(fft32, 3), "fft_ms_bf16": round(fft16, 3),
             "fft_share_fp32": round(fft32 / fp32_ms, 4),
             "bound_vs_fp32_eager": round(fp32_ms / fft32, 3) if fft32 else "inf",
-            "rest_speedup_bf16": round((fp32_ms - fft32) / (bf16_ms - fft16), 3),
-            "rest_speedup_needed": round((fp32_ms - fft32) / budget, 3) if budget > 0 else "inf",
-            "dft_fp32_ms": round(dft_ms, 3), "dft_vs_fft_fp32": round(dft_ms / fp32_ms, 3)}
+            "rest_speedup_bf16": round((fp32_ms - fft32) / (bf16_ms - fft16), 3) if bf16_ms > fft16 else "inf",
+            "rest_speedup_needed": round((fp32_ms - fft32) / budget, 3) if budget > 0 else "inf"}
 
 
 def main(argv=None) -> int:

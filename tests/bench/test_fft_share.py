@@ -43,6 +43,18 @@ def test_fft_fraction_sees_ffts_and_only_them():
         def forward(self, x):
             return torch.fft.irfft2(torch.fft.rfft2(x), s=x.shape[-2:])
 
-    x = torch.randn(1, 3, 64, 64)
-    assert share.fft_fraction(Spectral(), x, bf16=False) > 0.5
+    x = torch.randn(1, 3, 256, 256)
+    assert share.fft_fraction(Spectral(), x, bf16=False) > 0.2
     assert share.fft_fraction(torch.nn.Conv2d(3, 3, 3), x, bf16=False) == 0.0
+
+
+def test_bounds_arithmetic():
+    """Worked by hand: a 100 ms fp32 step with 20 ms of FFTs, 70 ms in bf16 with 25 ms of FFTs."""
+    share = load_benchmark("fft_share")
+    b = share.bounds(100.0, 70.0, 20.0, 25.0)
+    assert b["fft_share_fp32"] == 0.2 and b["bound_vs_fp32_eager"] == 5.0
+    assert b["rest_speedup_bf16"] == round(80 / 45, 3)  # the rest: 80 ms in fp32, 45 ms in bf16
+    assert b["rest_speedup_needed"] == round(80 / (100 / 1.5 - 20), 3)  # 1.5x leaves 46.7 ms for the rest
+    assert share.bounds(100.0, 70.0, 70.0, 70.0)["rest_speedup_needed"] == "inf"  # FFTs alone exceed 66.7 ms
+    assert share.bounds(100.0, 70.0, 70.0, 70.0)["rest_speedup_bf16"] == "inf"
+    assert share.bounds(100.0, 70.0, 0.0, 0.0)["bound_vs_fp32_eager"] == "inf"
