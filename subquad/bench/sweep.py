@@ -221,7 +221,8 @@ class _Sweep:
 
         `make_step()` (called once the budget allows the size) returns the step and a check of its result that
         names what is not finite ('output' / 'gradients') or returns None. A refusal, skip or error goes into
-        `status` and stops this (name, mode) at larger sizes."""
+        `status`; a refusal, a budget skip or running out of memory stops this (name, mode) at larger sizes, while
+        another error does not (with non-square sizes, a larger size need not contain a failing one)."""
         mode = key[1]
         why = self.budget.reason(key, size, slope)
         if why:
@@ -242,7 +243,8 @@ class _Sweep:
             _reported(e)
             msg = str(e).splitlines()[0][:160] if str(e) else ""
             status.append(f"{mode} error: {type(e).__name__}: {msg}")
-            self.budget.stopped[key] = "an error"
+            if isinstance(e, MemoryError) or "out of memory" in str(e).lower():
+                self.budget.stopped[key] = "out of memory"
             return False
         self.budget.record(key, size, mem, best)
         _record(row, mode, sec, mem, spread, self.batch_size)
@@ -433,23 +435,22 @@ def check_model_names(models: Sequence[str]) -> None:
 
 def check_model_sizes(models: Sequence[str], img_sizes: Sequence[int | str | tuple[int, int]]) -> None:
     """Refuse (one-line UserError) a size below what a subquad model takes (its total stride), found by a forward on
-    the meta device at the smallest height and width asked, before anything is measured or written."""
+    the meta device at each size asked, before anything is measured or written."""
     from ..models import create_model
     from ..models._base import InputShapeError
 
-    sizes = [image_size(s) for s in img_sizes]
-    hw = (min(h for h, _ in sizes), min(w for _, w in sizes))
-    size = size_label(hw)
+    sizes = sorted({image_size(s) for s in img_sizes}, key=lambda hw: (hw[0] * hw[1], hw))
     for name in models:
         if not _is_subquad(name):
             continue
-        model = create_model(name, device="meta")
+        model = create_model(name, device="meta").eval()
         in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
-        try:
-            with torch.no_grad():
-                model.eval()(torch.empty(1, in_chans, *hw, device="meta"))
-        except InputShapeError as e:
-            raise UserError(f"--img-size {size} is too small for {name}: {e}") from None
+        for hw in sizes:
+            try:
+                with torch.no_grad():
+                    model(torch.empty(1, in_chans, *hw, device="meta"))
+            except InputShapeError as e:
+                raise UserError(f"--img-size {size_label(hw)} is too small for {name}: {e}") from None
 
 
 def bench_models(models: Sequence[str], img_sizes: Sequence[int | str | tuple[int, int]] = (224,), batch_size: int = 1,

@@ -131,3 +131,12 @@ def test_plot_reads_sizes_back_from_csv_cells():
     assert _pixels(224) == _pixels("224") == _pixels(224.0) == _pixels("224.0") == 224 * 224
     assert _pixels("32x16") == 512
     assert _pixels("") == _pixels(None) == _pixels(float("nan")) == 0
+
+
+def test_a_too_small_side_names_the_size_asked():
+    from subquad.bench.sweep import check_model_sizes
+    from subquad.errors import UserError
+
+    check_model_sizes(["vit_attn_micro"], ["16x64", "64x16"])  # each side at least the stride
+    with pytest.raises(UserError, match="--img-size 64x8 is too small for l2vit_micro"):
+        check_model_sizes(["l2vit_micro"], ["64x16", "64x8"])

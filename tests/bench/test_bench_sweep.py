@@ -182,3 +182,34 @@ def test_time_interleaved_alternates_steps():
     assert order == ["a", "b"] * 4 and list(t) == ["a", "b"] and all(len(v) == 3 for v in t.values())
     with pytest.raises(ValueError, match="rounds"):
         time_interleaved({"a": lambda: None}, rounds=0)
+
+
+def test_an_error_at_one_size_stops_larger_sizes_only_when_out_of_memory():
+    """With non-square sizes a larger one need not contain a failing one: a shape error is reported in its row and
+    the next size is measured; running out of memory still stops the larger sizes."""
+    from subquad.bench.sweep import MODEL_COLUMNS, _Sweep
+
+    def failing(exc):
+        def make_step():
+            def step():
+                raise exc
+            return step, lambda out: None
+        return make_step
+
+    def working():
+        return (lambda: torch.ones(2)), (lambda out: None)
+
+    sweep = _Sweep(torch.device("cpu"), None, None, 0, 1, False, 1)
+    key = ("m", "infer", "fp32", "eager")
+    row, status = dict.fromkeys(MODEL_COLUMNS, ""), []
+    assert not sweep.measure(row, status, key, 230 * 320, 2.0, failing(ValueError("230 is not a multiple of 32")))
+    assert status == ["infer error: ValueError: 230 is not a multiple of 32"]
+    row, status = dict.fromkeys(MODEL_COLUMNS, ""), []
+    assert sweep.measure(row, status, key, 512 * 512, 2.0, working) and status == []
+    assert float(row["infer_step_time"]) > 0
+
+    key = ("m2", "infer", "fp32", "eager")
+    assert not sweep.measure({}, [], key, 100, 2.0, failing(RuntimeError("CPU out of memory: tried to allocate")))
+    status = []
+    assert not sweep.measure(dict.fromkeys(MODEL_COLUMNS, ""), status, key, 400, 2.0, working)
+    assert status == ["infer skipped: out of memory at a smaller size"]
