@@ -140,3 +140,10 @@ def test_a_too_small_side_names_the_size_asked():
     check_model_sizes(["vit_attn_micro"], ["16x64", "64x16"])  # each side at least the stride
     with pytest.raises(UserError, match="--img-size 64x8 is too small for l2vit_micro"):
         check_model_sizes(["l2vit_micro"], ["64x16", "64x8"])
+
+
+def test_timm_baseline_at_a_non_square_size():
+    """timm models are built for the shape asked (`img_size=(H, W)`: position tables), then counted and timed."""
+    rows = bench_models(["deit_tiny_patch16_224"], ["32x48"], warmup=0, repeats=1)
+    assert [(r["infer_img_size"], r["status"]) for r in rows] == [("32x48", "ok")]
+    assert float(rows[0]["infer_gmacs"]) > 0 and float(rows[0]["infer_step_time"]) > 0
