@@ -3,8 +3,9 @@
 Some fast paths are CPU schedules: they change how a result is computed, never what it is.
 - The banded inference MLP (`subquad.layers.mlp`) keeps a band's hidden activation in cache.
 - LiSA's cache-sized tiles and reused workspace (`lisa_fft`) do the same for its spectral products.
-- LiSA and the global filter pin their q/k/v projection to fp32 under autocast, since bf16/fp16 GEMMs are slow on
-  most CPUs. Their FFTs always run in fp32.
+- LiSA pins its q/k/v projection to fp32 under an autocast whose dtype is slow on this CPU (`fast_gemm_dtype`:
+  fp16, or bf16 without native bf16 arithmetic); with native bf16 the projection runs in bf16 like every other
+  GEMM. LiSA's and the global filter's FFTs always run in fp32.
 
 On an accelerator these would mean serial tiles, extra kernel launches and fp32 GEMMs, so there the plain batched
 path runs. Inside `torch.compile` / `torch.export` tracing the plain path runs as well: Python tile loops would be
@@ -46,7 +47,7 @@ from .errors import UserError
 
 __all__ = ["BACKENDS", "PRECISIONS", "CpuFeatures", "cpu_features", "parse_cpu_flags", "resolve_precision",
            "precision_context", "get_backend", "schedule", "set_backend", "use_backend", "cpu_schedules", "real_dft",
-           "real_dft_active"]
+           "real_dft_active", "fast_gemm_dtype"]
 
 _log = logging.getLogger(__name__)
 
@@ -163,6 +164,16 @@ def cpu_features() -> CpuFeatures:
 
     return CpuFeatures(bf16=has("_is_avx512_bf16_supported"), int8_dot=has("_is_vnni_supported"),
                        amx=has("_is_amx_tile_supported"), source="torch")
+
+
+def fast_gemm_dtype(dtype: torch.dtype, device: torch.device | str | None = "cpu") -> bool:
+    """Whether GEMMs in the low-precision `dtype` run at least as fast as fp32 on `device`: always off the CPU; on the
+    CPU only bf16 with native bf16 arithmetic (`cpu_features().bf16`). fp16 on a CPU is emulated (about 40x slower
+    than fp32 on the AMD EPYC the benchmarks ran on)."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type != "cpu":
+        return True
+    return dtype == torch.bfloat16 and cpu_features().bf16
 
 
 _bf16_warned = False

@@ -11,7 +11,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, check_sequence_hw, check_tokens, known_equal, merge_heads, sizes, tracing
-from ..backend import cpu_schedules, real_dft_active
+from ..backend import cpu_schedules, fast_gemm_dtype, real_dft_active
 from ..errors import UserError
 from ..layers.precision import compute_dtype, no_autocast
 from .base import AttentionCaps, TokenMixer
@@ -65,7 +65,8 @@ class StructureAwareAttention(TokenMixer):
     Forward: q, k, v = qkv(x) (head-major); q, k L2-normalised over the head dim (eps 1e-6); Ga = corr(W^a, k),
     S = sum_c q * Ga per head, Gb = corr(W^b, v), Y = sum_d S_d (Gb_d + B_d); proj. Steps 2-10 run in float32
     (float64 for float64 input) with autocast off; the output is cast back before `proj`. Under autocast the qkv
-    GEMM is pinned to float32 as well on the CPU schedule only (`subquad.backend`).
+    GEMM is pinned to float32 as well on the CPU schedule when the autocast dtype is slow on this CPU
+    (`subquad.backend.fast_gemm_dtype`: fp16, or bf16 without native bf16).
 
     Resolution: kernels are stored in the token domain on `input_size` (H0, W0) (or (T0, H0, W0)). At another grid
     they are resampled by `resize_kernel(kernel, grid, kernel_resize)`: 'pad' (default) keeps each offset's weight
@@ -318,9 +319,11 @@ class StructureAwareAttention(TokenMixer):
         if mask is not None:
             raise ValueError("structure_aware does not support masks; pass mask=None")
         grid = self._grid(x, hw)
-        # The FFT core always runs in fp32 (fp64 for fp64 input). The q/k/v GEMM is pinned to fp32 too only on the
-        # CPU schedule (bf16/fp16 GEMMs are slow there); elsewhere it runs in the autocast dtype (subquad.backend).
-        if cpu_schedules(x.device):
+        # The FFT core always runs in fp32 (fp64 for fp64 input). The q/k/v GEMM is pinned to fp32 too on the CPU
+        # schedule when the autocast dtype is slow on this CPU (fp16, or bf16 without native bf16); otherwise it runs
+        # in the autocast dtype (subquad.backend.fast_gemm_dtype).
+        if cpu_schedules(x.device) and not (torch.is_autocast_enabled("cpu")
+                                            and fast_gemm_dtype(torch.get_autocast_dtype("cpu"), "cpu")):
             with no_autocast(x):  # a low-precision x (from an autocast conv stage) is lifted to the weights' dtype
                 q, k, v = self._qkv(x.to(self.qkv.weight.dtype))
         else:

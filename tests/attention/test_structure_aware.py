@@ -444,3 +444,36 @@ def test_module_under_real_dft_switch_equals_ref(monkeypatch):
         compare_module(m, lambda m, x: m(x, (6, 4)), lambda m, x: m.forward_ref(x, (6, 4)), [torch.randn(2, 24, 8)],
                        torch.float32)
     assert seen and all(seen) and not real_dft_active()
+
+
+@pytest.mark.parametrize("dtype,native_bf16,pinned", [(torch.bfloat16, True, False), (torch.bfloat16, False, True),
+                                                       (torch.float16, True, True)])
+def test_qkv_gemm_runs_in_autocast_dtype_only_where_that_is_fast(dtype, native_bf16, pinned, monkeypatch):
+    """On the CPU schedule the q/k/v GEMM leaves autocast (fp32) only when the autocast dtype is slow on this CPU:
+    fp16, or bf16 without native bf16. The FFT core gets fp32 either way, and the output stays close to fp32."""
+    import subquad.attention.structure_aware as mod
+    import subquad.backend as backend
+
+    monkeypatch.setattr(backend, "cpu_features", lambda: backend.CpuFeatures(bf16=native_bf16, int8_dot=False,
+                                                                              amx=False, source="test"))
+    autocast_at_gemm, core = [], []
+    real_baddbmm = torch.baddbmm
+
+    def spy_gemm(*args, **kw):
+        autocast_at_gemm.append(torch.is_autocast_enabled("cpu"))
+        return real_baddbmm(*args, **kw)
+
+    def spy_core(*args, **kw):
+        core.extend(a.dtype for a in args[:3])
+        return fsa.lisa_fft(*args, **kw)
+
+    monkeypatch.setattr(mod, "lisa_fft", spy_core)
+    m = _module()
+    x = torch.randn(2, 35, 8)
+    ref = m(x, (5, 7))
+    monkeypatch.setattr(torch, "baddbmm", spy_gemm)
+    with torch.autocast("cpu", dtype=dtype):
+        y = m(x, (5, 7))
+    assert autocast_at_gemm == [not pinned]
+    assert core and set(core) == {torch.float32}
+    assert_close(y.float(), ref, dtype, "autocast vs fp32")
