@@ -129,9 +129,9 @@ def main(argv=None) -> int:
     from subquad.bench.sweep import _cpu_name, write_csv
 
     args = _args(argv)
-    out = Path(args.out)
-    if out.exists():
-        raise UserError(f"--out {out} exists; choose a new file (a result is never replaced)")
+    from subquad.bench.sweep import new_output
+
+    out = new_output(args.out)
     if args.rounds < 1 or any(s < 1 for s in args.img_size):
         raise UserError(f"--rounds and --img-size must be positive, got {args.rounds} and {args.img_size}")
     args.threads = args.threads or torch.get_num_threads()

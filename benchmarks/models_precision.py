@@ -217,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print("\n".join(models))
         return 0
-    out = Path(args.out) if args.out else None
-    if out is not None and out.exists():
-        raise UserError(f"--out {out} exists; choose a new file (a result is never replaced)")
+    from subquad.bench.sweep import new_output
+
+    out = new_output(args.out) if args.out else None
     parts = Path(args.parts)
     parts.mkdir(parents=True, exist_ok=True)
     done = [measure(m, args, parts) for m in models]

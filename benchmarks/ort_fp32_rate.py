@@ -226,9 +226,9 @@ def finish(rows: list[dict], threads: int) -> list[dict]:
 
 def main(argv=None) -> int:
     args = _args(argv)
-    out = Path(args.out)
-    if out.exists():
-        raise UserError(f"--out {out} exists; choose a new file (a result is never replaced)")
+    from subquad.bench.sweep import new_output
+
+    out = new_output(args.out)
     args.threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:

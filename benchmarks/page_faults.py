@@ -96,9 +96,9 @@ def main(argv=None) -> int:
     from subquad.bench.sweep import _cpu_name, write_csv
 
     args = _args(argv)
-    out = Path(args.out)
-    if out.exists():
-        raise UserError(f"--out {out} exists; choose a new file (a result is never replaced)")
+    from subquad.bench.sweep import new_output
+
+    out = new_output(args.out)
     if min(args.runs, args.steps, args.img_size) < 1 or args.warmup < 0:
         raise UserError("--runs, --steps and --img-size must be positive and --warmup not negative")
     envs = {c: _env(c) for c in args.config}  # refuse a bad --config before anything runs

@@ -36,8 +36,8 @@ from .memory import peak_memory
 from .timing import time_fn
 
 __all__ = ["ATTN_COLUMNS", "MODEL_COLUMNS", "attention_candidates", "sweep_attention", "bench_models",
-           "check_model_sizes", "device_tag", "default_result_path", "new_result_path", "write_csv", "read_csv",
-           "plot_attention", "plot_models"]
+           "check_model_sizes", "device_tag", "default_result_path", "new_result_path", "new_output", "write_csv",
+           "read_csv", "plot_attention", "plot_models"]
 
 _log = logging.getLogger(__name__)
 
@@ -645,6 +645,14 @@ def _rates(sweep: _Sweep, row: dict[str, Any], precision: str) -> None:
         gemm[precision] = gemm_gflops(precision)
     row["gemm_gflops"] = round(gemm[precision], 2)
     row["gemm_fraction"] = round(achieved / gemm[precision], 4)
+
+
+def new_output(path: str | Path, flag: str = "--out") -> Path:
+    """`path` as a Path, or a one-line UserError when it exists: a result is never replaced."""
+    path = Path(path)
+    if path.exists():
+        raise UserError(f"{flag} {path} exists; choose a new file (a result is never replaced)")
+    return path
 
 
 def write_csv(rows: Iterable[dict], path: str | Path, columns: Sequence[str]) -> Path:

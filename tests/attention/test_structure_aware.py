@@ -450,7 +450,8 @@ def test_module_under_real_dft_switch_equals_ref(monkeypatch):
                                                        (torch.float16, True, True)])
 def test_qkv_gemm_runs_in_autocast_dtype_only_where_that_is_fast(dtype, native_bf16, pinned, monkeypatch):
     """On the CPU schedule the q/k/v GEMM leaves autocast (fp32) only when the autocast dtype is slow on this CPU:
-    fp16, or bf16 without native bf16. The FFT core gets fp32 either way, and the output stays close to fp32."""
+    fp16, or bf16 without native bf16. The FFT core gets fp32 either way; output and every gradient stay within the
+    dtype's tolerance of the float64 module."""
     import subquad.attention.structure_aware as mod
     import subquad.backend as backend
 
@@ -467,13 +468,24 @@ def test_qkv_gemm_runs_in_autocast_dtype_only_where_that_is_fast(dtype, native_b
         core.extend(a.dtype for a in args[:3])
         return fsa.lisa_fft(*args, **kw)
 
-    monkeypatch.setattr(mod, "lisa_fft", spy_core)
+    import copy
+
     m = _module()
-    x = torch.randn(2, 35, 8)
-    ref = m(x, (5, 7))
+    m64 = copy.deepcopy(m).double()  # the float64 reference: same weights, every step in float64
+    x = torch.randn(2, 35, 8)  # a 5 x 7 grid: odd and not square
+    x64 = x.double().requires_grad_()
+    ref = m64(x64, (5, 7))
+    ref.backward(torch.ones_like(ref))
+    monkeypatch.setattr(mod, "lisa_fft", spy_core)
     monkeypatch.setattr(torch, "baddbmm", spy_gemm)
+    x = x.requires_grad_()
     with torch.autocast("cpu", dtype=dtype):
         y = m(x, (5, 7))
+    y.float().backward(torch.ones_like(y, dtype=torch.float32))
     assert autocast_at_gemm == [not pinned]
     assert core and set(core) == {torch.float32}
-    assert_close(y.float(), ref, dtype, "autocast vs fp32")
+    assert_close(y.float(), ref.float(), dtype, "autocast vs float64")
+    assert_close(x.grad, x64.grad.float(), dtype, "input gradient")
+    for (name, p), p64 in zip(m.named_parameters(), m64.parameters()):
+        assert p.grad is not None, name
+        assert_close(p.grad, p64.grad.float(), dtype, f"{name} gradient")
