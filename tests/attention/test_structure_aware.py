@@ -372,6 +372,53 @@ def test_inference_workspaces_equal_autograd_path(boundary):
         assert torch.equal(a, b)
 
 
+def test_inference_workspaces_persist_across_calls_without_aliasing_results():
+    """The inference workspaces outlive a call (one buffer per slot and thread, grown to the largest call): a later
+    call of another size neither changes an earlier result nor reads stale values; inference_mode and no_grad keep
+    separate buffers (an inference tensor may not be written in place outside inference_mode); the buffers of
+    another thread are its own; release_workspaces() frees this thread's."""
+    import threading
+
+    fsa.release_workspaces()
+    small, large = (4, 5), (7, 6)
+    ops_s, ops_l = _operands(small, h=2, D=4), _operands(large, h=3, D=5, seed=1)
+    want_s = fsa.lisa_circulant_ref(*ops_s, small)
+    want_l = fsa.lisa_circulant_ref(*ops_l, large)
+    with torch.no_grad():
+        got_s = fsa.lisa_fft(*ops_s, small)
+        slots = dict(fsa._workspaces.slots)
+        assert slots, "no workspace was kept after the call"
+        got_l = fsa.lisa_fft(*ops_l, large)
+        got_s2 = fsa.lisa_fft(*ops_s, small)  # a smaller call into the grown buffers
+    assert_close(got_s, want_s, torch.float64, "first call")
+    assert_close(got_l, want_l, torch.float64, "larger second call")
+    assert_close(got_s2, want_s, torch.float64, "smaller call after a larger one")
+    assert torch.equal(got_s, got_s2), "an earlier result changed: it aliases a workspace"
+    with torch.inference_mode():
+        got_i = fsa.lisa_fft(*ops_l, large)
+    with torch.no_grad():  # would raise if it reused a buffer made under inference_mode
+        got_n = fsa.lisa_fft(*ops_l, large)
+    assert torch.equal(got_i, got_n)
+    assert {k[-1] for k in fsa._workspaces.slots} == {False, True}
+
+    out = {}
+
+    def other():
+        with torch.no_grad():
+            out["y"] = fsa.lisa_fft(*ops_l, large)
+        out["slots"] = set(fsa._workspaces.slots)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert_close(out["y"], want_l, torch.float64, "other thread")
+    assert out["slots"], "the other thread kept no workspace of its own"
+    mine = {id(b) for b in fsa._workspaces.slots.values()}
+    assert mine, "this thread's workspaces were lost"
+    fsa.release_workspaces()
+    assert not fsa._workspaces.slots
+
+
 @pytest.mark.parametrize("shape,fft_grid", [((2, 3, 5, 7), (5, 7)), ((2, 6, 6), (6, 6)), ((2, 3, 4, 5), (3, 4, 5)),
                                             ((1, 4, 5), (8, 10)), ((2, 5), (5,)), ((2, 3), (6,))])
 def test_fft_of_real_equals_fftn(shape, fft_grid):

@@ -29,6 +29,7 @@ Every correlation below is G[i] = sum_n w[n - i] x[n]; with FFTs: ifft(fft(x) * 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -51,6 +52,7 @@ __all__ = [
     "lisa_local",
     "kernel_spectra",
     "plan_tiles",
+    "release_workspaces",
     "toeplitz_to_circular",
     "local_to_toeplitz",
     "resize_kernel",
@@ -59,6 +61,31 @@ __all__ = [
 ]
 
 _BOUNDARIES = ("circular", "zero")
+
+# Inference workspaces of `lisa_fft` (CPU schedule, no autograd), kept per thread across calls: a fresh
+# multi-MiB buffer per call is paid again in page faults on first touch (one per 4 KiB page), which at
+# 56 x 56 grids cost more than the spectral product written into it. Each slot keeps its largest size;
+# `release_workspaces()` frees them.
+_workspaces = threading.local()
+
+
+def _workspace(name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A (shape, dtype) view of this thread's reusable buffer `name` on `device` (contents undefined)."""
+    slots = getattr(_workspaces, "slots", None)
+    if slots is None:
+        slots = _workspaces.slots = {}
+    n = math.prod(shape)
+    # A tensor made under inference_mode may not be updated in place outside it: one slot per mode.
+    key = (name, dtype, str(device), torch.is_inference_mode_enabled())
+    buf = slots.get(key)
+    if buf is None or buf.numel() < n:
+        buf = slots[key] = torch.empty(n, dtype=dtype, device=device)
+    return buf[:n].view(*shape)
+
+
+def release_workspaces() -> None:
+    """Free the calling thread's LiSA inference workspaces (`lisa_fft` keeps them across calls)."""
+    _workspaces.slots = {}
 
 
 def _check_boundary(boundary: str) -> None:
@@ -412,14 +439,13 @@ def _lisa_tile_fn(B: int, N: int, dh: int, grid: Sequence[int], boundary: str, i
     """`lisa_fft`'s work on one tile of heads and pattern pairs: (kf, vf, waf, wbf, q2, bproj) -> Y (B, hn, dh, N).
 
     With `inference` (no autograd, CPU schedule) the spectral products of every tile and both correlations go
-    through one reused workspace and the contractions run in place on the inverse transforms: fresh multi-MiB
-    tensors per tile cost page faults that rival the FFTs on CPU. (torch.fft's out= computes into a temporary and
-    copies, so the inverse transforms keep their own outputs.) With autograd every intermediate is a new tensor
-    (autograd may save it)."""
+    through one workspace, reused across tiles and calls (`_workspace`), and the contractions run in place on the
+    inverse transforms: fresh multi-MiB tensors per tile cost page faults that rival the FFTs on CPU.
+    (torch.fft's out= computes into a temporary and copies, so the inverse transforms keep their own outputs.)
+    With autograd every intermediate is a new tensor (autograd may save it)."""
     nd = len(grid)
     dims = tuple(range(-nd, 0))
     half = (dh + 1) // 2
-    work: dict[str, torch.Tensor] = {}
 
     def crop(t: torch.Tensor) -> torch.Tensor:
         """(..., *F) complex -> (..., 2N) real, (re, im) interleaved per token."""
@@ -428,17 +454,11 @@ def _lisa_tile_fn(B: int, N: int, dh: int, grid: Sequence[int], boundary: str, i
                 t = t.narrow(t.dim() - nd + ax, 0, g)
         return torch.view_as_real(t.reshape(*t.shape[:-nd], N).contiguous()).flatten(-2)
 
-    def workspace(name: str, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-        n = math.prod(shape)
-        if name not in work or work[name].numel() < n:
-            work[name] = torch.empty(n, dtype=dtype, device=device)
-        return work[name][:n].view(shape)
-
     def correlate(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if not inference:
             return crop(torch.fft.ifftn(x * w, dim=dims))
         shape = torch.broadcast_shapes(x.shape, w.shape)
-        prod = torch.mul(x, w, out=workspace("prod", shape, x.dtype))
+        prod = torch.mul(x, w, out=_workspace("lisa_prod", shape, x.dtype, device))
         return crop(torch.fft.ifftn(prod, dim=dims))
 
     def weighted_sum(t: torch.Tensor, weight: torch.Tensor, dim: int) -> torch.Tensor:
