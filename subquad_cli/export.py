@@ -16,8 +16,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None,
                    help="weights file or run directory (default: the model's initial weights)")
     p.add_argument("--format", required=True, choices=("onnx", "pt2"), help="onnx or pt2")
-    p.add_argument("--img-size", type=int, nargs="+", default=None, metavar="N",
-                   help="export size: H W, or one side for a square (default: the checkpoint's or the model's)")
+    p.add_argument("--img-size", nargs="+", default=None, metavar="S|HxW",
+                   help="export size: a side S (S x S) or HxW, e.g. 224 or 224x320; H W also works (default: the "
+                   "checkpoint's or the model's)")
     p.add_argument("--dynamic", action="store_true",
                    help="symbolic H and W over every size the model admits, up to 2048 (the program pads like eager)")
     p.add_argument("--out", required=True, help="output file (.onnx or .pt2)")
@@ -36,10 +37,9 @@ def run(args: argparse.Namespace) -> int:
 
     from subquad.export import check_output
     from subquad_cli.errors import UserError
+    from subquad_cli.sizes import one_size
 
-    if args.img_size is not None and len(args.img_size) > 2:
-        raise UserError(f"--img-size takes H W or one side, got {len(args.img_size)} values")
-    size = None if args.img_size is None else (args.img_size[0], args.img_size[-1])
+    size = one_size(args.img_size)
     if args.model is None and args.checkpoint is None:
         raise UserError("give --model NAME, --checkpoint PATH, or both")
     from subquad.export import _check_quantize

@@ -10,8 +10,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="Count parameters and GMACs (= FLOPs / 2, as the papers count) with "
                        "torch's FlopCounterMode on the meta device, plus formulas for FFTs and CPU SDPA.")
     p.add_argument("--model", required=True, help="registered model name (subquad or timm)")
-    p.add_argument("--img-size", type=int, nargs="+", default=None, metavar="N",
-                   help="input size: one int (square) or H W (default: the model's pretrained_cfg size)")
+    p.add_argument("--img-size", nargs="+", default=None, metavar="S|HxW",
+                   help="input size: a side S (S x S) or HxW, e.g. 224 or 224x320; H W also works "
+                   "(default: the model's pretrained_cfg size)")
     p.add_argument("--breakdown", action="store_true", help="also print GMACs per module")
     p.set_defaults(func=run)
     return p
@@ -22,16 +23,14 @@ def run(args: argparse.Namespace) -> int:
 
     import subquad
     from subquad_cli.errors import unknown_name
+    from subquad_cli.sizes import one_size
 
     if not timm.is_model(args.model):
         raise unknown_name("model", args.model, subquad.list_models() + timm.list_models())
-    if args.img_size is None:
+    size = one_size(args.img_size)
+    if size is None:
         cfg = timm.models.get_pretrained_cfg(args.model)
         size = tuple(cfg.input_size[-2:]) if cfg is not None else (224, 224)
-    elif len(args.img_size) in (1, 2) and min(args.img_size) > 0:
-        size = tuple(args.img_size) * (2 if len(args.img_size) == 1 else 1)
-    else:
-        raise subquad.UserError(f"--img-size takes one positive int or H W, got {args.img_size}")
     r = subquad.count_macs(args.model, size, breakdown=args.breakdown)
     print(f"model: {args.model}")
     print(f"img_size: {size[0]}x{size[1]}")

@@ -92,12 +92,28 @@ def count_module_macs(module: nn.Module, *inputs: Any, breakdown: bool = False, 
     return out
 
 
+def _create_at(name: str, hw: tuple[int, int], model_kwargs: dict[str, Any]) -> nn.Module:
+    """`name` on the meta device with `model_kwargs`, built for `hw` where the model fixes its input size (timm's
+    position tables and Swin masks; `subquad.bench.sweep._model_kwargs`)."""
+    from ..models import create_model
+    from .sweep import _model_kwargs
+
+    kw = {**_model_kwargs(name, hw), **model_kwargs}
+    try:
+        return create_model(name, device="meta", **kw)
+    except TypeError as e:  # a timm model that runs at any size and takes no img_size (PVTv2)
+        if "img_size" not in kw or "img_size" not in str(e):
+            raise
+        return create_model(name, device="meta", **model_kwargs)
+
+
 def count_macs(model: str | nn.Module, img_size: int | Sequence[int] = 224, in_chans: int | None = None,
                batch_size: int = 1, breakdown: bool = False, **model_kwargs: Any) -> dict[str, Any]:
     """Parameters and GMACs of an image model at `img_size`, counted on the meta device.
 
     Args:
-        model: a registered name (built with device='meta') or a module (counted on its own device).
+        model: a registered name (built with device='meta', and at `img_size` where the model fixes its input
+            size, as timm's ViTs do) or a module (counted on its own device).
         img_size: H or (H, W) of the input (video models, `model.video`, get clips of `model.num_frames` frames).
         in_chans: input channels (default: the model's `pretrained_cfg` or 3).
         batch_size: GMACs are reported per batch of this size (1 as in the papers).
@@ -106,7 +122,6 @@ def count_macs(model: str | nn.Module, img_size: int | Sequence[int] = 224, in_c
         {'params': int, 'gmacs': float, 'img_size': (H, W), 'breakdown': {...} when asked}.
     """
     from ..errors import UserError
-    from ..models import create_model
 
     sides = [img_size] * 2 if isinstance(img_size, int) else list(img_size) if isinstance(img_size, (list, tuple)) \
         else []
@@ -116,7 +131,7 @@ def count_macs(model: str | nn.Module, img_size: int | Sequence[int] = 224, in_c
         if v is not None and (not isinstance(v, int) or v < 1):
             raise UserError(f"count_macs: {name} must be a positive int, got {v!r}")
     if isinstance(model, str):
-        model = create_model(model, device="meta", **model_kwargs)
+        model = _create_at(model, (sides[0], sides[1]), model_kwargs)
     H, W = sides
     if in_chans is None:
         in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]

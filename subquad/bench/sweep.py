@@ -637,14 +637,16 @@ def _rates(sweep: _Sweep, row: dict[str, Any], precision: str) -> None:
     if not t or not gmacs:
         return
     achieved = 2 * gmacs / (t / 1e3)
-    row["achieved_gflops"] = round(achieved, 3)
+    # Significant digits, not decimals: a micro model's fraction of a bf16 GEMM rate is ~1e-3, which four decimals
+    # would round by up to 5 %.
+    row["achieved_gflops"] = float(f"{achieved:.6g}")
     if sweep.device.type != "cpu":
         return
     gemm = sweep.gemm
     if precision not in gemm:
         gemm[precision] = gemm_gflops(precision)
     row["gemm_gflops"] = round(gemm[precision], 2)
-    row["gemm_fraction"] = round(achieved / gemm[precision], 4)
+    row["gemm_fraction"] = float(f"{achieved / gemm[precision]:.4g}")
 
 
 def new_output(path: str | Path, flag: str = "--out") -> Path:

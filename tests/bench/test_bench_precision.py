@@ -49,6 +49,23 @@ def test_precision_backend_grid_rows(tmp_path, capsys):
     assert len({r["gemm_gflops"] for r in rows if r["precision"] == "fp32" and r["gemm_gflops"]}) == 1
 
 
+def test_rates_keep_significant_digits_for_tiny_models():
+    """achieved_gflops and gemm_fraction are rounded to significant digits: a micro model at 16 px reaches ~1e-3 of
+    a bf16 GEMM rate, which a fixed four decimals rounded by several per cent (the grid test above flaked on it)."""
+    from types import SimpleNamespace
+
+    from subquad.bench.sweep import _rates
+
+    sweep = SimpleNamespace(device=__import__("torch").device("cpu"), gemm={"bf16": 914.28, "fp32": 189.4})
+    for gmacs, ms, prec in [(1.3e-4, 1.0, "bf16"), (4.18527, 82.7261, "bf16"), (2e-6, 0.05, "fp32")]:
+        row = {"infer_step_time": ms, "infer_gmacs": gmacs}
+        _rates(sweep, row, prec)
+        achieved = 2 * gmacs / (ms / 1e3)
+        assert row["achieved_gflops"] == pytest.approx(achieved, rel=1e-5)
+        assert row["gemm_fraction"] == pytest.approx(achieved / sweep.gemm[prec], rel=1e-3)
+        assert row["gemm_fraction"] == pytest.approx(row["achieved_gflops"] / row["gemm_gflops"], rel=1e-3)
+
+
 def test_bf16_rows_skipped_on_a_cpu_without_bf16(monkeypatch):
     monkeypatch.setattr(backend, "cpu_features", lambda: backend.CpuFeatures(False, False, False, "test"))
     assert skip_reason("bf16", "eager", __import__("torch").device("cpu")).startswith("skipped: this CPU has no")

@@ -39,3 +39,18 @@ def test_video_models_counted_on_clips():
     image = subquad.count_macs("hylisanet_s", 64)["gmacs"]
     video = subquad.count_macs("hylisanet_s_video", 64)["gmacs"]
     assert video > 4 * image
+
+
+def test_timm_models_are_counted_at_the_size_asked():
+    """A timm model whose input size is fixed at construction (ViT position tables) is built at the size asked:
+    count_macs('deit_tiny_patch16_224', (32, 48)) used to fail inside timm ("Input height (32) doesn't match model
+    (224)"). It equals the count of the model built at that size by hand; a model that takes no img_size (PVTv2) is
+    built as it is."""
+    import timm
+
+    got = subquad.count_macs("deit_tiny_patch16_224", (32, 48))
+    own = timm.create_model("deit_tiny_patch16_224", img_size=(32, 48), device="meta")
+    want = subquad.count_macs(own, (32, 48))
+    assert got == want and got["img_size"] == (32, 48)
+    assert got["gmacs"] < subquad.count_macs("deit_tiny_patch16_224", 224)["gmacs"]
+    assert subquad.count_macs("pvt_v2_b0", (64, 96))["gmacs"] > 0

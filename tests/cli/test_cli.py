@@ -26,6 +26,21 @@ def test_flops_matches_timm_deit(capsys):
     assert "GMACs: 1.25" in out
 
 
+@pytest.mark.parametrize("size", [["32x48"], ["32", "48"]])
+def test_flops_takes_hxw_and_the_older_h_w(size, capsys):
+    """One spelling of a size across the commands (`bench` takes HxW): `flops` counts 32 x 48 given either way,
+    the same as the library does, and refuses a bad size in one line."""
+    import subquad
+
+    assert main(["flops", "--model", "deit_tiny_patch16_224", "--img-size", *size]) == 0
+    out = capsys.readouterr().out
+    want = subquad.count_macs("deit_tiny_patch16_224", (32, 48))["gmacs"]
+    assert "img_size: 32x48" in out and f"GMACs: {want:.4f}" in out
+    assert main(["flops", "--model", "deit_tiny_patch16_224", "--img-size", "32x0"]) == 2
+    assert capsys.readouterr().err.strip() == ("subquad flops: error: --img-size '32x0': expected a positive side S "
+                                               "or HxW (for example 224 or 224x320)")
+
+
 def test_unknown_model_one_line():
     r = _run("flops", "--model", "no_such_model")
     assert r.returncode != 0

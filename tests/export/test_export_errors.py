@@ -70,7 +70,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "must end in .onnx" in capsys.readouterr().err
     assert main(["export", "--model", "l2vit_micro", "--format", "pt2", "--img-size", "1", "2", "3",
                  "--out", str(tmp_path / "m.pt2")]) == 2
-    assert "--img-size takes H W or one side" in capsys.readouterr().err
+    assert "--img-size '1 2 3': expected one size, S or HxW" in capsys.readouterr().err
+    for bad in (["0x32"], ["32x"], ["ax3"]):
+        assert main(["export", "--model", "l2vit_micro", "--format", "pt2", "--img-size", *bad,
+                     "--out", str(tmp_path / "m.pt2")]) == 2
+        assert f"--img-size {bad[0]!r}: expected a positive side S or HxW" in capsys.readouterr().err
     assert main(["export", "--model", "nope_micro", "--format", "pt2", "--out", str(tmp_path / "m.pt2")]) == 2
     assert "unknown model 'nope_micro'" in capsys.readouterr().err
     assert torch.is_grad_enabled()  # the command leaves no global state behind
