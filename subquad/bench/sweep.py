@@ -792,15 +792,19 @@ def plot_models(rows: Sequence[dict], path: str | Path, title: str | None = None
     for ax, (col, label) in zip([a for rr in axes for a in rr], panels):
         all_x, all_y = [], []
         for i, name in enumerate(order):
-            pts = sorted((_pixels(r["infer_img_size"]), _num(r.get(col))) for r in rows
+            pts = sorted((_pixels(r["infer_img_size"]), _num(r.get(col)), str(r["infer_img_size"])) for r in rows
                          if line(r) == name and _pixels(r["infer_img_size"]))
-            pts = [(x, y) for x, y in pts if y]
+            pts = [p for p in pts if p[1]]
             if not pts:
                 continue
-            xs, ys = zip(*pts)
+            xs, ys, sizes = zip(*pts)
             all_x += xs
             all_y += ys
             ax.plot(xs, ys, marker="o", ms=4, color=cmap(i % cmap.N), label=name)
+            for x, y, s in zip(xs, ys, sizes):  # non-square points say their shape: 16x32 and 32x16 share an x
+                if "x" in s:
+                    ax.annotate(s, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6,
+                                color=cmap(i % cmap.N))
         _finish_axis(ax, all_x, all_y, "pixels per image = H x W (log scale)", label)
     r0 = rows[0] if rows else {}
     fig.suptitle(title or f"model cost: batch {r0.get('infer_batch_size')}, fp32, {r0.get('device')}, "

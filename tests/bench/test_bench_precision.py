@@ -4,6 +4,7 @@ why, speed-up against fp32 eager and the fraction of the measured GEMM rate."""
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 
@@ -148,6 +149,20 @@ def test_plot_reads_sizes_back_from_csv_cells():
     assert _pixels(224) == _pixels("224") == _pixels(224.0) == _pixels("224.0") == 224 * 224
     assert _pixels("32x16") == 512
     assert _pixels("") == _pixels(None) == _pixels(float("nan")) == 0
+
+
+def test_plot_names_non_square_points(tmp_path, monkeypatch):
+    """16x32 and 32x16 have the same pixels, so they share an x; each non-square point is labelled with its shape
+    (square points are not), read back from CSV-like cells."""
+    from subquad.bench import sweep
+
+    figs = []
+    monkeypatch.setattr(sweep, "_save", lambda fig, path: figs.append(fig) or Path(path))
+    rows = [dict(model="m", infer_img_size=size, infer_step_time=t, peak_mem_mb=1.0)
+            for size, t in (("16", "1.0"), ("16x32", "2.0"), ("32x16", "2.5"), (32, "4.0"))]
+    sweep.plot_models(rows, tmp_path / "p.png")
+    texts = sorted(t.get_text() for t in figs[0].axes[0].texts)
+    assert texts == ["16x32", "32x16"]
 
 
 def test_a_too_small_side_names_the_size_asked():
