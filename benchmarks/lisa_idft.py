@@ -10,23 +10,26 @@ native. This script times, per (grid, transforms):
   W-axis product (rows of interleaved (re, im) pairs times a (2W, 2W) real matrix), a transposed copy, the H-axis
   product; every buffer preallocated (no page faults counted against it);
 - `gemm_bf16_vs_fft` = fft_ms / gemm_bf16_ms (above 1: the GEMM form is faster), and `bf16_rel_err`, the relative
-  RMS error of the bf16 form against a float64 FFT.
-The three are timed interleaved, `--rounds` times each; medians.
+  RMS error of the bf16 form against a float64 FFT;
+- `fft_faults`: the minor page faults of one FFT call (median). Its new output faults in when glibc has handed
+  that memory back, which depends on what ran before; then the FFT takes about twice as long.
+The three are timed interleaved, in an order that rotates each round, `--rounds` times each; medians.
 
 Defaults: the four grids of `lisanet_s` at 224 x 224 with its transform counts (56 x 56 x 256, 28 x 28 x 512,
 14 x 14 x 1280, 7 x 7 x 2048 per correlation).
 
-Columns: grid, transforms, fft_ms, gemm_bf16_ms, gemm_fp32_ms, gemm_bf16_vs_fft, bf16_rel_err, bf16_native, threads,
-cpu, torch.
+Columns: grid, transforms, fft_ms, gemm_bf16_ms, gemm_fp32_ms, gemm_bf16_vs_fft, bf16_rel_err, fft_faults,
+bf16_native, threads, cpu, torch.
 
 Usage (from the repository root, on a quiet machine: `uptime`):
-    python benchmarks/lisa_idft.py --out benchmarks/results/lisa-idft-<hw>-pt<torch>.csv
+    python benchmarks/lisa_idft.py --out benchmarks/results/lisa-idft/run<n>.csv
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import resource
 import statistics
 import sys
 import time
@@ -41,7 +44,7 @@ import torch  # noqa: E402
 from subquad.errors import UserError  # noqa: E402
 
 COLUMNS = ["grid", "transforms", "fft_ms", "gemm_bf16_ms", "gemm_fp32_ms", "gemm_bf16_vs_fft", "bf16_rel_err",
-           "bf16_native", "threads", "cpu", "torch"]
+           "fft_faults", "bf16_native", "threads", "cpu", "torch"]
 DEFAULT = ["56x256", "28x512", "14x1280", "7x2048"]
 
 
@@ -96,7 +99,7 @@ class GemmIdft:
 
 def _case(text: str) -> tuple[int, int]:
     side, sep, count = text.lower().partition("x")
-    if not sep or not side.isdigit() or not count.isdigit() or int(side) < 1 or int(count) < 1:
+    if not sep or not side.isdecimal() or not count.isdecimal() or int(side) < 1 or int(count) < 1:
         raise UserError(f"--cases {text!r}: expected SIDExTRANSFORMS with positive integers, e.g. 56x256")
     return int(side), int(count)
 
@@ -111,17 +114,23 @@ def measure(side: int, count: int, rounds: int) -> dict:
     for f in runs.values():  # warm-up
         f()
     times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(rounds):
-        for k, f in runs.items():
+    faults: list[int] = []
+    names = list(runs)
+    for r in range(rounds):
+        for k in names[r % 3:] + names[:r % 3]:  # the order rotates: no form always follows the same one
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
-            f()
+            runs[k]()
             times[k].append((time.perf_counter() - t0) * 1e3)
+            if k == "fft":
+                faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     med = {k: statistics.median(v) for k, v in times.items()}
     ref = torch.fft.ifftn(spec.to(torch.complex128), dim=(-2, -1))
     err = ((forms["gemm_bf16"].as_complex(spec) - ref).abs().pow(2).mean().sqrt() / ref.abs().pow(2).mean().sqrt())
     return {"fft_ms": round(med["fft"], 4), "gemm_bf16_ms": round(med["gemm_bf16"], 4),
             "gemm_fp32_ms": round(med["gemm_fp32"], 4),
-            "gemm_bf16_vs_fft": round(med["fft"] / med["gemm_bf16"], 3), "bf16_rel_err": float(f"{err.item():.3g}")}
+            "gemm_bf16_vs_fft": round(med["fft"] / med["gemm_bf16"], 3), "bf16_rel_err": float(f"{err.item():.3g}"),
+            "fft_faults": statistics.median(faults)}
 
 
 def main(argv=None) -> int:
@@ -130,8 +139,8 @@ def main(argv=None) -> int:
 
     args = _args(argv)
     out = new_output(args.out)
-    if args.rounds < 1:
-        raise UserError(f"--rounds must be positive, got {args.rounds}")
+    if args.rounds < 1 or (args.threads is not None and args.threads < 1):
+        raise UserError(f"--rounds and --threads must be positive, got {args.rounds} and {args.threads}")
     cases = [_case(c) for c in args.cases]  # refuse a bad case before anything runs
     if args.threads:
         torch.set_num_threads(args.threads)

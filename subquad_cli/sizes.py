@@ -19,7 +19,8 @@ def one_size(values: Sequence[str] | None, flag: str = "--img-size") -> tuple[in
     if len(values) == 2 and all(v.strip().isdigit() for v in values):
         values = [f"{values[0]}x{values[1]}"]
     if len(values) != 1:
-        raise UserError(f"{flag} {given!r}: expected one size, S or HxW (for example 224 or 224x320)")
+        raise UserError(f"{flag} {given!r}: expected one size, S or HxW (for example 224 or 224x320; H W also "
+                        "works)")
     try:
         return image_size(values[0])
     except UserError:

@@ -92,13 +92,26 @@ def count_module_macs(module: nn.Module, *inputs: Any, breakdown: bool = False, 
     return out
 
 
-def _create_at(name: str, hw: tuple[int, int], model_kwargs: dict[str, Any]) -> nn.Module:
-    """`name` on the meta device with `model_kwargs`, built for `hw` where the model fixes its input size (timm's
-    position tables and Swin masks; `subquad.bench.sweep._model_kwargs`)."""
-    from ..models import create_model
-    from .sweep import _model_kwargs
+def size_kwargs(name: str, hw: tuple[int, int]) -> dict[str, Any]:
+    """Construction options for `name` at (H, W): timm models are built at the size (position tables, Swin masks;
+    Swin pads windows itself); subquad models run at any size as built."""
+    import timm
 
-    kw = {**_model_kwargs(name, hw), **model_kwargs}
+    from ..models import is_subquad_model
+
+    if is_subquad_model(name):
+        return {}
+    cfg = timm.models.get_pretrained_cfg(name.split(".")[0])
+    native = tuple(cfg.input_size[-2:]) if cfg is not None else None
+    return {} if native == tuple(hw) else {"img_size": hw[0] if hw[0] == hw[1] else tuple(hw)}
+
+
+def _create_at(name: str, hw: tuple[int, int], model_kwargs: dict[str, Any]) -> nn.Module:
+    """`name` on the meta device with `model_kwargs`, built for `hw` where the model fixes its input size
+    (`size_kwargs`)."""
+    from ..models import create_model
+
+    kw = {**size_kwargs(name, hw), **model_kwargs}
     try:
         return create_model(name, device="meta", **kw)
     except TypeError as e:  # a timm model that runs at any size and takes no img_size (PVTv2)
@@ -113,7 +126,8 @@ def count_macs(model: str | nn.Module, img_size: int | Sequence[int] = 224, in_c
 
     Args:
         model: a registered name (built with device='meta', and at `img_size` where the model fixes its input
-            size, as timm's ViTs do) or a module (counted on its own device).
+            size, as timm's ViTs do: their parameter count then follows the size, through the position table) or
+            a module (counted on its own device).
         img_size: H or (H, W) of the input (video models, `model.video`, get clips of `model.num_frames` frames).
         in_chans: input channels (default: the model's `pretrained_cfg` or 3).
         batch_size: GMACs are reported per batch of this size (1 as in the papers).

@@ -409,16 +409,10 @@ def size_label(hw: tuple[int, int]) -> str | int:
 
 
 def _model_kwargs(name: str, size: int | tuple[int, int]) -> dict[str, Any]:
-    """Construction options for `name` at `size`: timm models are built at the size (position tables, Swin masks;
-    Swin pads windows itself); subquad models run at any size as built."""
-    import timm
+    """Construction options for `name` at `size` (`subquad.bench.flops.size_kwargs`)."""
+    from .flops import size_kwargs
 
-    if _is_subquad(name):
-        return {}
-    hw = image_size(size)
-    cfg = timm.models.get_pretrained_cfg(name.split(".")[0])
-    native = tuple(cfg.input_size[-2:]) if cfg is not None else None
-    return {} if native == hw else {"img_size": hw[0] if hw[0] == hw[1] else hw}
+    return size_kwargs(name, image_size(size))
 
 
 def check_model_names(models: Sequence[str]) -> None:
@@ -792,9 +786,9 @@ def plot_models(rows: Sequence[dict], path: str | Path, title: str | None = None
     for ax, (col, label) in zip([a for rr in axes for a in rr], panels):
         all_x, all_y = [], []
         for i, name in enumerate(order):
-            pts = sorted((_pixels(r["infer_img_size"]), _num(r.get(col)), str(r["infer_img_size"])) for r in rows
-                         if line(r) == name and _pixels(r["infer_img_size"]))
-            pts = [p for p in pts if p[1]]
+            pts = [(_pixels(r["infer_img_size"]), _num(r.get(col)), str(r["infer_img_size"])) for r in rows
+                   if line(r) == name and _pixels(r["infer_img_size"])]
+            pts = sorted((p for p in pts if p[1]), key=lambda p: (p[0], p[2]))  # no value (an error row): no point
             if not pts:
                 continue
             xs, ys, sizes = zip(*pts)

@@ -372,51 +372,92 @@ def test_inference_workspaces_equal_autograd_path(boundary):
         assert torch.equal(a, b)
 
 
-def test_inference_workspaces_persist_across_calls_without_aliasing_results():
-    """The inference workspaces outlive a call (one buffer per slot and thread, grown to the largest call): a later
-    call of another size neither changes an earlier result nor reads stale values; inference_mode and no_grad keep
-    separate buffers (an inference tensor may not be written in place outside inference_mode); the buffers of
-    another thread are its own; release_workspaces() frees this thread's."""
+def _slots():
     import threading
 
-    fsa.release_workspaces()
+    return fsa._thread_slots.get(threading.current_thread(), {})
+
+
+def _ptrs(slots):
+    return {b.untyped_storage().data_ptr() for b in slots.values()}
+
+
+def test_inference_workspaces_persist_across_calls_without_aliasing_results():
+    """The inference workspaces outlive a call (one buffer per slot and thread, grown to the largest call):
+    - no result shares memory with a kept buffer, and a later call of the same size with other operands leaves an
+      earlier result as it was;
+    - a smaller call reuses the grown buffer;
+    - inference_mode and no_grad keep separate buffers (an inference tensor may not be written in place outside
+      inference_mode);
+    - another thread gets buffers of its own;
+    - release_workspaces() frees the calling thread's buffers, or every thread's."""
+    import threading
+
+    fsa.release_workspaces(all_threads=True)
     small, large = (4, 5), (7, 6)
-    ops_s, ops_l = _operands(small, h=2, D=4), _operands(large, h=3, D=5, seed=1)
-    want_s = fsa.lisa_circulant_ref(*ops_s, small)
-    want_l = fsa.lisa_circulant_ref(*ops_l, large)
+    ops_s, ops_s2 = _operands(small, h=2, D=4), _operands(small, h=2, D=4, seed=2)
+    ops_l = _operands(large, h=3, D=5, seed=1)
     with torch.no_grad():
         got_s = fsa.lisa_fft(*ops_s, small)
-        slots = dict(fsa._workspaces.slots)
-        assert slots, "no workspace was kept after the call"
+        kept = dict(_slots())
+        assert kept, "no workspace was kept after the call"
+        first = got_s.clone()
+        got_s2 = fsa.lisa_fft(*ops_s2, small)  # same size, other operands
         got_l = fsa.lisa_fft(*ops_l, large)
-        got_s2 = fsa.lisa_fft(*ops_s, small)  # a smaller call into the grown buffers
-    assert_close(got_s, want_s, torch.float64, "first call")
-    assert_close(got_l, want_l, torch.float64, "larger second call")
-    assert_close(got_s2, want_s, torch.float64, "smaller call after a larger one")
-    assert torch.equal(got_s, got_s2), "an earlier result changed: it aliases a workspace"
+        grown = dict(_slots())
+        got_s3 = fsa.lisa_fft(*ops_s, small)  # smaller than the last call
+    assert torch.equal(got_s, first), "an earlier result changed: it shares memory with a workspace"
+    assert_close(got_s, fsa.lisa_circulant_ref(*ops_s, small), torch.float64, "first call")
+    assert_close(got_s2, fsa.lisa_circulant_ref(*ops_s2, small), torch.float64, "second call, same size")
+    assert_close(got_l, fsa.lisa_circulant_ref(*ops_l, large), torch.float64, "larger call")
+    assert torch.equal(got_s3, first), "a smaller call after a larger one read stale values"
+    for y in (got_s, got_s2, got_l, got_s3):
+        assert y.untyped_storage().data_ptr() not in _ptrs(_slots())
+    assert set(grown) == set(kept) and all(_slots()[k] is grown[k] for k in grown), "the grown buffer was not reused"
+    assert all(grown[k].numel() >= kept[k].numel() for k in kept)
     with torch.inference_mode():
         got_i = fsa.lisa_fft(*ops_l, large)
     with torch.no_grad():  # would raise if it reused a buffer made under inference_mode
         got_n = fsa.lisa_fft(*ops_l, large)
     assert torch.equal(got_i, got_n)
-    assert {k[-1] for k in fsa._workspaces.slots} == {False, True}
+    assert {k[-1] for k in _slots()} == {False, True}
 
+    mine = _ptrs(_slots())
     out = {}
 
     def other():
+        out["before"] = dict(_slots())
         with torch.no_grad():
             out["y"] = fsa.lisa_fft(*ops_l, large)
-        out["slots"] = set(fsa._workspaces.slots)
+        out["ptrs"] = _ptrs(_slots())
 
     t = threading.Thread(target=other)
     t.start()
     t.join()
-    assert_close(out["y"], want_l, torch.float64, "other thread")
-    assert out["slots"], "the other thread kept no workspace of its own"
-    mine = {id(b) for b in fsa._workspaces.slots.values()}
-    assert mine, "this thread's workspaces were lost"
+    assert out["before"] == {}, "a new thread saw another thread's workspaces"
+    assert out["ptrs"] and not out["ptrs"] & mine, "two threads share a workspace buffer"
+    assert_close(out["y"], fsa.lisa_circulant_ref(*ops_l, large), torch.float64, "other thread")
+    assert _ptrs(_slots()) == mine
     fsa.release_workspaces()
-    assert not fsa._workspaces.slots
+    assert not _slots()
+
+
+def test_inference_workspaces_keep_only_cpu_buffers_up_to_a_size(monkeypatch):
+    """A request above WORKSPACE_KEEP_BYTES (a large batch) gets a buffer for that call only, and the values are
+    the same; the kept ones stay within the bound."""
+    fsa.release_workspaces()
+    grid = (5, 7)
+    ops = _operands(grid, h=2, D=4)
+    with torch.no_grad():
+        want = fsa.lisa_fft(*ops, grid)
+        assert _slots()
+        fsa.release_workspaces()
+        monkeypatch.setattr(fsa, "WORKSPACE_KEEP_BYTES", 64)
+        got = fsa.lisa_fft(*ops, grid)
+    assert not _slots(), "a buffer above the bound was kept"
+    assert torch.equal(got, want)
+    assert fsa._workspace("x", (4, 4), torch.float32, torch.device("meta")).device.type == "meta"
+    assert not _slots(), "a non-CPU buffer was kept"
 
 
 @pytest.mark.parametrize("shape,fft_grid", [((2, 3, 5, 7), (5, 7)), ((2, 6, 6), (6, 6)), ((2, 3, 4, 5), (3, 4, 5)),

@@ -163,6 +163,10 @@ def test_plot_names_non_square_points(tmp_path, monkeypatch):
     sweep.plot_models(rows, tmp_path / "p.png")
     texts = sorted(t.get_text() for t in figs[0].axes[0].texts)
     assert texts == ["16x32", "32x16"]
+    # An error row (no time) among equal-pixel shapes has no point and does not break the plot.
+    rows[1]["infer_step_time"] = ""
+    sweep.plot_models(rows, tmp_path / "q.png")
+    assert sorted(t.get_text() for t in figs[1].axes[0].texts) == ["32x16"]
 
 
 def test_a_too_small_side_names_the_size_asked():

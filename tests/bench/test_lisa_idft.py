@@ -25,8 +25,9 @@ def test_gemm_form_is_the_inverse_dft(side, count):
         assert_close(got, ref, dtype, f"GEMM inverse DFT in {dtype}")
 
 
-def test_rows_and_refusals(tmp_path):
+def test_rows_and_refusals(tmp_path, monkeypatch):
     idft = load_benchmark("lisa_idft")
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # --threads 1 must not outlive the test
     out = tmp_path / "i.csv"
     argv = ["--cases", "7x3", "4x2", "--rounds", "1", "--threads", "1", "--out", str(out)]
     assert idft.main(argv) == 0
@@ -37,10 +38,14 @@ def test_rows_and_refusals(tmp_path):
     for r in rows:
         assert float(r["gemm_bf16_vs_fft"]) == pytest.approx(float(r["fft_ms"]) / float(r["gemm_bf16_ms"]), rel=2e-2)
         assert 0 < float(r["bf16_rel_err"]) < 2e-2  # bf16 rounding, not a wrong transform
+        assert float(r["fft_faults"]) >= 0
     with pytest.raises(UserError, match="exists"):
         idft.main(argv)
     new = str(tmp_path / "new.csv")
-    with pytest.raises(UserError, match="SIDExTRANSFORMS"):
-        idft.main(["--cases", "7", "--out", new])
+    for bad in ("7", "\u00b2x3", "0x3"):
+        with pytest.raises(UserError, match="SIDExTRANSFORMS"):
+            idft.main(["--cases", bad, "--out", new])
+    with pytest.raises(UserError, match="positive"):
+        idft.main(["--threads", "0", "--out", new])
     with pytest.raises(UserError, match="positive"):
         idft.main(["--rounds", "0", "--out", new])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -64,28 +65,40 @@ _BOUNDARIES = ("circular", "zero")
 
 # Inference workspaces of `lisa_fft` (CPU schedule, no autograd), kept per thread across calls: a fresh
 # multi-MiB buffer per call is paid again in page faults on first touch (one per 4 KiB page), which at
-# 56 x 56 grids cost more than the spectral product written into it. Each slot keeps its largest size;
-# `release_workspaces()` frees them.
-_workspaces = threading.local()
+# 56 x 56 grids cost more than the spectral product written into it. A slot keeps its largest size up to
+# WORKSPACE_KEEP_BYTES; a larger request (large batches) gets a buffer for that call only. Only CPU buffers are
+# kept (elsewhere the caching allocator already reuses memory, stream-aware). `release_workspaces()` frees them.
+WORKSPACE_KEEP_BYTES = 64 * 2 ** 20
+_workspace_lock = threading.Lock()
+_thread_slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # thread -> {key: buffer}
 
 
 def _workspace(name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A (shape, dtype) view of this thread's reusable buffer `name` on `device` (contents undefined)."""
-    slots = getattr(_workspaces, "slots", None)
-    if slots is None:
-        slots = _workspaces.slots = {}
     n = math.prod(shape)
+    if torch.device(device).type != "cpu" or n * dtype.itemsize > WORKSPACE_KEEP_BYTES:
+        return torch.empty(*shape, dtype=dtype, device=device)
+    thread = threading.current_thread()
+    with _workspace_lock:
+        slots = _thread_slots.get(thread)
+        if slots is None:
+            slots = _thread_slots[thread] = {}
     # A tensor made under inference_mode may not be updated in place outside it: one slot per mode.
-    key = (name, dtype, str(device), torch.is_inference_mode_enabled())
+    key = (name, dtype, torch.is_inference_mode_enabled())
     buf = slots.get(key)
     if buf is None or buf.numel() < n:
         buf = slots[key] = torch.empty(n, dtype=dtype, device=device)
     return buf[:n].view(*shape)
 
 
-def release_workspaces() -> None:
-    """Free the calling thread's LiSA inference workspaces (`lisa_fft` keeps them across calls)."""
-    _workspaces.slots = {}
+def release_workspaces(all_threads: bool = False) -> None:
+    """Free the LiSA inference workspaces `lisa_fft` keeps across calls: the calling thread's, or every thread's
+    (`all_threads`; a thread running `lisa_fft` at that moment keeps the buffer it holds until its call ends)."""
+    with _workspace_lock:
+        if all_threads:
+            _thread_slots.clear()
+        else:
+            _thread_slots.pop(threading.current_thread(), None)
 
 
 def _check_boundary(boundary: str) -> None:
