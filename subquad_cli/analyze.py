@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from subquad_cli.recipes import LIBRARY_ROOT
+from subquad_cli.sizes import square_side
 
 
 def _query(text: str) -> tuple[float, float]:
@@ -37,7 +38,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="write into --out even if it is a folder that is not empty (its files of the same names "
                    "are replaced)")
-    p.add_argument("--img-size", type=int, default=None,
+    p.add_argument("--img-size", type=square_side, default=None, metavar="S",
                    help="square input side (default: the training size, else the model's, at most 224)")
     p.add_argument("--layers", type=int, nargs="+", default=None, metavar="I",
                    help="attention layers (call order, negative from the end) for maps and kernels "

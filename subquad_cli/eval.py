@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from subquad_cli.config import add_inference_arguments
+from subquad_cli.sizes import square_side
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -24,7 +25,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="registered model name (default: the checkpoint sidecar's; required without a sidecar)")
     p.add_argument("--data", default=None, help="data spec (default: the one the checkpoint was trained on)")
     p.add_argument("--split", default=None, help="split (default: the data's test split, or val when it has none)")
-    p.add_argument("--img-size", type=int, default=None, help="input side (default: the training size)")
+    p.add_argument("--img-size", type=square_side, default=None, metavar="S",
+                   help="input side S (or SxS; default: the training size)")
     p.add_argument("--views", default=None, metavar="CLIPSxCROPS",
                    help="video: multi-view testing, temporal clips x spatial crops with the scores averaged (e.g. "
                    "4x3; default 1x1, the centre clip)")

@@ -25,3 +25,21 @@ def one_size(values: Sequence[str] | None, flag: str = "--img-size") -> tuple[in
         return image_size(values[0])
     except UserError:
         raise UserError(f"{flag} {given!r}: expected a positive side S or HxW (for example 224 or 224x320)") from None
+
+
+def square_side(text: str) -> int:
+    """argparse type of `--img-size` for the commands that run at a square size (eval, predict, analyze): S or SxS.
+
+    A non-square HxW is refused in one line that names the commands that take it."""
+    import argparse
+
+    from subquad.bench.sweep import image_size
+
+    try:
+        h, w = image_size(text)
+    except UserError:
+        raise argparse.ArgumentTypeError(f"expected a positive side S (or SxS), got {text!r}") from None
+    if h != w:
+        raise argparse.ArgumentTypeError(f"{text!r} is not square: this command runs at S x S (subquad bench, flops "
+                                         "and export take HxW)")
+    return h

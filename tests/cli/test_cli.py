@@ -41,6 +41,27 @@ def test_flops_takes_hxw_and_the_older_h_w(size, capsys):
                                                "or HxW (for example 224 or 224x320)")
 
 
+@pytest.mark.parametrize("cmd", ["eval", "predict", "analyze"])
+def test_square_size_commands_take_s_or_sxs_and_refuse_hxw(cmd, capsys):
+    """eval, predict and analyze run at a square size: `--img-size 32` and `32x32` mean the same, a non-square HxW
+    is refused in one line that names the commands that take it, and a bad size says what is allowed."""
+    from subquad_cli.__main__ import build_parser
+
+    parser = build_parser()
+    rest = {"eval": ["--checkpoint", "c"], "predict": ["--checkpoint", "c", "x.png"],
+            "analyze": ["--model", "m", "--out", "o"]}[cmd]
+    assert parser.parse_args([cmd, *rest, "--img-size", "32"]).img_size == 32
+    assert parser.parse_args([cmd, *rest, "--img-size", "32x32"]).img_size == 32
+    for bad, msg in (("32x48", "'32x48' is not square: this command runs at S x S (subquad bench, flops and export "
+                                "take HxW)"), ("0", "expected a positive side S (or SxS), got '0'")):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args([cmd, *rest, "--img-size", bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0] == (f"subquad {cmd}: error: argument --img-size: {msg} "
+                                            f"(see `subquad {cmd} --help`)")
+
+
 def test_unknown_model_one_line():
     r = _run("flops", "--model", "no_such_model")
     assert r.returncode != 0
