@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from subquad_cli.config import add_inference_arguments
-from subquad_cli.sizes import square_side
+from subquad_cli.sizes import size_arg
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -25,8 +25,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="registered model name (default: the checkpoint sidecar's; required without a sidecar)")
     p.add_argument("--data", default=None, help="data spec (default: the one the checkpoint was trained on)")
     p.add_argument("--split", default=None, help="split (default: the data's test split, or val when it has none)")
-    p.add_argument("--img-size", type=square_side, default=None, metavar="S",
-                   help="input side S (or SxS; default: the training size)")
+    p.add_argument("--img-size", type=size_arg, default=None, metavar="S|HxW",
+                   help="input size: a side S (S x S) or HxW, e.g. 224 or 224x320 (default: the training size)")
     p.add_argument("--views", default=None, metavar="CLIPSxCROPS",
                    help="video: multi-view testing, temporal clips x spatial crops with the scores averaged (e.g. "
                    "4x3; default 1x1, the centre clip)")
@@ -122,10 +122,12 @@ def run(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     n = len(loader.dataset)
     n_params = sum(p.numel() for p in model.parameters())
+    s = dcfg["img_size"]
+    size_label = s if isinstance(s, int) else "x".join(map(str, s))  # 224, or 224x320
     row = {"model": name, "checkpoint": os.fspath(ckpt), "data": spec, "split": split, "images": n,
            "top1": round(m["eval_top1"], 4), "top1_err": round(100 - m["eval_top1"], 4),
            "top5": round(m["eval_top5"], 4), "top5_err": round(100 - m["eval_top5"], 4),
-           "loss": round(m["eval_loss"], 6), "param_count": round(n_params / 1e6, 4), "img_size": dcfg["img_size"],
+           "loss": round(m["eval_loss"], 6), "param_count": round(n_params / 1e6, 4), "img_size": size_label,
            "crop_pct": dcfg.get("crop_pct"), "interpolation": dcfg.get("interpolation") or "default",
            "precision": precision, "images_per_sec": round(n / dt, 1)}
     if "video" in dcfg:

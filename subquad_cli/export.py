@@ -59,10 +59,7 @@ def _export(args: argparse.Namespace, size) -> int:
     if args.checkpoint is not None:
         from subquad.engine.checkpoint import load_checkpointed_model
 
-        # The checkpoint's model is loaded (and checked) at a square size: the one asked, else its own; a non-square
-        # export size is applied by export_model (held-out images then do not fit and the check uses random inputs).
-        square = size[0] if size and size[0] == size[1] else None
-        name, model, side, dcfg, _ = load_checkpointed_model(args.checkpoint, args.model, square, "cpu")
+        name, model, side, dcfg, _ = load_checkpointed_model(args.checkpoint, args.model, size, "cpu")
         if size is None and dcfg.get("img_size"):
             s = dcfg["img_size"]
             size = (s, s) if isinstance(s, int) else tuple(s)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from subquad_cli.config import add_inference_arguments
-from subquad_cli.sizes import square_side
+from subquad_cli.sizes import size_arg
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -23,8 +23,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+", metavar="IMAGE",
                    help="image files, or folders (every image directly in one, in sorted order); an image that cannot "
                    "be read is skipped and reported, and the command then exits with status 2")
-    p.add_argument("--img-size", type=square_side, default=None, metavar="S",
-                   help="input side S (or SxS; default: the training size)")
+    p.add_argument("--img-size", type=size_arg, default=None, metavar="S|HxW",
+                   help="input size: a side S (S x S) or HxW, e.g. 224 or 224x320 (default: the training size)")
     p.add_argument("--topk", type=int, default=5, help="classes to print per image")
     p.add_argument("-b", "--batch-size", type=int, default=64, help="images per forward")
     p.add_argument("--json", default=None, help="also write the predictions to this JSON file (an existing file is "

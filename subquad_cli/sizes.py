@@ -39,13 +39,22 @@ def one_size(values: Sequence[str] | None, flag: str = "--img-size") -> tuple[in
 
 
 def square_side(text: str) -> int:
-    """argparse type of `--img-size` for the commands that run at a square size (eval, predict, analyze): S or SxS.
+    """argparse type of `--img-size` for a command that runs at a square size (analyze): S or SxS.
 
     A non-square HxW is refused in one line that names the commands that take it."""
     hw = parse_size(text)
     if hw is None:
         raise argparse.ArgumentTypeError(f"expected a positive side S (or SxS), got {text!r}")
     if hw[0] != hw[1]:
-        raise argparse.ArgumentTypeError(f"{text!r} is not square: this command runs at S x S (subquad bench, flops "
-                                         "and export take HxW)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not square: this command runs at S x S (bench, flops, export, "
+                                         "eval and predict take HxW)")
     return hw[0]
+
+
+def size_arg(text: str) -> int | tuple[int, int]:
+    """argparse type of `--img-size` for eval and predict: S (a side) or HxW; a square HxW is the side S."""
+    hw = parse_size(text)
+    if hw is None:
+        raise argparse.ArgumentTypeError(f"expected a positive side S or HxW (for example 224 or 224x320), got "
+                                         f"{text!r}")
+    return hw[0] if hw[0] == hw[1] else hw

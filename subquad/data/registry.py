@@ -267,19 +267,22 @@ def resolve_aug(source: ImageSource, img_size: int, num_train: int, aug: str = "
     return "light", what
 
 
-def build_transform(source: ImageSource, img_size: int, is_training: bool, aug: str = "auto",
+def build_transform(source: ImageSource, img_size: int | tuple[int, int], is_training: bool, aug: str = "auto",
                     interpolation: str = "", crop_pct: float | None = None,
                     mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
                     scale: tuple[float, float] | None = None, ratio: tuple[float, float] | None = None,
                     hflip: float = 0.5, color_jitter: float = 0.4, aa: str | None = None, reprob: float = 0.0,
                     remode: str = "pixel", recount: int = 1, train_interpolation: str = "random",
                     in_chans: int = 3) -> Callable:
-    """Train or eval transform (PIL image -> normalised tensor (in_chans, S, S)) for `source` at side `img_size`."""
+    """Train or eval transform (PIL image -> normalised tensor (in_chans, H, W)) for `source` at `img_size`, a side
+    S (S x S) or (H, W)."""
     from timm.data import create_transform
     from torchvision import transforms as T
 
+    hw = (img_size, img_size) if isinstance(img_size, int) else (int(img_size[0]), int(img_size[1]))
+    img_size = hw[0] if hw[0] == hw[1] else hw
     if aug == "auto":
-        aug = source.aug if source.aug != "auto" else ("light" if (source.native_size or img_size) <
+        aug = source.aug if source.aug != "auto" else ("light" if (source.native_size or min(hw)) <
                                                        AUTO_TIMM_MIN_SIDE else "timm")
     if aug not in AUG_PRESETS:
         raise UserError(f"unknown augmentation preset {aug!r}; allowed: auto, {', '.join(AUG_PRESETS)}")
@@ -297,15 +300,15 @@ def build_transform(source: ImageSource, img_size: int, is_training: bool, aug: 
     from timm.data.random_erasing import RandomErasing
     from timm.data.transforms import str_to_interp_mode
 
-    steps: list = [T.Resize((img_size, img_size), interpolation=str_to_interp_mode(interp))]
+    steps: list = [T.Resize(hw, interpolation=str_to_interp_mode(interp))]
     if is_training and aug == "light":
-        steps += [T.RandomCrop(img_size, padding=max(1, img_size // 8)), T.RandomHorizontalFlip(hflip)]
+        steps += [T.RandomCrop(hw, padding=max(1, min(hw) // 8)), T.RandomHorizontalFlip(hflip)]
     if is_training and aa:
         if not aa.startswith("rand"):
             raise UserError(f"--aa {aa!r}: with the light/none presets only RandAugment ('rand-m9-mstd0.5') is "
                             "supported; use --aug timm for other policies")
         fill = tuple(int(round(255 * m)) for m in mean)
-        steps.append(rand_augment_transform(aa, dict(translate_const=int(img_size * 0.45), img_mean=fill)))
+        steps.append(rand_augment_transform(aa, dict(translate_const=int(min(hw) * 0.45), img_mean=fill)))
     steps += [T.ToTensor(), T.Normalize(mean, std)]
     if is_training and reprob > 0:
         steps.append(RandomErasing(reprob, mode=remode, max_count=recount, device="cpu"))

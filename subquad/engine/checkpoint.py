@@ -371,7 +371,8 @@ def read_checkpoint(path: str | os.PathLike, prefer_ema: bool = False) -> tuple[
     return sd, meta
 
 
-def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = None, img_size: int | None = None,
+def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = None,
+                            img_size: int | tuple[int, int] | None = None,
                             device: Any = "cpu", use_ema: bool = False
                             ) -> tuple[str, nn.Module, dict[str, Any], dict[str, Any], Path]:
     """Everything `eval`, `predict`, `analyze` and `export` need from `--checkpoint` (and an optional `--model`).
@@ -389,6 +390,7 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
     """
     import sys
 
+    from ..errors import UserError
     from ..models import create_model
     from ..models._builder import load_into
     from .modelbuild import build_model, check_img_size, model_input
@@ -403,7 +405,16 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
         weights = resolve_checkpoint(weights.with_name(weights.stem + "_ema" + weights.suffix))
     sd, meta = read_checkpoint(weights, prefer_ema=use_ema and not ema_file)
     side = read_sidecar(weights)
+    # A size S or (H, W); a square pair is a side. A non-square size: the model is built as for its own size (timm
+    # models, whose position tables fix the size, at (H, W)), checked and evaluated at H x W.
+    hw = None if img_size is None else ((img_size, img_size) if isinstance(img_size, int)
+                                        else (int(img_size[0]), int(img_size[1])))
+    wide = hw is not None and hw[0] != hw[1]
+    img_size = None if hw is None else (hw if wide else hw[0])
     if meta.get("format") == "timm" and not side:
+        if wide:
+            raise UserError(f"--img-size {hw[0]}x{hw[1]}: a checkpoint of timm's train.py is evaluated at a square "
+                            "size here; pass --img-size S")
         return _load_timm_checkpoint(weights, sd, meta, model, img_size, device)
     name = checkpoint_arch(weights, side, model)
     num_classes = side.get("num_classes")
@@ -413,7 +424,14 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
         w = sd.get(f"{head}.weight")
         num_classes = int(w.shape[0]) if w is not None else int(getattr(probe, "num_classes", 1000))
     dcfg = dict(side.get("data_config") or {})
+    if wide and "video" in dcfg:
+        raise UserError(f"--img-size {hw[0]}x{hw[1]}: video checkpoints are evaluated at a square size; pass "
+                        "--img-size S")
     size = img_size or dcfg.get("img_size")
+    if wide:
+        from ..models import is_subquad_model
+
+        size = dcfg.get("img_size") if is_subquad_model(name) else hw  # subquad models run at any size as built
     # The constructor arguments the run trained with (`--model-kwargs`, e.g. an arena host's mechanism and sizes).
     model_kwargs = (side.get("args") or {}).get("model_kwargs") or dcfg.pop("model_kwargs", None) or {}
     dcfg.pop("model_kwargs", None)
@@ -426,7 +444,9 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
 
     load_into(net, remap_legacy(sd, net), what=f"checkpoint {os.fspath(weights)!r}")
     net.eval()
-    in_chans, size = model_input(net, size)
+    in_chans, size = model_input(net, None if wide else size)
+    if wide:
+        size = hw
     if not dcfg:
         pc = getattr(net, "pretrained_cfg", {}) or {}
         dcfg = {"in_chans": in_chans, "mean": list(pc.get("mean", (0.485, 0.456, 0.406))),
@@ -436,8 +456,9 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
     check_img_size(net, name, in_chans, size, device)
     trained = (side.get("data_config") or {}).get("img_size")
     if img_size and isinstance(trained, int) and trained != size:
-        _logger.warning("note: evaluating at %d x %d (--img-size %d); the checkpoint was trained at %d x %d", size,
-                        size, img_size, trained, trained)
+        h, w = hw
+        _logger.warning("note: evaluating at %d x %d (--img-size %s); the checkpoint was trained at %d x %d", h, w,
+                        f"{h}x{w}" if wide else h, trained, trained)
     return name, net, side, dcfg, weights
 
 

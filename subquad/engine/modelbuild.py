@@ -18,7 +18,8 @@ def first_line(e: BaseException) -> str:
     return s.splitlines()[0] if s else type(e).__name__
 
 
-def build_model(name: str, num_classes: int, img_size: int | None = None, drop_path: float | None = None,
+def build_model(name: str, num_classes: int, img_size: int | tuple[int, int] | None = None,
+                drop_path: float | None = None,
                 drop: float = 0.0, device: torch.device | str = "cpu",
                 model_kwargs: dict[str, Any] | None = None) -> nn.Module:
     """create_model with the options every image model takes (plus `model_kwargs` for the model's constructor);
@@ -31,7 +32,7 @@ def build_model(name: str, num_classes: int, img_size: int | None = None, drop_p
     if drop:
         kw["drop_rate"] = drop
     if img_size is not None:
-        if img_size < 1:
+        if min((img_size,) if isinstance(img_size, int) else img_size) < 1:
             raise UserError(f"--img-size must be >= 1, got {img_size}")
         kw["img_size"] = img_size
     try:
@@ -56,13 +57,17 @@ def model_input(model: nn.Module, img_size: int | None) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def check_img_size(model: nn.Module, name: str, in_chans: int, img_size: int, device: torch.device) -> None:
-    """One eval forward at the requested size; a model that cannot take it gives a one-line UserError."""
+def check_img_size(model: nn.Module, name: str, in_chans: int, img_size: int | tuple[int, int],
+                   device: torch.device) -> None:
+    """One eval forward at the requested size (S or (H, W)); a model that cannot take it gives a one-line
+    UserError."""
+    h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
     was_training = model.training
     model.eval()
     try:
-        model(torch.zeros(1, in_chans, img_size, img_size, device=device))
+        model(torch.zeros(1, in_chans, h, w, device=device))
     except (RuntimeError, ValueError, AssertionError, IndexError) as e:
-        raise UserError(f"model {name!r} cannot take --img-size {img_size}: {first_line(e)}") from e
+        shown = h if h == w else f"{h}x{w}"
+        raise UserError(f"model {name!r} cannot take --img-size {shown}: {first_line(e)}") from e
     finally:
         model.train(was_training)

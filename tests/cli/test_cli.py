@@ -42,9 +42,9 @@ def test_flops_takes_hxw_and_the_older_h_w(size, capsys):
 
 
 @pytest.mark.parametrize("cmd", ["eval", "predict", "analyze"])
-def test_square_size_commands_take_s_or_sxs_and_refuse_hxw(cmd, capsys):
-    """eval, predict and analyze run at a square size: `--img-size 32` and `32x32` mean the same, a non-square HxW
-    is refused in one line that names the commands that take it, and a bad size says what is allowed."""
+def test_size_options_of_eval_predict_and_analyze(cmd, capsys):
+    """`--img-size 32` and `32x32` mean the same; eval and predict take HxW, analyze runs at a square size and
+    refuses it in one line naming the commands that take it; a bad size says what is allowed."""
     from subquad_cli.__main__ import build_parser
 
     parser = build_parser()
@@ -52,8 +52,13 @@ def test_square_size_commands_take_s_or_sxs_and_refuse_hxw(cmd, capsys):
             "analyze": ["--model", "m", "--out", "o"]}[cmd]
     assert parser.parse_args([cmd, *rest, "--img-size", "32"]).img_size == 32
     assert parser.parse_args([cmd, *rest, "--img-size", "32x32"]).img_size == 32
-    for bad, msg in (("32x48", "'32x48' is not square: this command runs at S x S (subquad bench, flops and export "
-                                "take HxW)"), ("0", "expected a positive side S (or SxS), got '0'")):
+    bads = [("0", "expected a positive side S or HxW (for example 224 or 224x320), got '0'")]
+    if cmd == "analyze":
+        bads = [("32x48", "'32x48' is not square: this command runs at S x S (bench, flops, export, eval and predict "
+                          "take HxW)"), ("0", "expected a positive side S (or SxS), got '0'")]
+    else:
+        assert parser.parse_args([cmd, *rest, "--img-size", "32x48"]).img_size == (32, 48)
+    for bad, msg in bads:
         with pytest.raises(SystemExit) as e:
             parser.parse_args([cmd, *rest, "--img-size", bad])
         assert e.value.code == 2

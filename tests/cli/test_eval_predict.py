@@ -64,6 +64,31 @@ def test_predict_top5_with_class_names(run_dir, tmp_path, capsys):
     assert abs(sum(t["prob"] for t in top) - 1) < 1 and top[0]["prob"] >= top[-1]["prob"]
 
 
+def test_eval_and_predict_at_a_non_square_size(run_dir, tmp_path, capsys):
+    """`--img-size HxW`: the model (trained at 16 x 16) runs on 16 x 24 inputs, the eval transform makes them, the
+    results say 16x24, and a square HxW is the side S."""
+    from PIL import Image
+
+    from subquad.engine.checkpoint import load_checkpointed_model
+    from subquad.engine.classify import eval_transform
+
+    ckpt = str(run_dir / "best.safetensors")
+    _, model, _, dcfg, _ = load_checkpointed_model(ckpt, None, (16, 24))
+    assert tuple(dcfg["img_size"]) == (16, 24)
+    x = eval_transform(dcfg)(Image.new("L" if dcfg["in_chans"] == 1 else "RGB", (40, 30)))
+    assert tuple(x.shape[-2:]) == (16, 24)
+    assert model(x[None]).shape == (1, 10)
+    assert load_checkpointed_model(ckpt, None, (16, 16))[3]["img_size"] == 16
+    res = tmp_path / "r.json"
+    assert main(["eval", "--checkpoint", ckpt, "--img-size", "16x24", "--limit", "32", "--results-file", str(res),
+                 "--device", "cpu"]) == 0
+    assert json.loads(res.read_text())["img_size"] == "16x24"
+    img = tmp_path / "d.png"
+    save_digits_image(img, 3)
+    assert main(["predict", "--checkpoint", ckpt, str(img), "--img-size", "16x24", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.count(f"{img}: ") == 1
+
+
 def test_checkpoint_of_another_model_refused(run_dir, tmp_path, capsys):
     assert main(["eval", "--model", "vit_attn_tiny", "--checkpoint", str(run_dir / "best.safetensors"),
                  "--device", "cpu"]) == 2

@@ -182,6 +182,16 @@ def test_predict_reads_timm_checkpoint(timm_run, tmp_path, capsys):
     assert capsys.readouterr().out.startswith(f"{img}: ")
 
 
+def test_timm_checkpoint_at_a_non_square_size_refused(timm_run, tmp_path, capsys):
+    """timm's train.py checkpoints are evaluated at a square size here: HxW is refused in one line, unrun."""
+    data, best = timm_run
+    img = next((data / "val" / "c2").iterdir())
+    assert main(["predict", "--checkpoint", str(best), str(img), "--img-size", "32x48", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--img-size 32x48: a checkpoint of timm's train.py is evaluated at a square size here" in err
+    assert "Traceback" not in err and not capsys.readouterr().out
+
+
 def test_model_disagreeing_with_arch_refused(timm_run, capsys):
     assert main(["eval", "--checkpoint", str(timm_run[1]), "--model", "vit_attn_micro", "--device", "cpu"]) == 2
     err = capsys.readouterr().err

@@ -40,6 +40,11 @@ def test_train_and_multiview_eval(clips, tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(out), "--views", "2by3", "--results-file",
                  str(tmp_path / "r.json")]) == 2
     assert "expected CLIPSxCROPS" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(out), "--img-size", "32x48", "--results-file",
+                 str(tmp_path / "r2.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--img-size 32x48: video checkpoints are evaluated at a square size; pass --img-size S" in err
+    assert "Traceback" not in err and not (tmp_path / "r2.json").exists()
 
 
 def test_image_model_on_video_data_is_refused(clips, tmp_path, capsys):

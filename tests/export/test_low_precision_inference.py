@@ -153,6 +153,20 @@ def test_int8_export_keeps_top1_and_labels(trained, tmp_path, capsys):
     assert "exists; pass --overwrite" in capsys.readouterr().err and out.read_bytes() == before
 
 
+def test_int8_export_at_a_non_square_size_checks_on_held_out_images(trained, tmp_path, capsys):
+    """`--img-size HxW` with a checkpoint: the checkpoint is loaded at H x W and the int8 check after writing runs
+    on held-out images made at that shape (before, it loaded at H x H and fell back to random inputs)."""
+    out = tmp_path / "wide.onnx"
+    assert main(["export", "--checkpoint", str(trained["run"]), "--format", "onnx", "--quantize", "int8",
+                 "--img-size", "32x48", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "int8 against eager fp32 (held-out images): top-1 agreement" in printed
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert sess.get_inputs()[0].shape[-2:] == [32, 48]
+
+
 @pytest.mark.parametrize("argv, msg", [(["--quantize", "int4"], "--quantize 'int4' is not supported; choose one of "
                                         "int8"),
                                        (["--quantize", "int8", "--format", "pt2"], "--quantize int8 needs --format "
