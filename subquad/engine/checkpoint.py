@@ -405,12 +405,7 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
         weights = resolve_checkpoint(weights.with_name(weights.stem + "_ema" + weights.suffix))
     sd, meta = read_checkpoint(weights, prefer_ema=use_ema and not ema_file)
     side = read_sidecar(weights)
-    # A size S or (H, W); a square pair is a side. A non-square size: the model is built as for its own size (timm
-    # models, whose position tables fix the size, at (H, W)), checked and evaluated at H x W.
-    hw = None if img_size is None else ((img_size, img_size) if isinstance(img_size, int)
-                                        else (int(img_size[0]), int(img_size[1])))
-    wide = hw is not None and hw[0] != hw[1]
-    img_size = None if hw is None else (hw if wide else hw[0])
+    hw, wide, img_size = _requested_size(img_size)
     if meta.get("format") == "timm" and not side:
         if wide:
             raise UserError(f"--img-size {hw[0]}x{hw[1]}: a checkpoint of timm's train.py is evaluated at a square "
@@ -454,12 +449,30 @@ def load_checkpointed_model(checkpoint: str | os.PathLike, model: str | None = N
                 "crop_pct": pc.get("crop_pct"), "aug": "timm", "source_aug": "timm", "native_size": None}
     dcfg["img_size"] = size
     check_img_size(net, name, in_chans, size, device)
-    trained = (side.get("data_config") or {}).get("img_size")
-    if img_size and isinstance(trained, int) and trained != size:
-        h, w = hw
-        _logger.warning("note: evaluating at %d x %d (--img-size %s); the checkpoint was trained at %d x %d", h, w,
-                        f"{h}x{w}" if wide else h, trained, trained)
+    _note_other_size(hw, (side.get("data_config") or {}).get("img_size"))
     return name, net, side, dcfg, weights
+
+
+def _requested_size(img_size: int | tuple[int, int] | None) -> tuple[tuple[int, int] | None, bool,
+                                                                     int | tuple[int, int] | None]:
+    """(H, W) asked (None: the checkpoint's own), whether it is not square, and the size as S or (H, W).
+
+    A non-square size: the model is built as for its own size (timm models, whose position tables fix the size, at
+    (H, W)), then checked and evaluated at H x W."""
+    if img_size is None:
+        return None, False, None
+    hw = (img_size, img_size) if isinstance(img_size, int) else (int(img_size[0]), int(img_size[1]))
+    wide = hw[0] != hw[1]
+    return hw, wide, (hw if wide else hw[0])
+
+
+def _note_other_size(hw: tuple[int, int] | None, trained: Any) -> None:
+    """The one-line note when the size asked is not the size the checkpoint was trained at."""
+    if hw is None or not isinstance(trained, int) or hw == (trained, trained):
+        return
+    h, w = hw
+    _logger.warning("note: evaluating at %d x %d (--img-size %s); the checkpoint was trained at %d x %d", h, w,
+                    f"{h}x{w}" if h != w else h, trained, trained)
 
 
 def _load_timm_checkpoint(weights: Path, sd: dict[str, torch.Tensor], meta: dict[str, Any], model: str | None,
