@@ -157,7 +157,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        sys.exit(f"lisa_idft: {e}")
+    from subquad.bench.sweep import run_script
+
+    run_script(main, "lisa_idft")

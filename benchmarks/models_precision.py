@@ -230,7 +230,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    from subquad.bench.sweep import run_script
+
+    run_script(main, "models_precision")

@@ -254,7 +254,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    from subquad.bench.sweep import run_script
+
+    run_script(main, "ort_fp32_rate")

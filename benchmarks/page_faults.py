@@ -126,7 +126,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        sys.exit(f"page_faults: {e}")
+    from subquad.bench.sweep import run_script
+
+    run_script(main, "page_faults")

@@ -643,6 +643,17 @@ def _rates(sweep: _Sweep, row: dict[str, Any], precision: str) -> None:
     row["gemm_fraction"] = float(f"{achieved / gemm[precision]:.4g}")
 
 
+def run_script(main: Callable[[], int], prog: str) -> None:
+    """Run a benchmark script's `main()` and exit with its status; a user error exits as one line `prog: ...`
+    (library bugs keep their traceback)."""
+    import sys
+
+    try:
+        sys.exit(main())
+    except UserError as e:
+        sys.exit(f"{prog}: {e}")
+
+
 def new_output(path: str | Path, flag: str = "--out") -> Path:
     """`path` as a Path, or a one-line UserError when it exists: a result is never replaced."""
     path = Path(path)

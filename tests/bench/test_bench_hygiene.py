@@ -243,3 +243,31 @@ def test_a_precision_or_backend_named_twice_is_measured_once():
 
     assert _word_list("eager, compile,eager,,") == ["eager", "compile"]
     assert _word_list("bf16,fp32,bf16") == ["bf16", "fp32"]
+
+
+def test_benchmark_scripts_exit_with_one_line_user_errors(tmp_path):
+    """`run_script`: a user error ends a benchmark script with one line `prog: message` (status 1); a library bug
+    keeps its traceback. Run as a script, lisa_idft refuses a bad case that way."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from subquad.bench.sweep import run_script
+    from subquad.errors import UserError
+
+    def bad():
+        raise UserError("--x 3: expected y")
+
+    with pytest.raises(SystemExit) as e:
+        run_script(bad, "prog")
+    assert e.value.code == "prog: --x 3: expected y"
+    with pytest.raises(SystemExit) as e:
+        run_script(lambda: 0, "prog")
+    assert e.value.code == 0
+    with pytest.raises(ZeroDivisionError):
+        run_script(lambda: 1 // 0, "prog")
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "lisa_idft.py"), "--cases", "7",
+                        "--out", str(tmp_path / "o.csv")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == "lisa_idft: --cases '7': expected SIDExTRANSFORMS with positive integers, e.g. 56x256"
