@@ -52,6 +52,56 @@ def test_zero_boundary_fft_equals_toeplitz_ref(grid):
     compare_fn(lambda *a: fsa.lisa_fft(*a, grid, boundary="zero"), lambda *a: fsa.lisa_toeplitz_ref(*a, grid), ops)
 
 
+@pytest.mark.parametrize("shared_b", [False, True])
+@pytest.mark.parametrize("boundary", ["circular", "zero"])
+@pytest.mark.parametrize("grid", [(5, 7), (2, 3, 4)])
+def test_dense_kernel_path_equals_reference(grid, boundary, shared_b):
+    """The kernel path as dense GEMMs (`dense_b`: A-hat from S kernel_b read at each pair's offset, then A-hat V)
+    equals Eq. 10 with explicit RPE tensors: outputs and every gradient with it forced on under autograd, in float64
+    and float32, with pattern tiles (D=5, d_chunk=2: the last tile holds one pattern)."""
+    ksize = grid if boundary == "circular" else tuple(2 * s - 1 for s in grid)
+    ops = _operands(grid, h=3, D=5, ksize=ksize, shared_b=shared_b)
+    ref = fsa.lisa_circulant_ref if boundary == "circular" else fsa.lisa_toeplitz_ref
+    for dtype in (torch.float64, torch.float32):
+        compare_fn(lambda *a: fsa.lisa_fft(*a, grid, boundary, d_chunk=2, dense_b=True), lambda *a: ref(*a, grid),
+                   ops, dtype)
+
+
+def test_dense_kernel_path_is_taken_without_autograd_on_small_grids(monkeypatch):
+    """Without autograd on the CPU schedule lisa_fft takes the dense kernel path up to N = DENSE_B_TOKENS_PER_PATTERN
+    * D tokens and the FFT correlations above; either way it equals the reference, and the FFT form stays
+    reachable (`dense_b=False`) with the same result."""
+    calls = []
+    real = fsa._dense_kernel_path
+    monkeypatch.setattr(fsa, "_dense_kernel_path", lambda *a: calls.append(a[0].shape) or real(*a))
+    grid = (5, 7)  # N = 35
+    ops = _operands(grid, h=2, D=2)  # dense up to 32 * 2 = 64 tokens
+    big, big_ops = (9, 8), _operands((9, 8), h=2, D=2)  # N = 72: FFT
+    with torch.no_grad():
+        dense = fsa.lisa_fft(*ops, grid)
+        assert calls == [(2, 2, 2, 35)], calls
+        fft = fsa.lisa_fft(*ops, grid, dense_b=False)
+        above = fsa.lisa_fft(*big_ops, big)
+    assert len(calls) == 1, "the dense path ran above its size limit or when turned off"
+    assert_close(dense, fsa.lisa_circulant_ref(*ops, grid), torch.float64, "dense, no autograd")
+    assert_close(fft, fsa.lisa_circulant_ref(*ops, grid), torch.float64, "fft, no autograd")
+    assert_close(above, fsa.lisa_circulant_ref(*big_ops, big), torch.float64, "above the limit")
+    with torch.enable_grad():
+        fsa.lisa_fft(*[t.clone().requires_grad_(True) for t in ops], grid)
+    assert len(calls) == 1, "the dense path was taken under autograd without being asked for"
+
+
+@pytest.mark.parametrize("boundary,resize", [("circular", "pad"), ("circular", "interp"), ("zero", "pad")])
+def test_module_dense_kernel_path_at_another_size_than_its_kernels(boundary, resize):
+    """A module whose kernels are stored at 5 x 7 and run on 6 x 4 and 3 x 9 tokens without autograd (the dense
+    kernel path, its kernel read back from the resized kernels' spectra) gives the explicit reference's output."""
+    m = _module(dim=8, heads=2, D=3, input_size=(5, 7), boundary=boundary, kernel_resize=resize).double().eval()
+    for hw in ((6, 4), (3, 9)):
+        x = torch.randn(2, math.prod(hw), 8, dtype=torch.float64)
+        with torch.no_grad():
+            assert_close(m(x, hw), m.forward_ref(x, hw), torch.float64, f"{boundary}/{resize} at {hw}")
+
+
 def test_toeplitz_vs_circulant_agree_away_from_wrap_and_differ_at_border():
     """Kernels supported on |delta| <= 1: queries at distance >= 1 from every border see the same keys in both
     forms (exact agreement); border queries differ because the circulant form wraps in keys from the opposite
@@ -356,17 +406,19 @@ def test_module_fft_dims_1d_equals_ref():
         _module(fft_dims="3d")
 
 
+@pytest.mark.parametrize("dense_b", [None, False])
 @pytest.mark.parametrize("boundary", ["circular", "zero"])
-def test_inference_workspaces_equal_autograd_path(boundary):
+def test_inference_workspaces_equal_autograd_path(boundary, dense_b):
     """Without autograd lisa_fft reuses workspaces across tiles and works in place: same values as the autograd
-    path, with tiles of different sizes (D=5: the last tile is smaller) and the inputs left untouched."""
+    path, with tiles of different sizes (D=5: the last tile is smaller) and the inputs left untouched; with the
+    kernel path dense (the default at this size) and as FFT correlations."""
     grid = (5, 7)
     ksize = grid if boundary == "circular" else tuple(2 * s - 1 for s in grid)
     ops = _operands(grid, h=3, D=5, ksize=ksize)
     before = [t.clone() for t in ops]
     want = fsa.lisa_fft(*[t.clone().requires_grad_(True) for t in ops], grid, boundary, d_chunk=2)
     with torch.no_grad():
-        got = fsa.lisa_fft(*ops, grid, boundary, d_chunk=2, tile_elems=300)
+        got = fsa.lisa_fft(*ops, grid, boundary, d_chunk=2, tile_elems=300, dense_b=dense_b)
     assert_close(got, want.detach(), torch.float64, "no-grad workspaces vs autograd")
     for a, b in zip(ops, before):
         assert torch.equal(a, b)

@@ -28,6 +28,7 @@ Every correlation below is G[i] = sum_n w[n - i] x[n]; with FFTs: ifft(fft(x) * 
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import weakref
@@ -361,7 +362,7 @@ def _fft_of_real(x: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
 def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
              struct_proj: torch.Tensor, grid: Sequence[int], boundary: str = "circular", d_chunk: int | None = None,
              spectra: tuple[torch.Tensor, torch.Tensor] | None = None, checkpoint_chunks: bool = False,
-             tile_elems: int = 2 ** 21) -> torch.Tensor:
+             tile_elems: int = 2 ** 21, dense_b: bool | None = None) -> torch.Tensor:
     """Eq. 13: LiSA through FFTs over the grid (2-D for (H, W), 3-D over (T, H, W) for video).
 
     Ga[c, d, i] = sum_n kernel_a[c, d, n - i] k[c, n];  S[g, i, d] = sum_{c in g} q[c, i] Ga[c, d, i];
@@ -376,6 +377,12 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     are CPU schedules (`subquad.backend`): elsewhere, and while tracing, one batched tile runs unless `d_chunk`
     asks for tiles.
 
+    On small grids the kernel path is cheaper as the dense product of Eq. 10 than as correlations (`dense_b`):
+    A-hat[i, j] = sum_d S[i, d] kernel_b[d, delta(j - i)] is a GEMM S kernel_b (N x D by D x K) read out at each
+    pair's offset, then Y = A-hat V + S B^T, two more GEMMs. That replaces h * ceil(dh/2) * D inverse transforms by
+    about N^2 (dh + D) multiply-adds per head, which wins on this CPU up to N = 32 D tokens (256 at D = 8; see
+    docs/benchmarks.md, "LiSA"); the structural vector S still comes from the FFT correlations of kernel_a.
+
     Shapes: q, k, v (B, h, N, dh); kernel_a (C, D, *K); kernel_b (h or 1, D, *K); struct_proj (C, D)
     -> (B, h, N, dh). K = grid ('circular', equals `lisa_circulant_ref`) or 2*grid-1 ('zero': evaluated on the
     doubled grid, equals `lisa_toeplitz_ref`).
@@ -385,6 +392,8 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
         d_chunk: structural patterns per tile (rounded up to even); None = automatic (`plan_tiles`).
         checkpoint_chunks: recompute each tile's Ga/Gb in backward instead of saving them.
         tile_elems: float budget of one Ga/Gb tile (see `plan_tiles`).
+        dense_b: the kernel path as the dense product A-hat V; None = on the CPU inference schedule (no autograd)
+            when N <= DENSE_B_TOKENS_PER_PATTERN * D.
     """
     _check_boundary(boundary)
     B, h, N, dh = q.shape
@@ -396,60 +405,106 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
         ka = kernel_a if boundary == "circular" else toeplitz_to_circular(kernel_a, grid)
         kb = kernel_b if boundary == "circular" else toeplitz_to_circular(kernel_b, grid)
         spectra = kernel_spectra(ka, kb, fft_grid)
-    kf, vf, waf, wbf, q2 = _lisa_spectra(q, k, v, spectra, D, grid, fft_grid)
     bproj = _head_struct_proj(struct_proj, h)  # (h, dh, D)
     # Without autograd (on the CPU schedule) the tiles reuse one workspace and work in place (see `_lisa_tile_fn`).
     cpu = cpu_schedules(q.device)
     inference = cpu and not (torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, kernel_a, kernel_b, struct_proj, *spectra)))
-    chunk = _lisa_tile_fn(B, N, dh, grid, boundary, inference, q.device)
+    if dense_b is None:
+        dense_b = inference and N <= DENSE_B_TOKENS_PER_PATTERN * D
+    kf, vf, waf, wbf, q2 = _lisa_spectra(q, k, v, spectra, D, grid, fft_grid, with_v=not dense_b)
+    chunk = _lisa_tile_fn(B, N, dh, grid, boundary, inference, q.device, structure_only=dense_b)
     h_tile, d_tile = plan_tiles(B, h, dh, D, N, d_chunk, tile_elems) if cpu or d_chunk is not None else (h, D)
     p_tile = (d_tile + 1) // 2
     # Tiles through split (its backward is one concatenation), not slicing (whose backward zero-fills a full-size
     # gradient per tile).
-    kf_t, vf_t, q_t = kf.split(h_tile, 1), vf.split(h_tile, 1), q2.split(h_tile, 1)
+    kf_t, q_t = kf.split(h_tile, 1), q2.split(h_tile, 1)
+    vf_t = (None,) * len(kf_t) if vf is None else vf.split(h_tile, 1)
     waf_t = [w.split(p_tile, 2) for w in waf.split(h_tile, 0)]
     wbf_t = [w.split(2 * p_tile, 2) for w in ((wbf,) * len(kf_t) if wbf.shape[0] == 1 else wbf.split(h_tile, 0))]
     bproj_t = [b.split(2 * p_tile, 2) for b in bproj.split(h_tile, 0)]
     outs = []
     for g in range(len(kf_t)):
-        y = None
+        parts = []
         for e in range(len(waf_t[g])):
             args = (kf_t[g], vf_t[g], waf_t[g][e], wbf_t[g][e], q_t[g], bproj_t[g][e])
             if checkpoint_chunks and torch.is_grad_enabled():
-                part = torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False)
+                parts.append(torch.utils.checkpoint.checkpoint(chunk, *args, use_reentrant=False))
             else:
-                part = chunk(*args)
-            y = part if y is None else y + part
-        outs.append(y)
+                parts.append(chunk(*args))
+        # Y is a sum over pattern tiles; with `dense_b` a tile's part is its slice of S.
+        outs.append(torch.cat(parts, 2) if dense_b else functools.reduce(torch.add, parts))
     y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+    if dense_b:
+        return _dense_kernel_path(y, v, spectra[1], bproj, grid, fft_grid)
     return y.transpose(-1, -2)  # (B, h, N, dh)
 
 
+# `lisa_fft` takes the dense kernel path on the CPU inference schedule up to N = this * D tokens: at D = 8, h = 2-5,
+# dh = 64 it was faster than the FFT correlations at 7 x 7 to 16 x 16 grids and slower from 20 x 20 on (2-core AMD
+# EPYC; docs/benchmarks.md, "LiSA").
+DENSE_B_TOKENS_PER_PATTERN = 32
+
+
+@functools.lru_cache(maxsize=16)
+def _offset_index(grid: tuple[int, ...], fft_grid: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Flat index into a kernel laid out circularly on `fft_grid` (offset delta at delta mod fft_grid per axis) of
+    every (query i, key n) pair of `grid`: (N, N) long. With fft_grid == grid it is `relative_index(grid)`."""
+    coords = torch.stack(torch.meshgrid(*[torch.arange(g, device=device) for g in grid], indexing="ij")).flatten(1)
+    delta = coords[:, None, :] - coords[:, :, None]  # (nd, N_query, N_key): key - query
+    flat = torch.zeros(delta.shape[1:], dtype=torch.long, device=device)
+    for ax, f in enumerate(fft_grid):
+        flat = flat * f + delta[ax] % f
+    return flat
+
+
+def _dense_kernel_path(s: torch.Tensor, v: torch.Tensor, wb_spectra: torch.Tensor, bproj: torch.Tensor,
+                       grid: Sequence[int], fft_grid: Sequence[int]) -> torch.Tensor:
+    """Y = A-hat V + S B^T with A-hat[i, j] = sum_d S[i, d] kernel_b[d, delta(j - i)] (Eq. 10), evaluated densely.
+
+    Shapes: s (B, h, D, N); v (B, h, N, dh); wb_spectra (h or 1, D, *F) the correlation spectra of kernel_b
+    (`kernel_spectra`); bproj (h, dh, D) -> (B, h, N, dh).
+    The kernel comes back from its spectra (laid out circularly on F, the operator the FFT path applies, whatever
+    size the module's kernel is stored at); S kernel_b gives every query row's value at every offset (B, h, N, F),
+    and A-hat reads it at each (query, key) pair's offset."""
+    B, h, D, N = s.shape
+    dims = tuple(range(-len(fft_grid), 0))
+    kernel_b = torch.fft.ifftn(wb_spectra.conj(), dim=dims).real.to(s.dtype)  # (h or 1, D, *F)
+    st = s.transpose(-1, -2)  # (B, h, N, D)
+    at_offset = st @ kernel_b.flatten(2)  # (B, h, N, prod(F))
+    index = _offset_index(tuple(grid), tuple(fft_grid), s.device).expand(B, h, N, N)
+    a_hat = at_offset.gather(-1, index)  # (B, h, N, N)
+    return a_hat @ v.to(st.dtype) + st @ bproj.transpose(-1, -2).to(st.dtype)
+
+
 def _lisa_spectra(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spectra: tuple[torch.Tensor, torch.Tensor],
-                  D: int, grid: Sequence[int], fft_grid: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+                  D: int, grid: Sequence[int], fft_grid: tuple[int, ...],
+                  with_v: bool = True) -> tuple[torch.Tensor, ...]:
     """The operands of `lisa_fft`'s tiles: (kf (B, h, dh, 1, *F), vf (B, h, ceil(dh/2), 1, *F) with channel pairs
-    packed as re/im, waf (h, dh, P, *F) the kernel_a pattern-pair spectra, wbf (h or 1, 1, D, *F), q2 (B, h, dh, 1,
-    2N) with every token value doubled to meet the interleaved (re, im) layout of Ga)."""
+    packed as re/im (None unless `with_v`), waf (h, dh, P, *F) the kernel_a pattern-pair spectra, wbf (h or 1, 1, D,
+    *F), q2 (B, h, dh, 1, 2N) with every token value doubled to meet the interleaved (re, im) layout of Ga)."""
     B, h, N, dh = q.shape
     dims = tuple(range(-len(grid), 0))
     pairs = (D + 1) // 2
     waf = spectra[0].reshape(h, dh, pairs, *fft_grid)  # conj-corr spectra of kernel_a pattern pairs
     wbf = spectra[1][:, None]  # (h or 1, 1, D, *F)
     kf = _fft_of_real(_to_map(k, grid), fft_grid)[:, :, :, None]  # (B, h, dh, 1, *F)
+    q2 = q.transpose(-1, -2).repeat_interleave(2, -1)[:, :, :, None]
+    if not with_v:
+        return kf, None, waf, wbf, q2
     half = (dh + 1) // 2
     vmap = _to_map(v, grid)
     v_hi = vmap[:, :, half:]
     if dh % 2:  # odd head dim: the last pair carries a zero channel
         v_hi = torch.cat([v_hi, v_hi.new_zeros(B, h, 1, *grid)], 2)
     vf = torch.fft.fftn(torch.complex(vmap[:, :, :half], v_hi), s=fft_grid, dim=dims)[:, :, :, None]
-    q2 = q.transpose(-1, -2).repeat_interleave(2, -1)[:, :, :, None]
     return kf, vf, waf, wbf, q2
 
 
 def _lisa_tile_fn(B: int, N: int, dh: int, grid: Sequence[int], boundary: str, inference: bool,
-                  device: torch.device) -> Callable[..., torch.Tensor]:
-    """`lisa_fft`'s work on one tile of heads and pattern pairs: (kf, vf, waf, wbf, q2, bproj) -> Y (B, hn, dh, N).
+                  device: torch.device, structure_only: bool = False) -> Callable[..., torch.Tensor]:
+    """`lisa_fft`'s work on one tile of heads and pattern pairs: (kf, vf, waf, wbf, q2, bproj) -> Y (B, hn, dh, N),
+    or with `structure_only` the tile's slice of S (B, hn, dc, N) (the kernel path then runs densely).
 
     With `inference` (no autograd, CPU schedule) the spectral products of every tile and both correlations go
     through one workspace, reused across tiles and calls (`_workspace`), and the contractions run in place on the
@@ -482,6 +537,8 @@ def _lisa_tile_fn(B: int, N: int, dh: int, grid: Sequence[int], boundary: str, i
         # Ga for pattern pairs e: re = pattern 2e, im = pattern 2e + 1. S chunk: (B, hn, dc, N).
         ga = correlate(kf, waf_c)  # (B, hn, dh, P, 2N)
         s = weighted_sum(ga, q2, 2).unflatten(-1, (N, 2)).transpose(-1, -2).flatten(2, 3)[:, :, :dc]
+        if structure_only:
+            return s
         # Gb for channel pairs c: re = channel c, im = channel c + half. Kernel path sum_d S_d Gb_d.
         gb = correlate(vf, wbf_c)  # (B, hn, half, dc, 2N)
         y = weighted_sum(gb, s.repeat_interleave(2, -1)[:, :, None], 3)  # (B, hn, half, 2N)
