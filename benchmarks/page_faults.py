@@ -5,7 +5,8 @@ heap back to the system (and serves the largest buffers with `mmap`), so the nex
 Whether it does depends on thresholds that glibc adapts as a process runs, which is why one process can be fast
 and the next slow. Each configuration below runs in a fresh process with its environment variables set, builds the
 model, takes `--warmup` steps and then times `--steps` forward steps, counting the minor page faults the process
-took during them (`resource.getrusage`).
+took during them (`resource.getrusage`). The config `SUBQUAD_KEEP_FREED_MIB=256` is the library's remedy
+(`subquad.backend.keep_freed_memory`, which the `subquad` command applies at start); 'default' leaves glibc as it is.
 
 Columns: model, img_size, precision, config (the environment variables set, 'default' for none), step_ms (median),
 minor_faults_per_step, threads, cpu, libc (glibc's version).
@@ -33,7 +34,8 @@ from subquad.errors import UserError  # noqa: E402
 COLUMNS = ["model", "img_size", "precision", "config", "step_ms", "minor_faults_per_step", "threads", "cpu", "libc"]
 BIG = "4294967296"
 CONFIGS = ["default", f"MALLOC_TRIM_THRESHOLD_={BIG}", f"MALLOC_MMAP_THRESHOLD_={BIG}",
-           f"MALLOC_MMAP_THRESHOLD_={BIG} MALLOC_TRIM_THRESHOLD_={BIG}", "MALLOC_TOP_PAD_=1073741824"]
+           f"MALLOC_MMAP_THRESHOLD_={BIG} MALLOC_TRIM_THRESHOLD_={BIG}", "MALLOC_TOP_PAD_=1073741824",
+           "SUBQUAD_KEEP_FREED_MIB=256"]
 
 
 def _args(argv):
@@ -60,7 +62,9 @@ def measure(model: str, img_size: int, precision: str, steps: int, warmup: int, 
     import torch
 
     import subquad
+    from subquad.backend import keep_freed_memory_from_env
 
+    keep_freed_memory_from_env(default_mib=0)  # config SUBQUAD_KEEP_FREED_MIB=256: what the `subquad` command does
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     net = subquad.create_model(model).eval()

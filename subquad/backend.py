@@ -25,6 +25,14 @@ is emulated and slower than fp32, so it falls back to fp32 with one warning per 
 device)` is the matching autocast context (bf16: `torch.autocast(device, dtype=torch.bfloat16)`; fp32: none), inside
 which the mechanisms keep their float32 islands (`subquad.layers.precision`).
 
+Memory is one more CPU matter. glibc's malloc hands freed memory at the top of the heap back to the system and
+serves large blocks with `mmap`, so a model whose steps allocate and free tens of MiB (LiSA's FFT outputs) faults
+every page of them in again on each step (one fault per 4 KiB page), and whether it does depends on thresholds glibc
+adapts as a process runs. `keep_freed_memory(nbytes)` makes glibc keep up to `nbytes` of freed memory for reuse
+(`mallopt(M_TOP_PAD)`), for the whole process; the `subquad` command does it at start (256 MiB, the
+`SUBQUAD_KEEP_FREED_MIB` environment variable; 0 leaves glibc's defaults). It is not done on import: the library does
+not change a user's allocator unasked.
+
 `real_dft()` is a separate switch, for graphs whose runtime has no complex tensors (ONNX, `subquad.export`): inside
 it LiSA's structure-aware attention computes its correlations with real DFT matrices (`lisa_dft`) instead of
 complex FFTs. Same result, more arithmetic; the FFT path stays the default everywhere else (torch.compile included:
@@ -47,7 +55,8 @@ from .errors import UserError
 
 __all__ = ["BACKENDS", "PRECISIONS", "CpuFeatures", "cpu_features", "parse_cpu_flags", "resolve_precision",
            "precision_context", "get_backend", "schedule", "set_backend", "use_backend", "cpu_schedules", "real_dft",
-           "real_dft_active", "fast_gemm_dtype"]
+           "real_dft_active", "fast_gemm_dtype", "keep_freed_memory", "kept_freed_memory", "keep_freed_memory_from_env",
+           "KEEP_FREED_DEFAULT"]
 
 _log = logging.getLogger(__name__)
 
@@ -205,3 +214,71 @@ def precision_context(name: str, device: torch.device | str | None = "cpu") -> c
         return contextlib.nullcontext()
     dev = torch.device(device) if device is not None else torch.device("cpu")
     return torch.autocast(dev.type, dtype=torch.bfloat16)
+
+
+KEEP_FREED_DEFAULT = 256 * 2 ** 20
+_M_TOP_PAD, _M_MMAP_THRESHOLD = -2, -3  # glibc <malloc.h>
+_MMAP_THRESHOLD_MAX = 32 * 2 ** 20  # the largest M_MMAP_THRESHOLD glibc accepts on 64-bit systems
+_kept_freed: int | None = None
+
+
+def _glibc():
+    """The running glibc as a ctypes library, or None (musl, macOS, Windows)."""
+    import ctypes
+
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return None
+        return ctypes.CDLL(None)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def keep_freed_memory(nbytes: int = KEEP_FREED_DEFAULT) -> bool:
+    """Let glibc's malloc keep up to `nbytes` of freed memory in the heap for reuse instead of returning it to the
+    system (`mallopt(M_TOP_PAD, nbytes)`), and serve blocks below 32 MiB from the heap (`M_MMAP_THRESHOLD`, which
+    glibc's own adaptive threshold reaches at most), for the whole process. Returns whether it was applied: False
+    for `nbytes=0` (glibc's defaults stay) and where the C library is not glibc.
+
+    Why: a step that allocates and frees large tensors (LiSA's FFT outputs, tens of MiB at 224 x 224) otherwise
+    page-faults them in again on the next step, one fault per 4 KiB page; on the 2-core AMD EPYC of
+    docs/benchmarks.md that made `hylisanet_s`'s bf16 step up to 1.7x slower. Cost: the process's resident memory
+    stays up to `nbytes` above its live tensors, and freed blocks inside the heap are not returned either."""
+    import ctypes
+
+    global _kept_freed
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise UserError(f"keep_freed_memory: nbytes must be a whole number of bytes >= 0, got {nbytes!r}")
+    if nbytes == 0:
+        return False
+    libc = _glibc()
+    if libc is None or not libc.mallopt(_M_TOP_PAD, min(nbytes, 2 ** 31 - 1)):
+        return False
+    libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+    # glibc pads the heap only when it next grows it: one block just below the threshold, freed at once, makes it
+    # grow now if it must, so that blocks above 32 MiB find the kept memory too. Its pages are never touched.
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.free(libc.malloc(_MMAP_THRESHOLD_MAX - 2 ** 16))
+    _kept_freed = min(nbytes, 2 ** 31 - 1)
+    return True
+
+
+def kept_freed_memory() -> int:
+    """The bytes of freed memory `keep_freed_memory` asked glibc to keep in this process (0 if it never did)."""
+    return _kept_freed or 0
+
+
+def keep_freed_memory_from_env(default_mib: int = KEEP_FREED_DEFAULT // 2 ** 20) -> bool:
+    """`keep_freed_memory` with the MiB named by the SUBQUAD_KEEP_FREED_MIB environment variable (`default_mib`
+    when unset; 0 leaves glibc's defaults), as the `subquad` command applies it. A value that is not a whole number
+    >= 0 is a UserError naming it."""
+    raw = os.environ.get("SUBQUAD_KEEP_FREED_MIB", "").strip()
+    if not raw:
+        mib = default_mib
+    elif raw.isdigit():
+        mib = int(raw)
+    else:
+        raise UserError(f"SUBQUAD_KEEP_FREED_MIB={raw!r} is not a whole number of MiB >= 0 (0 leaves glibc's "
+                        "defaults)")
+    return keep_freed_memory(mib * 2 ** 20)

@@ -8,6 +8,8 @@ after parsing, before `func` runs, unless the parser sets `lazy=True` (then `fun
 
 A user error (`subquad.errors.UserError`, or an OSError naming a file) prints one line `subquad <cmd>: error: ...`
 and exits 2; anything else is a bug and keeps its traceback. Set SUBQUAD_DEBUG=1 for the traceback of a user error.
+Commands that load the library first let glibc keep up to 256 MiB of freed memory for reuse
+(`subquad.backend.keep_freed_memory`; SUBQUAD_KEEP_FREED_MIB sets the MiB, 0 leaves glibc's defaults).
 Every command's `--device` is checked here, before its subcommand runs (`engine.distributed.check_device`): a device
 this machine lacks is one line, not the traceback of the first tensor moved to it.
 """
@@ -120,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not getattr(args, "lazy", False):
             import subquad  # noqa: F401  (loads the library: every mechanism and model registered)
+            from subquad.backend import keep_freed_memory_from_env
+
+            keep_freed_memory_from_env()  # freed memory reused, not faulted in again each step (subquad.backend)
         if getattr(args, "device", None):
             from subquad.engine.distributed import check_device
 

@@ -96,3 +96,60 @@ def test_lisa_each_schedule_matches_the_reference_outputs_and_gradients(name):
     with backend.use_backend(name):
         compare_fn(lambda *a: lisa_fft(*a, grid, tile_elems=16), lambda *a: lisa_circulant_ref(*a, grid), ops,
                    torch.float64)
+
+
+_FAULTS_SCRIPT = """
+import resource, sys, torch
+from subquad.backend import keep_freed_memory, keep_freed_memory_from_env, kept_freed_memory
+applied = keep_freed_memory_from_env(default_mib=0)
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(2):
+    torch.ones(48 << 18); torch.ones(10 << 18)
+f0 = faults()
+for _ in range(5):
+    torch.ones(48 << 18); torch.ones(10 << 18)  # 48 and 10 MiB, touched and freed
+print(applied, kept_freed_memory(), (faults() - f0) / 5)
+"""
+
+
+def _faults_run(mib: str) -> tuple[str, str, float]:
+    import os
+
+    env = dict(os.environ, SUBQUAD_KEEP_FREED_MIB=mib)
+    out = subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT], env=env, capture_output=True, text=True, check=True)
+    applied, kept, faults = out.stdout.split()
+    return applied, kept, float(faults)
+
+
+def test_keep_freed_memory_stops_refaulting_large_blocks_on_glibc():
+    """With glibc's defaults a 48 MiB block is mmapped, and every allocation faults its 12,288 pages in again;
+    keep_freed_memory (here from SUBQUAD_KEEP_FREED_MIB, in fresh processes) keeps the freed memory for reuse.
+    Elsewhere than glibc it reports that it did nothing."""
+    import os
+
+    glibc = bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    default, kept = _faults_run("0"), _faults_run("256")
+    assert default[:2] == ("False", "0")
+    if not glibc:
+        assert kept[:2] == ("False", "0")
+        return
+    assert kept[:2] == ("True", str(256 * 2 ** 20))
+    assert default[2] > 10_000, f"glibc's defaults did not refault the 48 MiB block: {default}"
+    assert kept[2] < 100, f"freed memory was faulted in again with keep_freed_memory: {kept}"
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "256"])
+def test_keep_freed_memory_refuses_what_is_not_a_byte_count(bad):
+    with pytest.raises(UserError, match="whole number of bytes"):
+        backend.keep_freed_memory(bad)
+    assert backend.keep_freed_memory(0) is False
+
+
+@pytest.mark.parametrize("raw", ["abc", "-5", "1.5"])
+def test_keep_freed_mib_variable_is_checked(monkeypatch, raw):
+    monkeypatch.setenv("SUBQUAD_KEEP_FREED_MIB", raw)
+    with pytest.raises(UserError, match=f"SUBQUAD_KEEP_FREED_MIB={raw!r}"):
+        backend.keep_freed_memory_from_env()
+    monkeypatch.setenv("SUBQUAD_KEEP_FREED_MIB", "0")
+    assert backend.keep_freed_memory_from_env() is False

@@ -52,12 +52,12 @@ def _reported(e: BaseException) -> None:
 ATTN_COLUMNS = ["name", "grid", "seq_len", "dim", "heads", "infer_batch_size", "infer_img_size", "infer_step_time",
                 "infer_samples_per_sec", "infer_gmacs", "peak_mem_mb", "infer_time_vs_softmax", "train_step_time",
                 "train_samples_per_sec", "train_peak_mem_mb", "train_time_vs_softmax", "param_count", "complexity",
-                "time_spread_pct", "status", "forced", "device", "threads", "torch", "subquad"]
+                "time_spread_pct", "status", "forced", "device", "threads", "torch", "subquad", "kept_freed_mib"]
 MODEL_COLUMNS = ["model", "infer_img_size", "infer_batch_size", "infer_step_time", "infer_samples_per_sec",
                  "infer_gmacs", "peak_mem_mb", "train_img_size", "train_batch_size", "train_step_time",
                  "train_samples_per_sec", "train_peak_mem_mb", "param_count", "time_spread_pct", "status", "forced",
                  "device", "threads", "torch", "subquad", "compiled", "precision", "backend", "speedup_vs_fp32_eager",
-                 "achieved_gflops", "gemm_gflops", "gemm_fraction"]
+                 "achieved_gflops", "gemm_gflops", "gemm_fraction", "kept_freed_mib"]
 
 
 def _slug(text: str) -> str:
@@ -113,10 +113,13 @@ def new_result_path(kind: str, device: torch.device | str, root: str | Path = "r
 
 
 def _env(device: torch.device) -> dict[str, str | int]:
+    """The run's setting columns; kept_freed_mib: the freed memory glibc keeps for reuse (`subquad.backend.
+    keep_freed_memory`; the `subquad` command sets 256 MiB, 0 = glibc's defaults)."""
+    from ..backend import kept_freed_memory
     from ..version import __version__
 
     return {"device": device_tag(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "subquad": __version__}
+            "subquad": __version__, "kept_freed_mib": kept_freed_memory() // 2 ** 20}
 
 
 def attention_candidates() -> list[str]:

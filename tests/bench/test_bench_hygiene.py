@@ -271,3 +271,18 @@ def test_benchmark_scripts_exit_with_one_line_user_errors(tmp_path):
                         "--out", str(tmp_path / "o.csv")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip() == "lisa_idft: --cases '7': expected SIDExTRANSFORMS with positive integers, e.g. 56x256"
+
+
+def test_cli_keeps_freed_memory_and_writes_it(tmp_path):
+    """The `subquad` command lets glibc keep 256 MiB of freed memory (subquad.backend.keep_freed_memory) and
+    `bench model` writes the setting in its kept_freed_mib column (0 where the C library is not glibc)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "m.csv"
+    env = {k: v for k, v in os.environ.items() if k != "SUBQUAD_KEEP_FREED_MIB"}
+    subprocess.run([sys.executable, "-m", "subquad_cli", "bench", "model", "--model", "vit_attn_micro", "--img-size",
+                    "16", "--repeats", "1", "--no-plot", "--out", str(out)], env=env, check=True, capture_output=True)
+    rows = list(csv.DictReader(open(out)))
+    assert rows and {r["kept_freed_mib"] for r in rows} == ({"256"} if os.confstr("CS_GNU_LIBC_VERSION") else {"0"})
