@@ -117,8 +117,10 @@ def run(args: argparse.Namespace) -> int:
         dcfg["video"] = dict(dcfg["video"], views=_parse_views(args.views))
     loader = eval_loader(source, split, dcfg, args.batch_size, args.workers, args.limit)
     t0 = time.perf_counter()
-    m = evaluate(model, loader, info.device, info,
-                 None if precision == "fp32" else (lambda: precision_context(precision, info.device)))
+    # One autocast region around the run (each batch enters its own inside it): weights are cast to bf16 once.
+    with precision_context(precision, info.device):
+        m = evaluate(model, loader, info.device, info,
+                     None if precision == "fp32" else (lambda: precision_context(precision, info.device)))
     dt = time.perf_counter() - t0
     n = len(loader.dataset)
     n_params = sum(p.numel() for p in model.parameters())

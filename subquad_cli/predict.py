@@ -84,28 +84,31 @@ def run(args: argparse.Namespace) -> int:
     tf = eval_transform(dcfg)
     mode = "L" if dcfg["in_chans"] == 1 else "RGB"
     results, dt, skipped = [], 0.0, []
-    for i in range(0, len(images), args.batch_size):
-        batch, xs = [], []
-        for path in images[i:i + args.batch_size]:
-            try:
-                with Image.open(path) as im:
-                    xs.append(tf(im.convert(mode)))
-                batch.append(path)
-            except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-                skipped.append((path, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__))
-        if not batch:
-            continue
-        t0 = time.perf_counter()
-        with torch.no_grad(), precision_context(precision, device):
-            probs = model(torch.stack(xs).to(device)).float().softmax(dim=1).cpu()
-        dt += time.perf_counter() - t0
-        k = min(args.topk, probs.shape[1])
-        for path, p in zip(batch, probs):
-            vals, idx = p.topk(k)
-            top = [{"class": classes[i] if i < len(classes) else str(i), "index": int(i), "prob": float(v)}
-                   for v, i in zip(vals.tolist(), idx.tolist())]
-            results.append({"image": path, "top": top})
-            print(f"{path}: " + ", ".join(f"{t['class']} ({100 * t['prob']:.1f} %)" for t in top), flush=True)
+    # One autocast region for the whole run (each batch enters its own inside it): each fp32 weight is cast to
+    # bf16 once, by autocast's weight cache, instead of once per batch.
+    with precision_context(precision, device):
+        for i in range(0, len(images), args.batch_size):
+            batch, xs = [], []
+            for path in images[i:i + args.batch_size]:
+                try:
+                    with Image.open(path) as im:
+                        xs.append(tf(im.convert(mode)))
+                    batch.append(path)
+                except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+                    skipped.append((path, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__))
+            if not batch:
+                continue
+            t0 = time.perf_counter()
+            with torch.no_grad(), precision_context(precision, device):
+                probs = model(torch.stack(xs).to(device)).float().softmax(dim=1).cpu()
+            dt += time.perf_counter() - t0
+            k = min(args.topk, probs.shape[1])
+            for path, p in zip(batch, probs):
+                vals, idx = p.topk(k)
+                top = [{"class": classes[i] if i < len(classes) else str(i), "index": int(i), "prob": float(v)}
+                       for v, i in zip(vals.tolist(), idx.tolist())]
+                results.append({"image": path, "top": top})
+                print(f"{path}: " + ", ".join(f"{t['class']} ({100 * t['prob']:.1f} %)" for t in top), flush=True)
     done = len(results)
     print(f"{done} image(s) in {dt * 1000:.1f} ms ({done / max(dt, 1e-9):.0f} images/s)")
     if args.json and results:

@@ -3,7 +3,9 @@ GEMM rate at each precision, and ONNX Runtime sessions of a model.
 
 Pairs that run:
 - `eager` and `compile` (`torch.compile`): fp32, and bf16 through `torch.autocast` (`subquad.backend`); bf16 on a
-  CPU without native bf16 arithmetic is skipped (it would run emulated, slower than fp32);
+  CPU without native bf16 arithmetic is skipped (it would run emulated, slower than fp32). Timed inference steps
+  run inside one autocast region, as a serving loop holds it, so each weight is cast to bf16 once per run
+  (autocast's weight cache), not once per step;
 - `onnxruntime` (CPU only, the `export` extra): fp32, the file `subquad export --format onnx` writes, and int8, the
   same file after `subquad export --quantize int8` (ONNX Runtime dynamic quantization of MatMul / Gemm weights).
 Every other pair (int8 in eager PyTorch, bf16 in ONNX Runtime) gets a row whose `status` says why it was skipped.

@@ -581,8 +581,10 @@ def _model_row(sweep: _Sweep, name: str, size: tuple[int, int], backward: bool, 
         status.append("train not measured: ONNX Runtime runs inference only")
     for mode, grad in modes:
         make_step = _step_maker(sweep, b, x, grad, backend, precision, size)
-        if sweep.measure(row, status, (name, mode, precision, backend), size[0] * size[1], 2.0, make_step) \
-                and mode == "train":
+        with _serving_region(precision, x.device, grad, backend):
+            measured = sweep.measure(row, status, (name, mode, precision, backend), size[0] * size[1], 2.0,
+                                     make_step)
+        if measured and mode == "train":
             row.update(train_img_size=size_label(size), train_batch_size=batch_size)
     model.eval()
     if backend == "onnxruntime":
@@ -590,6 +592,20 @@ def _model_row(sweep: _Sweep, name: str, size: tuple[int, int], backward: bool, 
     _rates(sweep, row, precision)
     row["status"] = "; ".join(status) or "ok"
     return row
+
+
+def _serving_region(precision: str, device: torch.device, grad: bool, backend: str):
+    """The autocast region around all timed inference steps of a bf16 torch path, as a serving loop holds it
+    (`with torch.autocast(...): for batch in stream: model(batch)`): each step still enters its own region inside,
+    and autocast casts each fp32 weight to bf16 once for the whole region (its weight cache) instead of once per
+    step. A training step (the weights would change) and fp32 get no outer region."""
+    import contextlib
+
+    from ..backend import precision_context
+
+    if grad or precision == "fp32" or backend == "onnxruntime":
+        return contextlib.nullcontext()
+    return precision_context(precision, device)
 
 
 def _step_maker(sweep: _Sweep, built: dict[str, Any], x: torch.Tensor, grad: bool, backend: str, precision: str,

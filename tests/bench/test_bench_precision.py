@@ -183,3 +183,39 @@ def test_timm_baseline_at_a_non_square_size():
     rows = bench_models(["deit_tiny_patch16_224"], ["32x48"], warmup=0, repeats=1)
     assert [(r["infer_img_size"], r["status"]) for r in rows] == [("32x48", "ok")]
     assert float(rows[0]["infer_gmacs"]) > 0 and float(rows[0]["infer_step_time"]) > 0
+
+
+def test_timed_inference_steps_share_one_autocast_region():
+    """bench model's bf16 inference steps run inside one autocast region (`_serving_region`), each step entering
+    its own inside it: an fp32 weight is cast to bf16 once for all steps (autocast's weight cache), as in a serving
+    loop. Training steps (and fp32, and ONNX Runtime) get no outer region: a cast per step."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from subquad.backend import precision_context
+    from subquad.bench.sweep import _serving_region
+
+    lin = torch.nn.Linear(8, 6)
+    x = torch.randn(5, 8)
+    casts = []
+
+    class CountWeightCasts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and args[0].shape == lin.weight.shape \
+                    and kwargs.get("dtype") == torch.bfloat16:
+                casts.append(func)
+            return func(*args, **kwargs)
+
+    def run(steps, grad, precision="bf16", backend="eager"):
+        casts.clear()
+        with CountWeightCasts(), _serving_region(precision, x.device, grad, backend):
+            for _ in range(steps):
+                with precision_context(precision, x.device), torch.set_grad_enabled(grad):
+                    lin(x)
+        return len(casts)
+
+    assert run(3, grad=False) == 1
+    assert run(3, grad=True) == 3
+    assert run(3, grad=False, precision="fp32") == 0
+    assert run(2, grad=False, backend="onnxruntime") == 2  # no region of its own (ORT never runs torch autocast)
