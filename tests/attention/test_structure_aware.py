@@ -91,6 +91,41 @@ def test_dense_kernel_path_is_taken_without_autograd_on_small_grids(monkeypatch)
     assert len(calls) == 1, "the dense path was taken under autograd without being asked for"
 
 
+@pytest.mark.parametrize("B,h,N,F_,tile", [(4, 3, 35, 35, 2 ** 21), (4, 3, 35, 35, 35 * 35 * 2),
+                                             (4, 3, 35, 130, 35 * 130 - 1), (5, 2, 12, 40, 12 * 40 * 2 * 3)])
+def test_dense_blocks_bound_the_block(B, h, N, F_, tile):
+    """Each dense block holds at most `tile_elems` floats of its (., N, max(N, F)) intermediates unless one head of one
+    item is already larger, fills heads before batch items, and the blocks cover every (item, head)."""
+    b, hb = fsa.dense_blocks(B, h, N, F_, tile)
+    per_head = N * max(N, F_)
+    assert 1 <= b <= B and 1 <= hb <= h
+    assert b * hb * per_head <= tile or (b, hb) == (1, 1)
+    assert b == 1 or hb == h, "batch items were blocked before all heads were"
+    if hb < h:  # as many heads as fit
+        assert (hb + 1) * per_head > tile
+    elif b < B:
+        assert (b + 1) * h * per_head > tile
+
+
+@pytest.mark.parametrize("shared_b", [False, True])
+@pytest.mark.parametrize("tile", [1, 35 * 35 * 2, 35 * 35 * 3 * 2])
+def test_dense_kernel_path_in_blocks_equals_reference(tile, shared_b):
+    """The dense kernel path run in blocks of heads and batch items (small `tile_elems`: one head at a time, two heads,
+    whole items two at a time) equals Eq. 10 with explicit RPE, with a per-head and a shared kernel_b."""
+    grid = (5, 7)
+    ops = _operands(grid, B=3, h=3, D=2, shared_b=shared_b)
+    with torch.no_grad():
+        got = fsa.lisa_fft(*ops, grid, dense_b=True, tile_elems=tile)
+    assert_close(got, fsa.lisa_circulant_ref(*ops, grid), torch.float64, f"dense in blocks, tile_elems={tile}")
+
+
+@pytest.mark.parametrize("bad", [1, 0, "yes", 1.0])
+def test_dense_b_must_be_a_bool_or_none(bad):
+    grid = (5, 7)
+    with pytest.raises(TypeError, match="dense_b must be True, False or None"):
+        fsa.lisa_fft(*_operands(grid), grid, dense_b=bad)
+
+
 @pytest.mark.parametrize("boundary,resize", [("circular", "pad"), ("circular", "interp"), ("zero", "pad")])
 def test_module_dense_kernel_path_at_another_size_than_its_kernels(boundary, resize):
     """A module whose kernels are stored at 5 x 7 and run on 6 x 4 and 3 x 9 tokens without autograd (the dense

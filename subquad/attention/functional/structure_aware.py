@@ -412,6 +412,8 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
         t.requires_grad for t in (q, k, v, kernel_a, kernel_b, struct_proj, *spectra)))
     if dense_b is None:
         dense_b = inference and N <= DENSE_B_TOKENS_PER_PATTERN * D
+    elif not isinstance(dense_b, bool):
+        raise TypeError(f"dense_b must be True, False or None (automatic), got {dense_b!r}")
     kf, vf, waf, wbf, q2 = _lisa_spectra(q, k, v, spectra, D, grid, fft_grid, with_v=not dense_b)
     chunk = _lisa_tile_fn(B, N, dh, grid, boundary, inference, q.device, structure_only=dense_b)
     h_tile, d_tile = plan_tiles(B, h, dh, D, N, d_chunk, tile_elems) if cpu or d_chunk is not None else (h, D)
@@ -436,13 +438,14 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
         outs.append(torch.cat(parts, 2) if dense_b else functools.reduce(torch.add, parts))
     y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     if dense_b:
-        return _dense_kernel_path(y, v, spectra[1], bproj, grid, fft_grid)
+        return _dense_kernel_path(y, v, spectra[1], bproj, grid, fft_grid, tile_elems)
     return y.transpose(-1, -2)  # (B, h, N, dh)
 
 
-# `lisa_fft` takes the dense kernel path on the CPU inference schedule up to N = this * D tokens: at D = 8, h = 2-5,
-# dh = 64 it was faster than the FFT correlations at 7 x 7 to 16 x 16 grids and slower from 20 x 20 on (2-core AMD
-# EPYC; docs/benchmarks.md, "LiSA").
+# `lisa_fft` takes the dense kernel path on the CPU inference schedule up to N = this * D tokens. Measured at D = 8
+# only (h = 2-5, dh = 64, 2-core AMD EPYC; benchmarks/results/lisa-dense-b): faster than the FFT correlations at
+# 7 x 7 to 16 x 16 grids (1.13-1.17x at 16 x 16), even at 20 x 20 (1.04x), slower at 28 x 28 (N = 98 D); the limit
+# (N = 32 D, 16 x 16 at D = 8) stops short of the even grid.
 DENSE_B_TOKENS_PER_PATTERN = 32
 
 
@@ -459,22 +462,43 @@ def _offset_index(grid: tuple[int, ...], fft_grid: tuple[int, ...], device: torc
 
 
 def _dense_kernel_path(s: torch.Tensor, v: torch.Tensor, wb_spectra: torch.Tensor, bproj: torch.Tensor,
-                       grid: Sequence[int], fft_grid: Sequence[int]) -> torch.Tensor:
+                       grid: Sequence[int], fft_grid: Sequence[int], tile_elems: int = 2 ** 21) -> torch.Tensor:
     """Y = A-hat V + S B^T with A-hat[i, j] = sum_d S[i, d] kernel_b[d, delta(j - i)] (Eq. 10), evaluated densely.
 
     Shapes: s (B, h, D, N); v (B, h, N, dh); wb_spectra (h or 1, D, *F) the correlation spectra of kernel_b
     (`kernel_spectra`); bproj (h, dh, D) -> (B, h, N, dh).
     The kernel comes back from its spectra (laid out circularly on F, the operator the FFT path applies, whatever
     size the module's kernel is stored at); S kernel_b gives every query row's value at every offset (B, h, N, F),
-    and A-hat reads it at each (query, key) pair's offset."""
+    and A-hat reads it at each (query, key) pair's offset. Those two (., N, max(N, prod F)) intermediates run in
+    blocks of batch items and heads of at most `tile_elems` floats (`dense_blocks`), as the FFT path's tiles do."""
     B, h, D, N = s.shape
     dims = tuple(range(-len(fft_grid), 0))
-    kernel_b = torch.fft.ifftn(wb_spectra.conj(), dim=dims).real.to(s.dtype)  # (h or 1, D, *F)
+    kernel_b = torch.fft.ifftn(wb_spectra.conj(), dim=dims).real.to(s.dtype).flatten(2)  # (h or 1, D, prod F)
     st = s.transpose(-1, -2)  # (B, h, N, D)
-    at_offset = st @ kernel_b.flatten(2)  # (B, h, N, prod(F))
-    index = _offset_index(tuple(grid), tuple(fft_grid), s.device).expand(B, h, N, N)
-    a_hat = at_offset.gather(-1, index)  # (B, h, N, N)
-    return a_hat @ v.to(st.dtype) + st @ bproj.transpose(-1, -2).to(st.dtype)
+    vt = v.to(st.dtype)
+    index = _offset_index(tuple(grid), tuple(fft_grid), s.device)
+    b_block, h_block = dense_blocks(B, h, N, math.prod(fft_grid), tile_elems)
+    rows = []
+    for b0 in range(0, B, b_block):
+        heads = []
+        for h0 in range(0, h, h_block):
+            sb = st[b0:b0 + b_block, h0:h0 + h_block]
+            kb = kernel_b if kernel_b.shape[0] == 1 else kernel_b[h0:h0 + h_block]
+            at_offset = sb @ kb  # (b, hb, N, prod F)
+            a_hat = at_offset.gather(-1, index.expand(*sb.shape[:2], N, N))  # (b, hb, N, N)
+            bp = bproj[h0:h0 + h_block].transpose(-1, -2).to(st.dtype)
+            heads.append(a_hat @ vt[b0:b0 + b_block, h0:h0 + h_block] + sb @ bp)
+        rows.append(heads[0] if len(heads) == 1 else torch.cat(heads, 1))
+    return rows[0] if len(rows) == 1 else torch.cat(rows, 0)
+
+
+def dense_blocks(B: int, h: int, N: int, fft_tokens: int, tile_elems: int = 2 ** 21) -> tuple[int, int]:
+    """(batch items, heads) per block of the dense kernel path: the most whose S kernel_b and A-hat
+    (block * N * max(N, fft_tokens) floats each) fit `tile_elems`, heads first; at least one of each."""
+    per_head = N * max(N, fft_tokens)
+    h_block = max(1, min(h, tile_elems // per_head))
+    b_block = max(1, min(B, tile_elems // (h_block * per_head))) if h_block == h else 1
+    return b_block, h_block
 
 
 def _lisa_spectra(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spectra: tuple[torch.Tensor, torch.Tensor],
