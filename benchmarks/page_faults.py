@@ -83,7 +83,8 @@ def measure(model: str, img_size: int, precision: str, steps: int, warmup: int, 
 
 
 def _env(config: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    # each config starts from glibc's defaults: no malloc tunables and no SUBQUAD_KEEP_FREED_MIB from the caller
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "SUBQUAD_KEEP_FREED_MIB"}
     if config == "default":
         return env
     for item in config.split():

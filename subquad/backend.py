@@ -252,13 +252,16 @@ def keep_freed_memory(nbytes: int = KEEP_FREED_DEFAULT) -> bool:
     if nbytes == 0:
         return False
     libc = _glibc()
-    if libc is None or not libc.mallopt(_M_TOP_PAD, min(nbytes, 2 ** 31 - 1)):
+    if libc is None:
+        return False
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+    libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
+    if not libc.mallopt(_M_TOP_PAD, min(nbytes, 2 ** 31 - 1)):
         return False
     libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
     # glibc pads the heap only when it next grows it: one block just below the threshold, freed at once, makes it
     # grow now if it must, so that blocks above 32 MiB find the kept memory too. Its pages are never touched.
-    libc.malloc.restype = ctypes.c_void_p
-    libc.free.argtypes = [ctypes.c_void_p]
     libc.free(libc.malloc(_MMAP_THRESHOLD_MAX - 2 ** 16))
     _kept_freed = min(nbytes, 2 ** 31 - 1)
     return True
@@ -276,7 +279,7 @@ def keep_freed_memory_from_env(default_mib: int = KEEP_FREED_DEFAULT // 2 ** 20)
     raw = os.environ.get("SUBQUAD_KEEP_FREED_MIB", "").strip()
     if not raw:
         mib = default_mib
-    elif raw.isdigit():
+    elif raw.isascii() and raw.isdigit():  # not other scripts' digits, which int() would read
         mib = int(raw)
     else:
         raise UserError(f"SUBQUAD_KEEP_FREED_MIB={raw!r} is not a whole number of MiB >= 0 (0 leaves glibc's "

@@ -109,21 +109,22 @@ for _ in range(2):
 f0 = faults()
 for _ in range(5):
     torch.ones(48 << 18); torch.ones(10 << 18)  # 48 and 10 MiB, touched and freed
-print(applied, kept_freed_memory(), (faults() - f0) / 5)
+print(applied, kept_freed_memory(), (faults() - f0) / 5, resource.getpagesize())
 """
 
 
-def _faults_run(mib: str) -> tuple[str, str, float]:
+def _faults_run(mib: str) -> tuple[str, str, float, int]:
     import os
 
     env = dict(os.environ, SUBQUAD_KEEP_FREED_MIB=mib)
     out = subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT], env=env, capture_output=True, text=True, check=True)
-    applied, kept, faults = out.stdout.split()
-    return applied, kept, float(faults)
+    applied, kept, faults, page = out.stdout.split()
+    return applied, kept, float(faults), int(page)
 
 
 def test_keep_freed_memory_stops_refaulting_large_blocks_on_glibc():
-    """With glibc's defaults a 48 MiB block is mmapped, and every allocation faults its 12,288 pages in again;
+    """With glibc's defaults a 48 MiB block is mmapped, and every allocation faults its pages in again (12,288 of
+    4 KiB; counted with the page size the system reports);
     keep_freed_memory (here from SUBQUAD_KEEP_FREED_MIB, in fresh processes) keeps the freed memory for reuse.
     Elsewhere than glibc it reports that it did nothing."""
     import os
@@ -135,8 +136,10 @@ def test_keep_freed_memory_stops_refaulting_large_blocks_on_glibc():
         assert kept[:2] == ("False", "0")
         return
     assert kept[:2] == ("True", str(256 * 2 ** 20))
-    assert default[2] > 10_000, f"glibc's defaults did not refault the 48 MiB block: {default}"
-    assert kept[2] < 100, f"freed memory was faulted in again with keep_freed_memory: {kept}"
+    pages = (48 << 20) // default[3]
+    assert default[2] > 0.8 * pages, f"glibc's defaults did not refault the 48 MiB block ({pages} pages): {default}"
+    # kept: 0 faults per step, or 512 (one 2 MiB range) in about half of the processes on the 2-core AMD EPYC
+    assert kept[2] < 0.1 * pages, f"freed memory was faulted in again with keep_freed_memory: {kept}"
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "256"])
@@ -146,7 +149,7 @@ def test_keep_freed_memory_refuses_what_is_not_a_byte_count(bad):
     assert backend.keep_freed_memory(0) is False
 
 
-@pytest.mark.parametrize("raw", ["abc", "-5", "1.5"])
+@pytest.mark.parametrize("raw", ["abc", "-5", "1.5", "\u0663", "\u00b2"])  # an Arabic-Indic 3, a superscript 2
 def test_keep_freed_mib_variable_is_checked(monkeypatch, raw):
     monkeypatch.setenv("SUBQUAD_KEEP_FREED_MIB", raw)
     with pytest.raises(UserError, match=f"SUBQUAD_KEEP_FREED_MIB={raw!r}"):

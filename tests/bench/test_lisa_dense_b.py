@@ -23,8 +23,15 @@ def test_rows_and_refusals(tmp_path, monkeypatch):
     argv = ["--grids", "5x7", "3x4", "--heads", "2", "--head-dim", "4", "--patterns", "3", "--models",
             "lisanet_micro", "--img-size", "48", "--rounds", "1", "--threads", "1", "--out", str(out)]
     limit = fsa.DENSE_B_TOKENS_PER_PATTERN
+    where, dense_calls = [], []  # which part of the script ran the dense path, at which limit
+    real_dense, real_model_rows = fsa._dense_kernel_path, bench.model_rows
+    monkeypatch.setattr(fsa, "_dense_kernel_path", lambda *a: dense_calls.append(
+        (where[-1] if where else "grid", fsa.DENSE_B_TOKENS_PER_PATTERN)) or real_dense(*a))
+    monkeypatch.setattr(bench, "model_rows", lambda *a: where.append("model") or real_model_rows(*a))
     assert bench.main(argv) == 0
     assert fsa.DENSE_B_TOKENS_PER_PATTERN == limit
+    model_limits = {lim for part, lim in dense_calls if part == "model"}
+    assert model_limits == {limit}, f"the model rows' dense side did not take the dense path: {dense_calls}"
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == bench.COLUMNS

@@ -32,9 +32,12 @@ def test_rows_settings_reach_the_child_and_refusals(tmp_path):
 def test_env_sets_only_what_the_config_names(monkeypatch):
     faults = load_benchmark("page_faults")
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # a setting of the caller's never leaks into a measured process
+    monkeypatch.setenv("SUBQUAD_KEEP_FREED_MIB", "64")
     env = faults._env("MALLOC_TOP_PAD_=1 MALLOC_TRIM_THRESHOLD_=2")
     assert env["MALLOC_TOP_PAD_"] == "1" and env["MALLOC_TRIM_THRESHOLD_"] == "2" and "MALLOC_ARENA_MAX" not in env
-    assert not any(k.startswith("MALLOC_") for k in faults._env("default"))
+    default = faults._env("default")
+    assert not any(k.startswith("MALLOC_") for k in default) and "SUBQUAD_KEEP_FREED_MIB" not in default
+    assert faults._env("SUBQUAD_KEEP_FREED_MIB=256")["SUBQUAD_KEEP_FREED_MIB"] == "256"
 
 
 def test_measure_counts_faults_of_fresh_pages():
