@@ -1,0 +1,70 @@
+"""benchmarks/precision_interleaved.py: fp32 and bf16 eager steps timed alternately in one process."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from subquad.errors import UserError
+
+from ._scripts import load_benchmark
+
+
+def test_rows_columns_and_refusals(tmp_path, monkeypatch):
+    """One row per (model, size) with the three sides timed, the ratios their medians' ratios, bf16 logits close to
+    fp32; an existing output, an unknown model and a bad count refused in one line."""
+    bench = load_benchmark("precision_interleaved")
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # --threads 1 must not outlive the test
+    monkeypatch.setattr("subquad.backend.keep_freed_memory_from_env", lambda: False)  # the process keeps its malloc
+    out = tmp_path / "p.csv"
+    argv = ["--model", "lisanet_micro", "--img-size", "32", "48", "--rounds", "2", "--warmup", "1", "--threads", "1",
+            "--out", str(out)]
+    assert bench.main(argv) == 0
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == bench.COLUMNS
+    assert [(r["model"], r["img_size"]) for r in rows] == [("lisanet_micro", "32"), ("lisanet_micro", "48")]
+    for r in rows:
+        fp32, bf16, im = (float(r[k]) for k in ("fp32_ms", "bf16_ms", "bf16_inference_mode_ms"))
+        assert min(fp32, bf16, im) > 0 and r["rounds"] == "2"
+        assert float(r["speedup_vs_fp32_eager"]) == pytest.approx(fp32 / bf16, rel=2e-2)
+        assert float(r["inference_mode_vs_no_grad"]) == pytest.approx(im / bf16, rel=2e-2)
+        assert 0 < float(r["rel_diff"]) < 5e-2, r  # bf16 rounding, not another function
+    with pytest.raises(UserError, match="exists"):
+        bench.main(argv)
+    with pytest.raises(UserError, match="unknown model"):
+        bench.main(["--model", "no_such_model", "--out", str(tmp_path / "e.csv")])
+    with pytest.raises(UserError, match="must be positive"):
+        bench.main(["--rounds", "0", "--out", str(tmp_path / "f.csv")])
+
+
+def test_bf16_side_casts_each_weight_once_and_inference_mode_every_step(monkeypatch):
+    """The premise of the two bf16 sides: in the held autocast region under no_grad a Linear's weight is cast once
+    across steps (fp32 steps in a nested disabled region in between), under inference_mode again on every step."""
+    from torch.profiler import profile
+
+    lin, x = torch.nn.Linear(16, 8), torch.randn(4, 16)
+
+    def casts(step_ctx):
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            lin(x)
+            with profile() as p:
+                for _ in range(3):
+                    with torch.autocast("cpu", enabled=False):
+                        lin(x)
+                    with step_ctx():
+                        lin(x)
+        return sum(e.count for e in p.key_averages() if e.key == "aten::_to_copy")
+
+    import contextlib
+
+    assert casts(contextlib.nullcontext) == 3  # the input only, once per bf16 step
+    assert casts(torch.inference_mode) == 9  # input, weight and bias every step
+
+
+def test_cpu_family_reads_proc_cpuinfo():
+    bench = load_benchmark("precision_interleaved")
+    fam = bench.cpu_family()
+    assert fam == "" or fam.isdigit()
