@@ -1,4 +1,4 @@
-"""bf16 eager over fp32 eager per model, the two timed alternately in one process: a ratio that holds on a noisy machine.
+"""bf16 eager over fp32 eager per model, timed alternately in one process: a ratio that holds on a noisy machine.
 
 `subquad bench model --precision fp32,bf16` times each path as a block of steps, one after the other; where the
 machine's speed drifts between the blocks (a shared host), so does the ratio. Here one fp32 step and one bf16 step
@@ -15,8 +15,8 @@ The fp32 steps run in a nested `torch.autocast(enabled=False)` region, which lea
 
 Columns: model, img_size, rounds, fp32_ms, bf16_ms, bf16_inference_mode_ms (medians), speedup_vs_fp32_eager
 (fp32_ms / bf16_ms), inference_mode_vs_no_grad (bf16_inference_mode_ms / bf16_ms), rel_diff (relative RMS of the
-bf16 logits against fp32), bf16_native (the CPU's bf16 flag, `subquad.backend.cpu_features`), kept_freed_mib, threads, cpu,
-cpu_family (from /proc/cpuinfo: AMD family 25 is Zen 3/4, 26 Zen 5), torch.
+bf16 logits against fp32), bf16_native (the CPU's bf16 flag, `subquad.backend.cpu_features`), kept_freed_mib,
+threads, cpu, cpu_family (from /proc/cpuinfo: AMD family 25 is Zen 3/4, 26 Zen 5), torch.
 
 Usage (from the repository root, on a quiet machine: `uptime`):
     python benchmarks/precision_interleaved.py --out benchmarks/results/precision-interleaved-<hw>/run<n>.csv
