@@ -13,9 +13,18 @@ Sides, all batch 1 and without autograd:
   2.14), so every weight is cast again each step: what a serving loop written with inference_mode pays.
 The fp32 steps run in a nested `torch.autocast(enabled=False)` region, which leaves the weight cache intact.
 
+What bounds the ratio (Amdahl): bf16 speeds up the GEMMs, not the rest of the step (LiSA's FFTs stay fp32, as torch
+has no bf16 FFT on the CPU; elementwise work and casts gain nothing). From torch's profiler over `--profile-steps`
+steps of each precision (after the timed rounds): `gemm_share_fp32`, the GEMMs' share of the fp32 step's self CPU
+time, and `gemm_speedup_bf16`, their fp32 over bf16 time in this model. `bound_vs_fp32_eager` = 1 / ((1 - share) +
+share / gemm_speedup_bf16) is the ratio with the GEMMs at that speed-up and everything else at its fp32 time;
+`machine_bound_vs_fp32_eager` the same with the machine's own bf16 / fp32 rate of one 1024 x 1024 matmul at these
+threads (`machine_gemm_bf16_vs_fp32`): even GEMMs at full bf16 speed cannot take the step past it.
+
 Columns: model, img_size, rounds, fp32_ms, bf16_ms, bf16_inference_mode_ms (medians), speedup_vs_fp32_eager
-(fp32_ms / bf16_ms), inference_mode_vs_no_grad (bf16_inference_mode_ms / bf16_ms), rel_diff (relative RMS of the
-bf16 logits against fp32), bf16_native (the CPU's bf16 flag, `subquad.backend.cpu_features`), kept_freed_mib,
+(fp32_ms / bf16_ms), inference_mode_vs_no_grad (bf16_inference_mode_ms / bf16_ms), gemm_share_fp32,
+gemm_speedup_bf16, bound_vs_fp32_eager, machine_gemm_bf16_vs_fp32, machine_bound_vs_fp32_eager, rel_diff (relative
+RMS of the bf16 logits against fp32), bf16_native (the CPU's bf16 flag, `subquad.backend.cpu_features`), kept_freed_mib,
 threads, cpu, cpu_family (from /proc/cpuinfo: AMD family 25 is Zen 3/4, 26 Zen 5), torch.
 
 Usage (from the repository root, on a quiet machine: `uptime`):
@@ -39,8 +48,13 @@ import torch  # noqa: E402
 from subquad.errors import UserError  # noqa: E402
 
 COLUMNS = ["model", "img_size", "rounds", "fp32_ms", "bf16_ms", "bf16_inference_mode_ms", "speedup_vs_fp32_eager",
-           "inference_mode_vs_no_grad", "rel_diff", "bf16_native", "kept_freed_mib", "threads", "cpu", "cpu_family",
-           "torch"]
+           "inference_mode_vs_no_grad", "gemm_share_fp32", "gemm_speedup_bf16", "bound_vs_fp32_eager",
+           "machine_gemm_bf16_vs_fp32", "machine_bound_vs_fp32_eager", "rel_diff", "bf16_native", "kept_freed_mib",
+           "threads", "cpu", "cpu_family", "torch"]
+# Ops counted as GEMMs (self CPU time in torch's profiler): dense products and convolutions (depthwise ones too, which
+# gain less from bf16, so the bounds below are generous).
+GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
+            "aten::_scaled_dot_product_flash_attention_for_cpu")
 MODELS = ["lisanet_s", "hylisanet_s", "lisanet_i"]
 
 
@@ -51,6 +65,7 @@ def _args(argv):
     p.add_argument("--img-size", type=int, nargs="+", default=[224, 512])
     p.add_argument("--rounds", type=int, default=15, help="timed rounds (one step of each side per round)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    p.add_argument("--profile-steps", type=int, default=3, help="profiled steps per precision for the GEMM share")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     return p.parse_args(argv)
 
@@ -67,7 +82,41 @@ def cpu_family() -> str:
     return ""
 
 
-def measure(name: str, img_size: int, rounds: int, warmup: int) -> dict:
+def machine_gemm_ratio(n: int = 1024, reps: int = 10) -> float:
+    """This machine's bf16 over fp32 rate of an n x n x n matmul at torch's threads (median of `reps`, interleaved)."""
+    g = torch.Generator().manual_seed(0)
+    a32, b32 = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    a16, b16 = a32.bfloat16(), b32.bfloat16()
+    times = {torch.float32: [], torch.bfloat16: []}
+    for r in range(reps + 1):
+        for a, b in ((a32, b32), (a16, b16)):
+            t0 = time.perf_counter()
+            a @ b
+            if r:
+                times[a.dtype].append(time.perf_counter() - t0)
+    return statistics.median(times[torch.float32]) / statistics.median(times[torch.bfloat16])
+
+
+def gemm_times(step, steps: int) -> tuple[float, float]:
+    """(GEMM self CPU time, all self CPU time) of `steps` calls of step() under torch's profiler, in seconds."""
+    from torch.profiler import profile
+
+    with profile() as p:
+        for _ in range(steps):
+            step()
+    events = p.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    gemm = sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS)
+    return gemm / 1e6, total / 1e6
+
+
+def amdahl(share: float, speedup: float) -> float:
+    """The step's speed-up when a `share` of it runs `speedup` times faster and the rest as before."""
+    return 1.0 / ((1.0 - share) + share / speedup)
+
+
+def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: int = 3,
+            machine_ratio: float | None = None) -> dict:
     """One model at one size: the three sides timed alternately (see the module docstring)."""
     import subquad
 
@@ -94,12 +143,18 @@ def measure(name: str, img_size: int, rounds: int, warmup: int) -> dict:
                 sides[side]()
                 if r >= warmup:
                     times[side].append((time.perf_counter() - t0) * 1e3)
+        (g32, t32), (g16, _) = gemm_times(fp32, profile_steps), gemm_times(sides["bf16"], profile_steps)
+    share, gemm_speedup = g32 / t32, g32 / g16
+    machine = machine_gemm_ratio() if machine_ratio is None else machine_ratio
     med = {k: statistics.median(v) for k, v in times.items()}
     diff = float((low.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
     return dict(model=name, img_size=img_size, rounds=rounds, fp32_ms=round(med["fp32"], 3),
                 bf16_ms=round(med["bf16"], 3), bf16_inference_mode_ms=round(med["bf16_inference_mode"], 3),
                 speedup_vs_fp32_eager=round(med["fp32"] / med["bf16"], 3),
-                inference_mode_vs_no_grad=round(med["bf16_inference_mode"] / med["bf16"], 3), rel_diff=f"{diff:.2e}")
+                inference_mode_vs_no_grad=round(med["bf16_inference_mode"] / med["bf16"], 3),
+                gemm_share_fp32=round(share, 4), gemm_speedup_bf16=round(gemm_speedup, 3),
+                bound_vs_fp32_eager=round(amdahl(share, gemm_speedup), 3), machine_gemm_bf16_vs_fp32=round(machine, 3),
+                machine_bound_vs_fp32_eager=round(amdahl(share, machine), 3), rel_diff=f"{diff:.2e}")
 
 
 def main(argv=None) -> int:
@@ -108,8 +163,9 @@ def main(argv=None) -> int:
 
     args = _args(argv)
     out = new_output(args.out)
-    if min(args.rounds, *args.img_size) < 1 or args.warmup < 0 or (args.threads is not None and args.threads < 1):
-        raise UserError("--rounds, --img-size and --threads must be positive and --warmup >= 0")
+    if min(args.rounds, args.profile_steps, *args.img_size) < 1 or args.warmup < 0 or (
+            args.threads is not None and args.threads < 1):
+        raise UserError("--rounds, --profile-steps, --img-size and --threads must be positive and --warmup >= 0")
     from subquad.models import list_models  # refuse an unknown name before anything runs
 
     unknown = [m for m in args.model if m not in list_models()]
@@ -120,13 +176,15 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     env = dict(bf16_native=int(backend.cpu_features().bf16), kept_freed_mib=backend.kept_freed_memory() // 2 ** 20,
                threads=torch.get_num_threads(), cpu=_cpu_name(), cpu_family=cpu_family(), torch=torch.__version__)
+    machine = machine_gemm_ratio()
     rows = []
     for name in args.model:
         for size in args.img_size:
-            row = measure(name, size, args.rounds, args.warmup)
+            row = measure(name, size, args.rounds, args.warmup, args.profile_steps, machine)
             row.update(env)
             print({k: row[k] for k in ("model", "img_size", "fp32_ms", "bf16_ms", "speedup_vs_fp32_eager",
-                                       "inference_mode_vs_no_grad")}, flush=True)
+                                       "inference_mode_vs_no_grad", "gemm_share_fp32", "bound_vs_fp32_eager",
+                                       "machine_bound_vs_fp32_eager")}, flush=True)
             rows.append(row)
     write_csv(rows, out, COLUMNS)
     print(f"wrote {out}")

@@ -32,12 +32,18 @@ def test_rows_columns_and_refusals(tmp_path, monkeypatch):
         assert float(r["speedup_vs_fp32_eager"]) == pytest.approx(fp32 / bf16, rel=2e-2)
         assert float(r["inference_mode_vs_no_grad"]) == pytest.approx(im / bf16, rel=2e-2)
         assert 0 < float(r["rel_diff"]) < 5e-2, r  # bf16 rounding, not another function
+        share, speedup, machine = (float(r[k]) for k in ("gemm_share_fp32", "gemm_speedup_bf16",
+                                                         "machine_gemm_bf16_vs_fp32"))
+        assert 0 < share < 1 and speedup > 0 and machine > 0
+        assert float(r["bound_vs_fp32_eager"]) == pytest.approx(1 / (1 - share + share / speedup), rel=2e-3)
+        assert float(r["machine_bound_vs_fp32_eager"]) == pytest.approx(1 / (1 - share + share / machine), rel=2e-3)
     with pytest.raises(UserError, match="exists"):
         bench.main(argv)
     with pytest.raises(UserError, match="unknown model"):
         bench.main(["--model", "no_such_model", "--out", str(tmp_path / "e.csv")])
-    with pytest.raises(UserError, match="must be positive"):
-        bench.main(["--rounds", "0", "--out", str(tmp_path / "f.csv")])
+    for bad in (["--rounds", "0"], ["--profile-steps", "0"]):
+        with pytest.raises(UserError, match="must be positive"):
+            bench.main([*bad, "--out", str(tmp_path / "f.csv")])
 
 
 def test_bf16_side_casts_each_weight_once_and_inference_mode_every_step(monkeypatch):
@@ -62,6 +68,16 @@ def test_bf16_side_casts_each_weight_once_and_inference_mode_every_step(monkeypa
 
     assert casts(contextlib.nullcontext) == 3  # the input only, once per bf16 step
     assert casts(torch.inference_mode) == 9  # input, weight and bias every step
+
+
+def test_amdahl_and_gemm_profile():
+    """The bound's arithmetic, and the profiled GEMM time of a step that is one matmul and one elementwise op."""
+    bench = load_benchmark("precision_interleaved")
+    assert bench.amdahl(0.5, 2.0) == pytest.approx(1 / 0.75)
+    assert bench.amdahl(0.0, 10.0) == 1.0 and bench.amdahl(1.0, 3.0) == pytest.approx(3.0)
+    a = torch.randn(256, 256)
+    gemm, total = bench.gemm_times(lambda: (a @ a).exp_(), 2)
+    assert 0 < gemm < total
 
 
 def test_cpu_family_reads_proc_cpuinfo():
