@@ -72,14 +72,9 @@ def _args(argv):
 
 def cpu_family() -> str:
     """The 'cpu family' field of /proc/cpuinfo ('' where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("cpu family"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    from subquad.bench.sweep import cpuinfo_field
+
+    return cpuinfo_field("cpu family")
 
 
 def machine_gemm_ratio(n: int = 1024, reps: int = 10) -> float:

@@ -64,15 +64,21 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def _cpu_name() -> str:
+def cpuinfo_field(name: str) -> str:
+    """The first value of the field `name` in /proc/cpuinfo ('' where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "cpu"
+    return ""
+
+
+def _cpu_name() -> str:
+    return cpuinfo_field("model name") or platform.processor() or platform.machine() or "cpu"
 
 
 def device_tag(device: torch.device | str) -> str:

@@ -418,8 +418,7 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     chunk = _lisa_tile_fn(B, N, dh, grid, boundary, inference, q.device, structure_only=dense_b)
     h_tile, d_tile = plan_tiles(B, h, dh, D, N, d_chunk, tile_elems) if cpu or d_chunk is not None else (h, D)
     p_tile = (d_tile + 1) // 2
-    # Tiles through split (its backward is one concatenation), not slicing (whose backward zero-fills a full-size
-    # gradient per tile).
+    # Tiles through split (backward: one concatenation), not slicing (backward: a zero-filled gradient per tile).
     kf_t, q_t = kf.split(h_tile, 1), q2.split(h_tile, 1)
     vf_t = (None,) * len(kf_t) if vf is None else vf.split(h_tile, 1)
     waf_t = [w.split(p_tile, 2) for w in waf.split(h_tile, 0)]
