@@ -11,6 +11,8 @@ Sides, all batch 1 and without autograd:
   `subquad predict`, `eval` and `bench model` hold it: autocast casts each weight once and keeps it (its weight cache);
 - bf16_inference_mode: the same steps under `torch.inference_mode()`, where autocast keeps no cast weights (torch
   2.14), so every weight is cast again each step: what a serving loop written with inference_mode pays.
+- bf16_compile (with `--compile`): `torch.compile(model)` (inductor) in the same bf16 region, compiled by its first
+  call before the timed rounds, as `subquad bench model --backend compile` runs it.
 The fp32 steps run in a nested `torch.autocast(enabled=False)` region, which leaves the weight cache intact.
 
 What bounds the ratio (Amdahl): bf16 speeds up the GEMMs, not the rest of the step (LiSA's FFTs stay fp32, as torch
@@ -24,7 +26,8 @@ threads (`machine_gemm_bf16_vs_fp32`): even GEMMs at full bf16 speed cannot take
 Columns: model, img_size, rounds, fp32_ms, bf16_ms, bf16_inference_mode_ms (medians), speedup_vs_fp32_eager
 (fp32_ms / bf16_ms), inference_mode_vs_no_grad (bf16_inference_mode_ms / bf16_ms), gemm_share_fp32,
 gemm_speedup_bf16, bound_vs_fp32_eager, machine_gemm_bf16_vs_fp32, machine_bound_vs_fp32_eager, rel_diff (relative
-RMS of the bf16 logits against fp32), bf16_native (the CPU's bf16 flag, `subquad.backend.cpu_features`), kept_freed_mib,
+RMS of the bf16 logits against fp32), bf16_compile_ms, compile_speedup_vs_fp32_eager (fp32_ms / bf16_compile_ms;
+both empty without `--compile`), bf16_native (the CPU's bf16 flag, `subquad.backend.cpu_features`), kept_freed_mib,
 threads, cpu, cpu_family (from /proc/cpuinfo: AMD family 25 is Zen 3/4, 26 Zen 5), torch.
 
 Usage (from the repository root, on a quiet machine: `uptime`):
@@ -49,8 +52,8 @@ from subquad.errors import UserError  # noqa: E402
 
 COLUMNS = ["model", "img_size", "rounds", "fp32_ms", "bf16_ms", "bf16_inference_mode_ms", "speedup_vs_fp32_eager",
            "inference_mode_vs_no_grad", "gemm_share_fp32", "gemm_speedup_bf16", "bound_vs_fp32_eager",
-           "machine_gemm_bf16_vs_fp32", "machine_bound_vs_fp32_eager", "rel_diff", "bf16_native", "kept_freed_mib",
-           "threads", "cpu", "cpu_family", "torch"]
+           "machine_gemm_bf16_vs_fp32", "machine_bound_vs_fp32_eager", "rel_diff", "bf16_compile_ms",
+           "compile_speedup_vs_fp32_eager", "bf16_native", "kept_freed_mib", "threads", "cpu", "cpu_family", "torch"]
 # Ops counted as GEMMs (self CPU time in torch's profiler): dense products and convolutions (depthwise ones too, which
 # gain less from bf16, so the bounds below are generous).
 GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
@@ -65,6 +68,7 @@ def _args(argv):
     p.add_argument("--img-size", type=int, nargs="+", default=[224, 512])
     p.add_argument("--rounds", type=int, default=15, help="timed rounds (one step of each side per round)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    p.add_argument("--compile", action="store_true", help="also time bf16 under torch.compile (side bf16_compile)")
     p.add_argument("--profile-steps", type=int, default=3, help="profiled steps per precision for the GEMM share")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     return p.parse_args(argv)
@@ -111,8 +115,8 @@ def amdahl(share: float, speedup: float) -> float:
 
 
 def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: int = 3,
-            machine_ratio: float | None = None) -> dict:
-    """One model at one size: the three sides timed alternately (see the module docstring)."""
+            machine_ratio: float | None = None, compile: bool = False) -> dict:
+    """One model at one size: the sides timed alternately (see the module docstring)."""
     import subquad
 
     torch.manual_seed(0)
@@ -129,8 +133,14 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
             return net(x)
 
     sides = {"fp32": fp32, "bf16": lambda: net(x), "bf16_inference_mode": bf16_inference_mode}
+    if compile:
+        compiled = torch.compile(net)
+        sides["bf16_compile"] = lambda: compiled(x)
+        times["bf16_compile"] = []
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         ref, low = fp32().float(), net(x).float()
+        if compile:
+            compiled(x)  # compiles, untimed
         for r in range(warmup + rounds):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for side in order:
@@ -149,7 +159,9 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
                 inference_mode_vs_no_grad=round(med["bf16_inference_mode"] / med["bf16"], 3),
                 gemm_share_fp32=round(share, 4), gemm_speedup_bf16=round(gemm_speedup, 3),
                 bound_vs_fp32_eager=round(amdahl(share, gemm_speedup), 3), machine_gemm_bf16_vs_fp32=round(machine, 3),
-                machine_bound_vs_fp32_eager=round(amdahl(share, machine), 3), rel_diff=f"{diff:.2e}")
+                machine_bound_vs_fp32_eager=round(amdahl(share, machine), 3), rel_diff=f"{diff:.2e}",
+                bf16_compile_ms=round(med["bf16_compile"], 3) if compile else "",
+                compile_speedup_vs_fp32_eager=round(med["fp32"] / med["bf16_compile"], 3) if compile else "")
 
 
 def main(argv=None) -> int:
@@ -175,11 +187,11 @@ def main(argv=None) -> int:
     rows = []
     for name in args.model:
         for size in args.img_size:
-            row = measure(name, size, args.rounds, args.warmup, args.profile_steps, machine)
+            row = measure(name, size, args.rounds, args.warmup, args.profile_steps, machine, args.compile)
             row.update(env)
             print({k: row[k] for k in ("model", "img_size", "fp32_ms", "bf16_ms", "speedup_vs_fp32_eager",
                                        "inference_mode_vs_no_grad", "gemm_share_fp32", "bound_vs_fp32_eager",
-                                       "machine_bound_vs_fp32_eager")}, flush=True)
+                                       "machine_bound_vs_fp32_eager", "compile_speedup_vs_fp32_eager")}, flush=True)
             rows.append(row)
     write_csv(rows, out, COLUMNS)
     print(f"wrote {out}")
