@@ -21,11 +21,15 @@ steps of each precision (after the timed rounds): `gemm_share_fp32`, the GEMMs' 
 time, and `gemm_speedup_bf16`, their fp32 over bf16 time in this model. `bound_vs_fp32_eager` = 1 / ((1 - share) +
 share / gemm_speedup_bf16) is the ratio with the GEMMs at that speed-up and everything else at its fp32 time;
 `machine_bound_vs_fp32_eager` the same with the machine's own bf16 / fp32 rate of one 1024 x 1024 matmul at these
-threads (`machine_gemm_bf16_vs_fp32`): even GEMMs at full bf16 speed cannot take the step past it.
+threads (`machine_gemm_bf16_vs_fp32`). The rest of the step is not always at its fp32 time under bf16 (elementwise
+work on bf16 activations moves half the bytes): `rest_speedup_bf16` is its profiled fp32 over bf16 time, and
+`machine_bound_bf16_rest` = 1 / ((1 - share) / rest_speedup_bf16 + share / machine_gemm_bf16_vs_fp32) the step with
+the GEMMs at the machine's full bf16 rate and the rest as fast as it ran in bf16.
 
 Columns: model, img_size, rounds, fp32_ms, bf16_ms, bf16_inference_mode_ms (medians), speedup_vs_fp32_eager
 (fp32_ms / bf16_ms), inference_mode_vs_no_grad (bf16_inference_mode_ms / bf16_ms), gemm_share_fp32,
-gemm_speedup_bf16, bound_vs_fp32_eager, machine_gemm_bf16_vs_fp32, machine_bound_vs_fp32_eager, rel_diff (relative
+gemm_speedup_bf16, bound_vs_fp32_eager, machine_gemm_bf16_vs_fp32, machine_bound_vs_fp32_eager, rest_speedup_bf16,
+machine_bound_bf16_rest, rel_diff (relative
 RMS of the bf16 logits against fp32), bf16_compile_ms, compile_speedup_vs_fp32_eager (fp32_ms / bf16_compile_ms;
 both empty without `--compile`), bf16_native (the CPU's bf16 flag, `subquad.backend.cpu_features`), kept_freed_mib,
 threads, cpu, cpu_family (from /proc/cpuinfo: AMD family 25 is Zen 3/4, 26 Zen 5), torch.
@@ -52,7 +56,8 @@ from subquad.errors import UserError  # noqa: E402
 
 COLUMNS = ["model", "img_size", "rounds", "fp32_ms", "bf16_ms", "bf16_inference_mode_ms", "speedup_vs_fp32_eager",
            "inference_mode_vs_no_grad", "gemm_share_fp32", "gemm_speedup_bf16", "bound_vs_fp32_eager",
-           "machine_gemm_bf16_vs_fp32", "machine_bound_vs_fp32_eager", "rel_diff", "bf16_compile_ms",
+           "machine_gemm_bf16_vs_fp32", "machine_bound_vs_fp32_eager", "rest_speedup_bf16", "machine_bound_bf16_rest",
+           "rel_diff", "bf16_compile_ms",
            "compile_speedup_vs_fp32_eager", "bf16_native", "kept_freed_mib", "threads", "cpu", "cpu_family", "torch"]
 # Ops counted as GEMMs (self CPU time in torch's profiler): dense products and convolutions (depthwise ones too, which
 # gain less from bf16, so the bounds below are generous).
@@ -109,9 +114,9 @@ def gemm_times(step, steps: int) -> tuple[float, float]:
     return gemm / 1e6, total / 1e6
 
 
-def amdahl(share: float, speedup: float) -> float:
-    """The step's speed-up when a `share` of it runs `speedup` times faster and the rest as before."""
-    return 1.0 / ((1.0 - share) + share / speedup)
+def amdahl(share: float, speedup: float, rest_speedup: float = 1.0) -> float:
+    """The step's speed-up when a `share` of it runs `speedup` times faster and the rest `rest_speedup` times."""
+    return 1.0 / ((1.0 - share) / rest_speedup + share / speedup)
 
 
 def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: int = 3,
@@ -148,8 +153,8 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
                 sides[side]()
                 if r >= warmup:
                     times[side].append((time.perf_counter() - t0) * 1e3)
-        (g32, t32), (g16, _) = gemm_times(fp32, profile_steps), gemm_times(sides["bf16"], profile_steps)
-    share, gemm_speedup = g32 / t32, g32 / g16
+        (g32, t32), (g16, t16) = gemm_times(fp32, profile_steps), gemm_times(sides["bf16"], profile_steps)
+    share, gemm_speedup, rest_speedup = g32 / t32, g32 / g16, (t32 - g32) / (t16 - g16)
     machine = machine_gemm_ratio() if machine_ratio is None else machine_ratio
     med = {k: statistics.median(v) for k, v in times.items()}
     diff = float((low.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
@@ -159,7 +164,8 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
                 inference_mode_vs_no_grad=round(med["bf16_inference_mode"] / med["bf16"], 3),
                 gemm_share_fp32=round(share, 4), gemm_speedup_bf16=round(gemm_speedup, 3),
                 bound_vs_fp32_eager=round(amdahl(share, gemm_speedup), 3), machine_gemm_bf16_vs_fp32=round(machine, 3),
-                machine_bound_vs_fp32_eager=round(amdahl(share, machine), 3), rel_diff=f"{diff:.2e}",
+                machine_bound_vs_fp32_eager=round(amdahl(share, machine), 3), rest_speedup_bf16=round(rest_speedup, 3),
+                machine_bound_bf16_rest=round(amdahl(share, machine, rest_speedup), 3), rel_diff=f"{diff:.2e}",
                 bf16_compile_ms=round(med["bf16_compile"], 3) if compile else "",
                 compile_speedup_vs_fp32_eager=round(med["fp32"] / med["bf16_compile"], 3) if compile else "")
 
@@ -191,7 +197,8 @@ def main(argv=None) -> int:
             row.update(env)
             print({k: row[k] for k in ("model", "img_size", "fp32_ms", "bf16_ms", "speedup_vs_fp32_eager",
                                        "inference_mode_vs_no_grad", "gemm_share_fp32", "bound_vs_fp32_eager",
-                                       "machine_bound_vs_fp32_eager", "compile_speedup_vs_fp32_eager")}, flush=True)
+                                       "machine_bound_vs_fp32_eager", "machine_bound_bf16_rest",
+                                       "compile_speedup_vs_fp32_eager")}, flush=True)
             rows.append(row)
     write_csv(rows, out, COLUMNS)
     print(f"wrote {out}")

@@ -37,6 +37,10 @@ def test_rows_columns_and_refusals(tmp_path, monkeypatch):
         assert 0 < share < 1 and speedup > 0 and machine > 0
         assert float(r["bound_vs_fp32_eager"]) == pytest.approx(1 / (1 - share + share / speedup), rel=2e-3)
         assert float(r["machine_bound_vs_fp32_eager"]) == pytest.approx(1 / (1 - share + share / machine), rel=2e-3)
+        rest = float(r["rest_speedup_bf16"])
+        assert rest > 0
+        bound = 1 / ((1 - share) / rest + share / machine)
+        assert float(r["machine_bound_bf16_rest"]) == pytest.approx(bound, rel=3e-3)
         assert r["bf16_compile_ms"] == r["compile_speedup_vs_fp32_eager"] == ""  # no --compile
     with pytest.raises(UserError, match="exists"):
         bench.main(argv)
@@ -95,6 +99,7 @@ def test_amdahl_and_gemm_profile():
     bench = load_benchmark("precision_interleaved")
     assert bench.amdahl(0.5, 2.0) == pytest.approx(1 / 0.75)
     assert bench.amdahl(0.0, 10.0) == 1.0 and bench.amdahl(1.0, 3.0) == pytest.approx(3.0)
+    assert bench.amdahl(0.5, 2.0, 2.0) == pytest.approx(2.0) and bench.amdahl(0.0, 5.0, 1.25) == pytest.approx(1.25)
     a = torch.randn(256, 256)
     gemm, total = bench.gemm_times(lambda: (a @ a).exp_(), 2)
     assert 0 < gemm < total
