@@ -17,8 +17,8 @@ The fp32 steps run in a nested `torch.autocast(enabled=False)` region, which lea
 
 What bounds the ratio (Amdahl): bf16 speeds up the GEMMs, not the rest of the step (LiSA's FFTs stay fp32, as torch
 has no bf16 FFT on the CPU; elementwise work and casts gain nothing). From torch's profiler over `--profile-steps`
-steps of each precision (after the timed rounds): `gemm_share_fp32`, the GEMMs' share of the fp32 step's self CPU
-time, and `gemm_speedup_bf16`, their fp32 over bf16 time in this model. `bound_vs_fp32_eager` = 1 / ((1 - share) +
+steps of each precision (after the timed rounds, one step per profile, alternating as the timed rounds do):
+`gemm_share_fp32`, the GEMMs' share of the fp32 step's self CPU time, and `gemm_speedup_bf16`, their fp32 over bf16 time in this model. `bound_vs_fp32_eager` = 1 / ((1 - share) +
 share / gemm_speedup_bf16) is the ratio with the GEMMs at that speed-up and everything else at its fp32 time;
 `machine_bound_vs_fp32_eager` the same with the machine's own bf16 / fp32 rate of one 1024 x 1024 matmul at these
 threads (`machine_gemm_bf16_vs_fp32`). The rest of the step is not always at its fp32 time under bf16 (elementwise
@@ -29,7 +29,8 @@ the GEMMs at the machine's full bf16 rate and the rest as fast as it ran in bf16
 Columns: model, img_size, rounds, fp32_ms, bf16_ms, bf16_inference_mode_ms (medians), speedup_vs_fp32_eager
 (fp32_ms / bf16_ms), inference_mode_vs_no_grad (bf16_inference_mode_ms / bf16_ms), gemm_share_fp32,
 gemm_speedup_bf16, bound_vs_fp32_eager, machine_gemm_bf16_vs_fp32, machine_bound_vs_fp32_eager, rest_speedup_bf16,
-machine_bound_bf16_rest, rel_diff (relative
+machine_bound_bf16_rest, profiled_speedup_bf16 (the profiled fp32 over bf16 self CPU time: how far the profile
+agrees with the timed ratio), rel_diff (relative
 RMS of the bf16 logits against fp32), bf16_compile_ms, compile_speedup_vs_fp32_eager (fp32_ms / bf16_compile_ms;
 both empty without `--compile`), bf16_native (the CPU's bf16 flag, `subquad.backend.cpu_features`), kept_freed_mib,
 threads, cpu, cpu_family (from /proc/cpuinfo: AMD family 25 is Zen 3/4, 26 Zen 5), torch.
@@ -57,11 +58,13 @@ from subquad.errors import UserError  # noqa: E402
 COLUMNS = ["model", "img_size", "rounds", "fp32_ms", "bf16_ms", "bf16_inference_mode_ms", "speedup_vs_fp32_eager",
            "inference_mode_vs_no_grad", "gemm_share_fp32", "gemm_speedup_bf16", "bound_vs_fp32_eager",
            "machine_gemm_bf16_vs_fp32", "machine_bound_vs_fp32_eager", "rest_speedup_bf16", "machine_bound_bf16_rest",
-           "rel_diff", "bf16_compile_ms",
+           "profiled_speedup_bf16", "rel_diff", "bf16_compile_ms",
            "compile_speedup_vs_fp32_eager", "bf16_native", "kept_freed_mib", "threads", "cpu", "cpu_family", "torch"]
 # Ops counted as GEMMs (self CPU time in torch's profiler): dense products and convolutions (depthwise ones too, which
 # gain less from bf16, so the bounds below are generous).
 GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
+            "aten::_slow_conv2d_forward", "aten::slow_conv3d_forward", "aten::_conv_depthwise2d",
+            "aten::_nnpack_spatial_convolution", "aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d",
             "aten::_scaled_dot_product_flash_attention_for_cpu")
 MODELS = ["lisanet_s", "hylisanet_s", "lisanet_i"]
 
@@ -74,7 +77,7 @@ def _args(argv):
     p.add_argument("--rounds", type=int, default=15, help="timed rounds (one step of each side per round)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--compile", action="store_true", help="also time bf16 under torch.compile (side bf16_compile)")
-    p.add_argument("--profile-steps", type=int, default=3, help="profiled steps per precision for the GEMM share")
+    p.add_argument("--profile-steps", type=int, default=6, help="profiled steps per precision for the GEMM share")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     return p.parse_args(argv)
 
@@ -101,17 +104,24 @@ def machine_gemm_ratio(n: int = 1024, reps: int = 10) -> float:
     return statistics.median(times[torch.float32]) / statistics.median(times[torch.bfloat16])
 
 
-def gemm_times(step, steps: int) -> tuple[float, float]:
-    """(GEMM self CPU time, all self CPU time) of `steps` calls of step() under torch's profiler, in seconds."""
+def gemm_times(sides: dict, steps: int) -> dict:
+    """{side: (GEMM self CPU time, all self CPU time)} in seconds over `steps` calls of each sides[side]() under torch's
+    profiler, one call per profile, the sides alternating (order flipping each round) as the timed rounds do."""
     from torch.profiler import profile
 
-    with profile() as p:
-        for _ in range(steps):
-            step()
-    events = p.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    gemm = sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS)
-    return gemm / 1e6, total / 1e6
+    out = {side: [0.0, 0.0] for side in sides}
+    for r in range(steps):
+        for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+            with profile() as p:
+                sides[side]()
+            events = p.key_averages()
+            out[side][0] += sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS) / 1e6
+            out[side][1] += sum(e.self_cpu_time_total for e in events) / 1e6
+    return {side: tuple(v) for side, v in out.items()}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("nan")
 
 
 def amdahl(share: float, speedup: float, rest_speedup: float = 1.0) -> float:
@@ -153,8 +163,9 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
                 sides[side]()
                 if r >= warmup:
                     times[side].append((time.perf_counter() - t0) * 1e3)
-        (g32, t32), (g16, t16) = gemm_times(fp32, profile_steps), gemm_times(sides["bf16"], profile_steps)
-    share, gemm_speedup, rest_speedup = g32 / t32, g32 / g16, (t32 - g32) / (t16 - g16)
+        prof = gemm_times({"fp32": fp32, "bf16": sides["bf16"]}, profile_steps)
+    (g32, t32), (g16, t16) = prof["fp32"], prof["bf16"]
+    share, gemm_speedup, rest_speedup = _ratio(g32, t32), _ratio(g32, g16), _ratio(t32 - g32, t16 - g16)
     machine = machine_gemm_ratio() if machine_ratio is None else machine_ratio
     med = {k: statistics.median(v) for k, v in times.items()}
     diff = float((low.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
@@ -165,7 +176,8 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
                 gemm_share_fp32=round(share, 4), gemm_speedup_bf16=round(gemm_speedup, 3),
                 bound_vs_fp32_eager=round(amdahl(share, gemm_speedup), 3), machine_gemm_bf16_vs_fp32=round(machine, 3),
                 machine_bound_vs_fp32_eager=round(amdahl(share, machine), 3), rest_speedup_bf16=round(rest_speedup, 3),
-                machine_bound_bf16_rest=round(amdahl(share, machine, rest_speedup), 3), rel_diff=f"{diff:.2e}",
+                machine_bound_bf16_rest=round(amdahl(share, machine, rest_speedup), 3),
+                profiled_speedup_bf16=round(_ratio(t32, t16), 3), rel_diff=f"{diff:.2e}",
                 bf16_compile_ms=round(med["bf16_compile"], 3) if compile else "",
                 compile_speedup_vs_fp32_eager=round(med["fp32"] / med["bf16_compile"], 3) if compile else "")
 

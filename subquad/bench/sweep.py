@@ -64,10 +64,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def cpuinfo_field(name: str) -> str:
+def cpuinfo_field(name: str, path: str = "/proc/cpuinfo") -> str:
     """The first value of the field `name` in /proc/cpuinfo ('' where there is none)."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
                 key, sep, value = line.partition(":")
                 if sep and key.strip() == name:

@@ -101,11 +101,21 @@ def test_amdahl_and_gemm_profile():
     assert bench.amdahl(0.0, 10.0) == 1.0 and bench.amdahl(1.0, 3.0) == pytest.approx(3.0)
     assert bench.amdahl(0.5, 2.0, 2.0) == pytest.approx(2.0) and bench.amdahl(0.0, 5.0, 1.25) == pytest.approx(1.25)
     a = torch.randn(256, 256)
-    gemm, total = bench.gemm_times(lambda: (a @ a).exp_(), 2)
-    assert 0 < gemm < total
+    got = bench.gemm_times({"mm": lambda: (a @ a).exp_(), "none": lambda: a.exp()}, 3)
+    assert set(got) == {"mm", "none"}
+    assert 0 < got["mm"][0] < got["mm"][1] and got["none"][0] == 0 < got["none"][1]
+    assert bench._ratio(1.0, 0.0) != bench._ratio(1.0, 0.0)  # nan, not a ZeroDivisionError
 
 
-def test_cpu_family_reads_proc_cpuinfo():
-    bench = load_benchmark("precision_interleaved")
-    fam = bench.cpu_family()
+def test_cpuinfo_field_reads_the_named_field(tmp_path):
+    from subquad.bench.sweep import cpuinfo_field
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC 9B14\n\nprocessor\t: 1\n"
+                    "cpu family\t: 26\n")
+    assert cpuinfo_field("cpu family", str(info)) == "25"  # the first processor's
+    assert cpuinfo_field("model", str(info)) == "17"  # not "model name"
+    assert cpuinfo_field("model name", str(info)) == "AMD EPYC 9B14"
+    assert cpuinfo_field("flags", str(info)) == "" and cpuinfo_field("cpu family", str(tmp_path / "none")) == ""
+    fam = load_benchmark("precision_interleaved").cpu_family()
     assert fam == "" or fam.isdigit()
