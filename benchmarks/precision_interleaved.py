@@ -15,16 +15,16 @@ Sides, all batch 1 and without autograd:
   call before the timed rounds, as `subquad bench model --backend compile` runs it.
 The fp32 steps run in a nested `torch.autocast(enabled=False)` region, which leaves the weight cache intact.
 
-What bounds the ratio (Amdahl): bf16 speeds up the GEMMs, not the rest of the step (LiSA's FFTs stay fp32, as torch
-has no bf16 FFT on the CPU; elementwise work and casts gain nothing). From torch's profiler over `--profile-steps`
-steps of each precision (after the timed rounds, one step per profile, alternating as the timed rounds do):
-`gemm_share_fp32`, the GEMMs' share of the fp32 step's self CPU time, and `gemm_speedup_bf16`, their fp32 over bf16
-time in this model. `bound_vs_fp32_eager` = 1 / ((1 - share) + share / gemm_speedup_bf16) is the ratio with the
-GEMMs at that speed-up and everything else at its fp32 time; `machine_bound_vs_fp32_eager` the same with the machine's own bf16 / fp32 rate of one 1024 x 1024 matmul at these
-threads (`machine_gemm_bf16_vs_fp32`). The rest of the step is not always at its fp32 time under bf16 (elementwise
-work on bf16 activations moves half the bytes): `rest_speedup_bf16` is its profiled fp32 over bf16 time, and
-`machine_bound_bf16_rest` = 1 / ((1 - share) / rest_speedup_bf16 + share / machine_gemm_bf16_vs_fp32) the step with
-the GEMMs at the machine's full bf16 rate and the rest as fast as it ran in bf16.
+What bounds the ratio (Amdahl): bf16 speeds up the GEMMs, not the rest of the step (LiSA's FFTs stay fp32, as torch has
+no bf16 FFT on the CPU; elementwise work and casts gain nothing). From torch's profiler over `--profile-steps` steps of
+each precision (after the timed rounds, one step per profile, alternating as the timed rounds do): `gemm_share_fp32`,
+the GEMMs' share of the fp32 step's self CPU time, and `gemm_speedup_bf16`, their fp32 over bf16 time in this model.
+`bound_vs_fp32_eager` = 1 / ((1 - share) + share / gemm_speedup_bf16) is the ratio with the GEMMs at that speed-up and
+everything else at its fp32 time; `machine_bound_vs_fp32_eager` the same with the machine's own bf16 / fp32 rate of one
+1024 x 1024 matmul at these threads (`machine_gemm_bf16_vs_fp32`). The rest of the step is not always at its fp32 time
+under bf16 (elementwise work on bf16 activations moves half the bytes): `rest_speedup_bf16` is its profiled fp32 over
+bf16 time, and `machine_bound_bf16_rest` = 1 / ((1 - share) / rest_speedup_bf16 + share / machine_gemm_bf16_vs_fp32) the
+step with the GEMMs at the machine's full bf16 rate and the rest as fast as it ran in bf16.
 
 Columns: model, img_size, rounds, fp32_ms, bf16_ms, bf16_inference_mode_ms (medians), speedup_vs_fp32_eager
 (fp32_ms / bf16_ms), inference_mode_vs_no_grad (bf16_inference_mode_ms / bf16_ms), gemm_share_fp32,
