@@ -54,6 +54,7 @@ __all__ = [
     "lisa_local",
     "kernel_spectra",
     "plan_tiles",
+    "dense_blocks",
     "release_workspaces",
     "toeplitz_to_circular",
     "local_to_toeplitz",
@@ -380,8 +381,8 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     On small grids the kernel path is cheaper as the dense product of Eq. 10 than as correlations (`dense_b`):
     A-hat[i, j] = sum_d S[i, d] kernel_b[d, delta(j - i)] is a GEMM S kernel_b (N x D by D x K) read out at each
     pair's offset, then Y = A-hat V + S B^T, two more GEMMs. That replaces h * ceil(dh/2) * D inverse transforms by
-    about N^2 (dh + D) multiply-adds per head, which wins on this CPU up to N = 32 D tokens (256 at D = 8; see
-    docs/benchmarks.md, "LiSA"); the structural vector S still comes from the FFT correlations of kernel_a.
+    about N^2 (dh + D) multiply-adds per head, faster on a 2-core AMD EPYC up to 16 x 16 grids at D = 8 (the limit
+    N <= DENSE_B_TOKENS_PER_PATTERN * D); the structural vector S still comes from the FFT correlations of kernel_a.
 
     Shapes: q, k, v (B, h, N, dh); kernel_a (C, D, *K); kernel_b (h or 1, D, *K); struct_proj (C, D)
     -> (B, h, N, dh). K = grid ('circular', equals `lisa_circulant_ref`) or 2*grid-1 ('zero': evaluated on the
@@ -442,9 +443,9 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
 
 
 # `lisa_fft` takes the dense kernel path on the CPU inference schedule up to N = this * D tokens. Measured at D = 8
-# only (h = 2-5, dh = 64, 2-core AMD EPYC; benchmarks/results/lisa-dense-b): faster than the FFT correlations at
-# 7 x 7 to 16 x 16 grids (1.13-1.17x at 16 x 16), even at 20 x 20 (1.04x), slower at 28 x 28 (N = 98 D); the limit
-# (N = 32 D, 16 x 16 at D = 8) stops short of the even grid.
+# only (one call, 5 heads of 64 channels, 2-core AMD EPYC; benchmarks/results/lisa-dense-b): faster than the FFT
+# correlations at 7 x 7 to 16 x 16 grids (1.13-1.17x at 16 x 16), about even at 20 x 20 (1.04x), slower at 28 x 28
+# (N = 98 D); the limit (N = 32 D, 16 x 16 at D = 8) stops short of 20 x 20.
 DENSE_B_TOKENS_PER_PATTERN = 32
 
 
