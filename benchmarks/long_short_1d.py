@@ -1,4 +1,4 @@
-"""1-D long-sequence benchmark of Transformer-LS long-short attention (issue 6).
+"""1-D long-sequence benchmark of Transformer-LS long-short attention (arXiv 2107.02192).
 
 Part 1, attention: d = 256, 4 heads, B = 1, lengths 1k / 4k / 16k / 64k; median forward time and peak memory of
 "long_short" (bidirectional, w = 8, r = 32, the LRA setting) vs "softmax" (SDPA) and the linear-attention mechanism
