@@ -119,6 +119,19 @@ def test_dense_kernel_path_in_blocks_equals_reference(tile, shared_b):
     assert_close(got, fsa.lisa_circulant_ref(*ops, grid), torch.float64, f"dense in blocks, tile_elems={tile}")
 
 
+@pytest.mark.parametrize("dense_b", [None, True, False])
+def test_empty_batch_gives_an_empty_output(dense_b):
+    """B = 0 (torch's FFTs refuse zero-length batches) returns the (0, h, N, dh) output, with and without autograd."""
+    grid = (5, 7)
+    ops = _operands(grid, B=0)
+    with torch.no_grad():
+        assert fsa.lisa_fft(*ops, grid, dense_b=dense_b).shape == (0, 2, 35, 3)
+    q = ops[0].clone().requires_grad_(True)
+    y = fsa.lisa_fft(q, *ops[1:], grid, dense_b=dense_b)
+    y.sum().backward()
+    assert y.shape == (0, 2, 35, 3) and q.grad.shape == q.shape
+
+
 @pytest.mark.parametrize("bad", [1, 0, "yes", 1.0])
 def test_dense_b_must_be_a_bool_or_none(bad):
     grid = (5, 7)

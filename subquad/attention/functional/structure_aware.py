@@ -411,10 +411,9 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     cpu = cpu_schedules(q.device)
     inference = cpu and not (torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v, kernel_a, kernel_b, struct_proj, *spectra)))
-    if dense_b is None:
-        dense_b = inference and N <= DENSE_B_TOKENS_PER_PATTERN * D
-    elif not isinstance(dense_b, bool):
-        raise TypeError(f"dense_b must be True, False or None (automatic), got {dense_b!r}")
+    dense_b = _resolve_dense_b(dense_b, inference, N, D)
+    if B == 0:  # an empty batch: torch's FFTs refuse zero-length batches
+        return q * v.sum(-1, keepdim=True) * 0
     kf, vf, waf, wbf, q2 = _lisa_spectra(q, k, v, spectra, D, grid, fft_grid, with_v=not dense_b)
     chunk = _lisa_tile_fn(B, N, dh, grid, boundary, inference, q.device, structure_only=dense_b)
     h_tile, d_tile = plan_tiles(B, h, dh, D, N, d_chunk, tile_elems) if cpu or d_chunk is not None else (h, D)
@@ -459,6 +458,15 @@ def _offset_index(grid: tuple[int, ...], fft_grid: tuple[int, ...], device: torc
     for ax, f in enumerate(fft_grid):
         flat = flat * f + delta[ax] % f
     return flat
+
+
+def _resolve_dense_b(dense_b: bool | None, inference: bool, N: int, D: int) -> bool:
+    """`lisa_fft`'s dense_b: True / False as given; None -> the automatic rule (inference and N <= limit * D)."""
+    if dense_b is None:
+        return inference and N <= DENSE_B_TOKENS_PER_PATTERN * D
+    if not isinstance(dense_b, bool):
+        raise TypeError(f"dense_b must be True, False or None (automatic), got {dense_b!r}")
+    return dense_b
 
 
 def _dense_kernel_path(s: torch.Tensor, v: torch.Tensor, wb_spectra: torch.Tensor, bproj: torch.Tensor,
