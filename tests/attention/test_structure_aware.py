@@ -111,12 +111,30 @@ def test_dense_blocks_bound_the_block(B, h, N, F_, tile):
 @pytest.mark.parametrize("tile", [1, 35 * 35 * 2, 35 * 35 * 3 * 2])
 def test_dense_kernel_path_in_blocks_equals_reference(tile, shared_b):
     """The dense kernel path run in blocks of heads and batch items (small `tile_elems`: one head at a time, two heads,
-    whole items two at a time) equals Eq. 10 with explicit RPE, with a per-head and a shared kernel_b."""
+    whole items two at a time, the last block short) equals Eq. 10 with explicit RPE on a 5 x 7 grid, with a per-head
+    and a shared kernel_b: the output without autograd, and output and every gradient with it forced on under
+    autograd, in float64 and float32."""
     grid = (5, 7)
     ops = _operands(grid, B=3, h=3, D=2, shared_b=shared_b)
     with torch.no_grad():
         got = fsa.lisa_fft(*ops, grid, dense_b=True, tile_elems=tile)
     assert_close(got, fsa.lisa_circulant_ref(*ops, grid), torch.float64, f"dense in blocks, tile_elems={tile}")
+    for dtype in (torch.float64, torch.float32):
+        compare_fn(lambda *a: fsa.lisa_fft(*a, grid, dense_b=True, tile_elems=tile),
+                   lambda *a: fsa.lisa_circulant_ref(*a, grid), ops, dtype)
+
+
+@pytest.mark.parametrize("grid,tile", [((3, 4, 5), 60 * 60), ((4, 7), 1)])
+def test_dense_kernel_path_in_blocks_zero_boundary_and_3d(grid, tile):
+    """Blocks on a 3-D grid (one head per block) and on the zero boundary (F = 2 x grid, one item and head per block)
+    equal the references: outputs and every gradient."""
+    boundary = "zero" if len(grid) == 2 else "circular"
+    ksize = grid if boundary == "circular" else tuple(2 * g - 1 for g in grid)
+    ops = _operands(grid, B=2, h=3, D=3, ksize=ksize)
+    ref = fsa.lisa_circulant_ref if boundary == "circular" else fsa.lisa_toeplitz_ref
+    assert fsa.dense_blocks(2, 3, math.prod(grid), math.prod(grid) * (4 if boundary == "zero" else 1), tile) == (1, 1)
+    compare_fn(lambda *a: fsa.lisa_fft(*a, grid, boundary, dense_b=True, tile_elems=tile), lambda *a: ref(*a, grid),
+               ops)
 
 
 @pytest.mark.parametrize("dense_b", [None, True, False])
