@@ -13,6 +13,11 @@ Sides, all batch 1 and without autograd:
   2.14), so every weight is cast again each step: what a serving loop written with inference_mode pays.
 - bf16_compile (with `--compile`): `torch.compile(model)` (inductor) in the same bf16 region, compiled by its first
   call before the timed rounds, as `subquad bench model --backend compile` runs it.
+- bf16_compile_fused (with `--compile --fused-attention`): the same compiled model called under
+  `subquad.backend.use_backend("plain")`, which traces softmax attention through torch's fused kernel
+  (`scaled_dot_product_attention`) instead of the written-out bf16 form `subquad.backend.decompose_attention` picks
+  under torch.compile on a CPU: the two attention schedules side by side (the compiled model keeps one graph per
+  backend, as torch.compile guards on it).
 The fp32 steps run in a nested `torch.autocast(enabled=False)` region, which leaves the weight cache intact.
 
 What bounds the ratio (Amdahl): bf16 speeds up the GEMMs, not the rest of the step (LiSA's FFTs stay fp32, as torch has
@@ -32,7 +37,9 @@ gemm_speedup_bf16, bound_vs_fp32_eager, machine_gemm_bf16_vs_fp32, machine_bound
 machine_bound_bf16_rest, profiled_speedup_bf16 (the profiled fp32 over bf16 self CPU time: how far the profile
 agrees with the timed ratio), rel_diff (relative
 RMS of the bf16 logits against fp32), bf16_compile_ms, compile_speedup_vs_fp32_eager (fp32_ms / bf16_compile_ms;
-both empty without `--compile`), bf16_native (the CPU's bf16 flag, `subquad.backend.cpu_features`), kept_freed_mib,
+both empty without `--compile`), bf16_compile_fused_ms, compile_fused_speedup_vs_fp32_eager (the same for
+bf16_compile_fused; empty without `--fused-attention`), bf16_native (the CPU's bf16 flag,
+`subquad.backend.cpu_features`), kept_freed_mib,
 threads, cpu, cpu_family (from /proc/cpuinfo: AMD family 25 is Zen 3/4, 26 Zen 5), torch.
 
 Usage (from the repository root, on a quiet machine: `uptime`):
@@ -59,7 +66,8 @@ COLUMNS = ["model", "img_size", "rounds", "fp32_ms", "bf16_ms", "bf16_inference_
            "inference_mode_vs_no_grad", "gemm_share_fp32", "gemm_speedup_bf16", "bound_vs_fp32_eager",
            "machine_gemm_bf16_vs_fp32", "machine_bound_vs_fp32_eager", "rest_speedup_bf16", "machine_bound_bf16_rest",
            "profiled_speedup_bf16", "rel_diff", "bf16_compile_ms",
-           "compile_speedup_vs_fp32_eager", "bf16_native", "kept_freed_mib", "threads", "cpu", "cpu_family", "torch"]
+           "compile_speedup_vs_fp32_eager", "bf16_compile_fused_ms", "compile_fused_speedup_vs_fp32_eager",
+           "bf16_native", "kept_freed_mib", "threads", "cpu", "cpu_family", "torch"]
 # Ops counted as GEMMs (self CPU time in torch's profiler): dense products and convolutions (depthwise ones too, which
 # gain less from bf16, so the bounds below are generous).
 GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
@@ -77,6 +85,9 @@ def _args(argv):
     p.add_argument("--rounds", type=int, default=15, help="timed rounds (one step of each side per round)")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--compile", action="store_true", help="also time bf16 under torch.compile (side bf16_compile)")
+    p.add_argument("--fused-attention", action="store_true",
+                   help="with --compile, also time the compiled model with attention through the fused kernel "
+                        "(side bf16_compile_fused)")
     p.add_argument("--profile-steps", type=int, default=6, help="profiled steps per precision for the GEMM share")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     return p.parse_args(argv)
@@ -130,9 +141,10 @@ def amdahl(share: float, speedup: float, rest_speedup: float = 1.0) -> float:
 
 
 def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: int = 3,
-            machine_ratio: float | None = None, compile: bool = False) -> dict:
+            machine_ratio: float | None = None, compile: bool = False, fused_attention: bool = False) -> dict:
     """One model at one size: the sides timed alternately (see the module docstring)."""
     import subquad
+    from subquad import backend
 
     torch.manual_seed(0)
     net = subquad.create_model(name).eval()
@@ -152,10 +164,19 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
         compiled = torch.compile(net)
         sides["bf16_compile"] = lambda: compiled(x)
         times["bf16_compile"] = []
+    if compile and fused_attention:
+        def compiled_fused():
+            with backend.use_backend("plain"):
+                return compiled(x)
+
+        sides["bf16_compile_fused"] = compiled_fused
+        times["bf16_compile_fused"] = []
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         ref, low = fp32().float(), net(x).float()
         if compile:
             compiled(x)  # compiles, untimed
+        if "bf16_compile_fused" in sides:
+            compiled_fused()  # the second graph, untimed
         for r in range(warmup + rounds):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for side in order:
@@ -179,7 +200,15 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
                 machine_bound_bf16_rest=round(amdahl(share, machine, rest_speedup), 3),
                 profiled_speedup_bf16=round(_ratio(t32, t16), 3), rel_diff=f"{diff:.2e}",
                 bf16_compile_ms=round(med["bf16_compile"], 3) if compile else "",
-                compile_speedup_vs_fp32_eager=round(med["fp32"] / med["bf16_compile"], 3) if compile else "")
+                compile_speedup_vs_fp32_eager=round(med["fp32"] / med["bf16_compile"], 3) if compile else "",
+                **_fused_columns(med))
+
+
+def _fused_columns(med: dict) -> dict:
+    if "bf16_compile_fused" not in med:
+        return dict(bf16_compile_fused_ms="", compile_fused_speedup_vs_fp32_eager="")
+    return dict(bf16_compile_fused_ms=round(med["bf16_compile_fused"], 3),
+                compile_fused_speedup_vs_fp32_eager=round(med["fp32"] / med["bf16_compile_fused"], 3))
 
 
 def main(argv=None) -> int:
@@ -188,6 +217,8 @@ def main(argv=None) -> int:
 
     args = _args(argv)
     out = new_output(args.out)
+    if args.fused_attention and not args.compile:
+        raise UserError("--fused-attention times a second compiled side: give --compile with it")
     if min(args.rounds, args.profile_steps, *args.img_size) < 1 or args.warmup < 0 or (
             args.threads is not None and args.threads < 1):
         raise UserError("--rounds, --profile-steps, --img-size and --threads must be positive and --warmup >= 0")
@@ -205,12 +236,14 @@ def main(argv=None) -> int:
     rows = []
     for name in args.model:
         for size in args.img_size:
-            row = measure(name, size, args.rounds, args.warmup, args.profile_steps, machine, args.compile)
+            row = measure(name, size, args.rounds, args.warmup, args.profile_steps, machine, args.compile,
+                          args.fused_attention)
             row.update(env)
             print({k: row[k] for k in ("model", "img_size", "fp32_ms", "bf16_ms", "speedup_vs_fp32_eager",
                                        "inference_mode_vs_no_grad", "gemm_share_fp32", "bound_vs_fp32_eager",
                                        "machine_bound_vs_fp32_eager", "machine_bound_bf16_rest",
-                                       "compile_speedup_vs_fp32_eager")}, flush=True)
+                                       "compile_speedup_vs_fp32_eager", "compile_fused_speedup_vs_fp32_eager")},
+                  flush=True)
             rows.append(row)
     write_csv(rows, out, COLUMNS)
     print(f"wrote {out}")

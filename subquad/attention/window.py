@@ -7,12 +7,12 @@ reverse -> unshift -> crop itself, so hosts never partition.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import as_hw, check_heads, known_equal, merge_heads, size_oblivious, split_packed_heads, tracing
 from .base import AttentionCaps, TokenMixer
+from .functional.softmax import sdpa
 from .functional.window import (
     WindowGeometry,
     relative_position_bias,
@@ -229,7 +229,7 @@ class WindowAttention(TokenMixer):
         if attn_mask is not None and attn_mask.dtype != q.dtype:
             attn_mask = attn_mask.to(q.dtype)  # autocast
         drop = self.attn_drop.p if self.training else 0.0
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop, scale=self.scale)
+        o = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=drop, scale=self.scale)
         # (B, nW*h, L, d) -> (B, nW*L, C); proj is per token, so it runs before the reverse.
         # Explicit copies: an exported program's SDPA decomposition may return other strides than the eager kernel,
         # so a view decided while tracing would not hold there (and the transpose needs a copy anyway).

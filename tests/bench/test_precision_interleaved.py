@@ -42,10 +42,13 @@ def test_rows_columns_and_refusals(tmp_path, monkeypatch):
         bound = 1 / ((1 - share) / rest + share / machine)
         assert float(r["machine_bound_bf16_rest"]) == pytest.approx(bound, rel=3e-3)
         assert r["bf16_compile_ms"] == r["compile_speedup_vs_fp32_eager"] == ""  # no --compile
+        assert r["bf16_compile_fused_ms"] == r["compile_fused_speedup_vs_fp32_eager"] == ""
     with pytest.raises(UserError, match="exists"):
         bench.main(argv)
     with pytest.raises(UserError, match="unknown model"):
         bench.main(["--model", "no_such_model", "--out", str(tmp_path / "e.csv")])
+    with pytest.raises(UserError, match="give --compile"):
+        bench.main(["--fused-attention", "--out", str(tmp_path / "g.csv")])
     for bad in (["--rounds", "0"], ["--profile-steps", "0"]):
         with pytest.raises(UserError, match="must be positive"):
             bench.main([*bad, "--out", str(tmp_path / "f.csv")])
@@ -92,6 +95,29 @@ def test_compile_side_is_timed_alternately(monkeypatch):
     assert len(calls) == 1 + 1 + 3  # the compiling call, the warm-up round, the timed rounds
     ms = float(row["bf16_compile_ms"])
     assert ms > 0 and float(row["compile_speedup_vs_fp32_eager"]) == pytest.approx(row["fp32_ms"] / ms, rel=2e-2)
+
+
+def test_fused_attention_side_runs_the_compiled_model_under_plain(monkeypatch):
+    """--fused-attention: a fifth side calling the same compiled model with the backend 'plain' (so attention is
+    traced through the fused kernel), timed alternately with the others."""
+    from subquad import backend
+
+    bench = load_benchmark("precision_interleaved")
+    seen = []
+
+    def fake_compile(model):
+        def run(x):
+            seen.append(backend.get_backend())
+            return model(x)
+        return run
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    row = bench.measure("lisanet_micro", 32, rounds=3, warmup=1, profile_steps=1, machine_ratio=2.0, compile=True,
+                        fused_attention=True)
+    assert seen.count("plain") == 1 + 1 + 3 and seen.count("auto") == 1 + 1 + 3
+    ms = float(row["bf16_compile_fused_ms"])
+    assert ms > 0 and float(row["compile_fused_speedup_vs_fp32_eager"]) == pytest.approx(row["fp32_ms"] / ms, rel=2e-2)
+    assert backend.get_backend() == "auto"
 
 
 def test_amdahl_and_gemm_profile():

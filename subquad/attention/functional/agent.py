@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..._shapes import known_equal
 from .focused import upsample_matrix, upsample_v
 from .linear import depthwise_conv_matrix
-from .softmax import adaptive_pool_2d, adaptive_pool_bins
+from .softmax import adaptive_pool_2d, adaptive_pool_bins, sdpa
 
 __all__ = [
     "resize_axis",
@@ -135,8 +135,8 @@ def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b1: torch
     qm = q[:, prefix:].transpose(1, 2).reshape(B, C, hw[0], hw[1])
     a = adaptive_pool_2d(qm, tuple(agent_hw)).flatten(2).transpose(1, 2)  # (B, A, C)
     a = _split(a, h)
-    va = F.scaled_dot_product_attention(a, _split(k, h), _split(v, h), attn_mask=b1.to(q.dtype))  # (B, h, A, d)
-    out = _merge(F.scaled_dot_product_attention(_split(q, h), a, va, attn_mask=b2.to(q.dtype)))  # (B, N, C)
+    va = sdpa(a, _split(k, h), _split(v, h), attn_mask=b1.to(q.dtype))  # (B, h, A, d)
+    out = _merge(sdpa(_split(q, h), a, va, attn_mask=b2.to(q.dtype)))  # (B, N, C)
     vm = upsample_v(v[:, prefix:], kv_hw, hw, "bilinear")  # (B, C, H, W)
     pad = (dwc_weight.shape[-2] // 2, dwc_weight.shape[-1] // 2)
     conv = F.conv2d(vm, dwc_weight, dwc_bias, padding=pad, groups=C).flatten(2).transpose(1, 2)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._shapes import known_equal, round_up
-from .softmax import softmax_attention_probs
+from .softmax import sdpa, softmax_attention_probs
 from .window import stripe_partition
 
 __all__ = ["stripe_shape", "stripe_ids", "cswin_attention_probs_ref", "lepe_ref", "cswin_attention_ref",
@@ -144,7 +144,7 @@ def cswin_attention_packed(qkv: torch.Tensor, stripe: tuple[int, int], lepe_weig
         # Real queries never read padded keys; padded query rows stay unmasked (cropped later).
         mask = ~(real[:, :, None] & ~real[:, None, :])  # (nS, L, L)
         mask = mask[:, None].repeat(B, 1, 1, 1)  # (B*nS, 1, L, L)
-    o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    o = sdpa(qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     if lepe_weight is not None:
         # (B*nS, h, L, d) -> (B*nS, C, sh, sw): channel head * d + j, as the official get_lepe.
         lepe = F.conv2d(vs.transpose(-2, -1).reshape(B * nh * nw, C, sh, sw), lepe_weight, lepe_bias, padding=1,
@@ -233,7 +233,7 @@ def cswin_attention_gathered(qkv: torch.Tensor, stripe: tuple[int, int], lepe_we
     # Real queries never read padded keys; padded query rows stay unmasked (dropped by the reverse gather).
     mask = ~(real[:, :, None] & ~real[:, None, :])  # (nS, L, L)
     mask = mask[:, None].expand(nS, h, L, L).reshape(1, nS * h, L, L)
-    o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    o = sdpa(qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     o = o.view(B, nS, h, L, d).transpose(2, 3).reshape(B, nS * L, C)
     o = torch.index_select(o, 1, inv).view(B, H, W, h, d)
     if lepe_weight is not None:

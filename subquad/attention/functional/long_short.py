@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ..._shapes import ceil_div, crop_index, known_equal
 from ...layers.precision import compute_dtype as _softmax_dtype  # every LS softmax in fp32 (official); fp64 stays
+from .softmax import sdpa
 
 __all__ = [
     "window_ext",
@@ -206,7 +207,7 @@ def long_short_global_sdpa(q: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, 
         (B, h, N, d), equal to `long_short_ref` with `local_mask=None`.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return F.scaled_dot_product_attention(q, kg, vg, scale=scale, dropout_p=dropout_p)
+    return sdpa(q, kg, vg, scale=scale, dropout_p=dropout_p)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
@@ -237,16 +238,14 @@ def _sdpa4(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     elif mask.dtype == torch.bool:
         any_key = mask.any(dim=-1, keepdim=True)
         if not bool(any_key.all()):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~any_key, scale=scale,
-                                                 dropout_p=dropout_p)
+            out = sdpa(q, k, v, attn_mask=mask | ~any_key, scale=scale, dropout_p=dropout_p)
             return out.masked_fill(~any_key, 0.0)
     else:
         any_key = torch.isfinite(mask).any(dim=-1, keepdim=True)
         if not bool(any_key.all()):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.masked_fill(~any_key, 0.0), scale=scale,
-                                                 dropout_p=dropout_p)
+            out = sdpa(q, k, v, attn_mask=mask.masked_fill(~any_key, 0.0), scale=scale, dropout_p=dropout_p)
             return out.masked_fill(~any_key, 0.0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, dropout_p=dropout_p)
+    return sdpa(q, k, v, attn_mask=mask, scale=scale, dropout_p=dropout_p)
 
 
 def long_short_1d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, w: int,
@@ -400,7 +399,7 @@ def post_cls_sdpa(q_cls: torch.Tensor, k_cls: torch.Tensor, v_cls: torch.Tensor,
     mask = None
     if valid is not None:
         mask = F.pad(valid, (1, 0), value=True)[:, None, None, :]  # (B, 1, 1, 1 + N)
-    return F.scaled_dot_product_attention(q_cls, keys, vals, attn_mask=mask, scale=scale)
+    return sdpa(q_cls, keys, vals, attn_mask=mask, scale=scale)
 
 
 def xl_sinusoid(pos: torch.Tensor, dim: int) -> torch.Tensor:

@@ -10,9 +10,46 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["softmax_attention_ref", "softmax_attention_probs", "softmax_attention", "spatial_reduction_ref",
+from ...backend import decompose_attention
+
+__all__ = ["sdpa", "sdpa_written_out",
+           "softmax_attention_ref", "softmax_attention_probs", "softmax_attention", "spatial_reduction_ref",
            "adaptive_pool_bins", "adaptive_pool_2d", "adaptive_pool_matrix", "patch_mean_matrix", "causal_band_mask",
            "sliding_window_attention_ref", "sliding_window_attention"]
+
+
+def sdpa_written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                     scale: float | None = None) -> torch.Tensor:
+    """`F.scaled_dot_product_attention(q, k, v, attn_mask, scale=scale)` written out for a compiler to fuse.
+
+    q k^T runs in the inputs' dtype; scale, mask and softmax run in float32 (float64 for float64 inputs); the
+    probabilities return to v's dtype for the product with v. attn_mask as SDPA's: bool (True = may attend) or float
+    (added to the logits), broadcastable to (..., N, n). A query row with no key left returns zeros, as SDPA's CPU
+    kernel does, with zero gradients.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = torch.matmul(q, k.transpose(-2, -1))
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) * scale
+    if attn_mask is None:
+        probs = logits.softmax(dim=-1)
+    else:
+        if attn_mask.dtype == torch.bool:
+            logits = logits.masked_fill(~attn_mask, float("-inf"))
+        else:
+            logits = logits + attn_mask.to(logits.dtype)
+        any_key = logits.amax(dim=-1, keepdim=True) > float("-inf")
+        # Rows with no key get finite logits before the softmax, so their (zeroed) gradients stay finite.
+        probs = torch.where(any_key, torch.where(any_key, logits, 0.0).softmax(dim=-1), 0.0)
+    return torch.matmul(probs.to(v.dtype), v)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+         dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+    """`F.scaled_dot_product_attention`, or `sdpa_written_out` where `subquad.backend.decompose_attention` says so
+    (bf16 on a CPU under `torch.compile`, where the fused kernel gains nothing from bf16)."""
+    if decompose_attention(q, k.shape[-2], dropout_p):
+        return sdpa_written_out(q, k, v, attn_mask, scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
 
 
 def softmax_attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float | None = None,
@@ -60,9 +97,9 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
                 attn_mask = attn_mask | fill
             else:
                 attn_mask = attn_mask.masked_fill(fill, 0.0)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+            out = sdpa(q, k, v, attn_mask=attn_mask, scale=scale)
             return out.masked_fill(fill, 0.0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+    return sdpa(q, k, v, attn_mask=attn_mask, scale=scale)
 
 
 def spatial_reduction_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -176,5 +213,5 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     band = (c >= r) & (c <= r + w - 1)  # (b, span): key c of a block sits at i b - w + 1 + c
     start = torch.arange(n, device=q.device)[:, None, None] * b - (w - 1)
     mask = band[None] & (start + c[None] >= 0)  # (n, b, span): no key before position 0
-    out = F.scaled_dot_product_attention(qp, kb, vb, attn_mask=mask, scale=scale)
+    out = sdpa(qp, kb, vb, attn_mask=mask, scale=scale)
     return out.reshape(B, h, L, -1)[:, :, :N]

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ..._shapes import ceil_div, known_equal, sizes
-from .softmax import softmax_attention_probs
+from .softmax import sdpa, softmax_attention_probs
 
 __all__ = [
     "SHIFT_MASK_VALUE",
@@ -341,7 +341,7 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw: tupl
         attn_mask = m[:, None] if attn_mask is None else attn_mask + m[:, None]  # (nW, h or 1, L, L)
     if attn_mask is not None:
         attn_mask = attn_mask.expand(nW, h, w * w, w * w).reshape(1, nW * h, w * w, w * w)
-    o = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=attn_mask, scale=scale)  # (B, nW*h, L, d)
+    o = sdpa(qw, kw, vw, attn_mask=attn_mask, scale=scale)  # (B, nW*h, L, d)
     # (B, nW, h, L, d) -> (B, h, nW, L, d) -> (B*h*nW, L, d) -> (B*h, Hp, Wp, d)
     o = o.view(B, nW, h, w * w, d).transpose(1, 2).reshape(B * h * nW, w * w, d)
     o = window_reverse(o, w, Hp, Wp)
