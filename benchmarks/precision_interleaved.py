@@ -161,6 +161,9 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
 
     sides = {"fp32": fp32, "bf16": lambda: net(x), "bf16_inference_mode": bf16_inference_mode}
     if compile:
+        # A fresh dynamo cache per size (see subquad.bench.sweep: the cache of an earlier size would make dynamo
+        # recompile this one with symbolic shapes).
+        torch._dynamo.reset()
         compiled = torch.compile(net)
         sides["bf16_compile"] = lambda: compiled(x)
         times["bf16_compile"] = []

@@ -7,6 +7,7 @@ import csv
 from pathlib import Path
 
 import pytest
+import torch
 
 from subquad import backend
 from subquad.bench.precision import gemm_gflops, skip_reason
@@ -99,6 +100,23 @@ def test_compile_backend_rows():
     by = {(r["precision"], r["backend"]): r for r in rows}
     assert by[("fp32", "compile")]["status"] == "ok" and by[("fp32", "compile")]["compiled"] == 1
     assert float(by[("fp32", "compile")]["speedup_vs_fp32_eager"]) > 0
+
+
+def test_each_compiled_path_starts_from_a_fresh_dynamo_cache(monkeypatch):
+    """Every compiled (size, precision) is compiled after torch._dynamo.reset(): a later size must not reuse the
+    earlier size's code with symbolic shapes. torch.compile stands in for an identity wrapper here."""
+    events = []
+
+    def fake_compile(model):
+        events.append("compile")
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: events.append("reset"))
+    rows = bench_models(["vit_attn_micro"], (16, 24), warmup=0, repeats=1, precisions=("fp32",),
+                        backends=("eager", "compile"))
+    assert [r["status"] for r in rows] == ["ok"] * 4
+    assert events == ["reset", "compile"] * 2
 
 
 def test_non_square_sizes_in_every_backend(tmp_path):

@@ -91,7 +91,10 @@ def test_compile_side_is_timed_alternately(monkeypatch):
         return run
 
     monkeypatch.setattr(torch, "compile", fake_compile)
+    resets = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(len(calls)))
     row = bench.measure("lisanet_micro", 32, rounds=3, warmup=1, profile_steps=1, machine_ratio=2.0, compile=True)
+    assert resets == [0]  # a fresh dynamo cache before the size's first compiled call
     assert len(calls) == 1 + 1 + 3  # the compiling call, the warm-up round, the timed rounds
     ms = float(row["bf16_compile_ms"])
     assert ms > 0 and float(row["compile_speedup_vs_fp32_eager"]) == pytest.approx(row["fp32_ms"] / ms, rel=2e-2)
