@@ -38,8 +38,10 @@ Attention is the one schedule chosen inside tracing. torch's fused CPU attention
 x 1,025 tokens x 64 on a Zen 4 EPYC). So under `torch.compile` on a CPU, bf16 attention in inference is written out
 instead (`decompose_attention`: q k^T and the product with v as bf16 GEMMs, scale, mask and softmax in float32,
 which inductor fuses): 4.8 ms there. Everywhere else (eager, fp32, off the CPU, while exporting, under autograd,
-under 'plain', or above `DECOMPOSE_MAX_LOGITS` logits per call, since the written-out form holds them all in memory)
-the fused kernel runs.
+under 'plain', with a bool mask, or above `DECOMPOSE_MAX_LOGITS` logits per call, since the written-out form holds
+them all in memory) the fused kernel runs. A bool mask is left to the fused kernel because written out it ran 2x
+slower under Inductor (CSwin's padded stripes, 5 x 4 x 224 x 32 with a (5, 1, 224, 224) mask: 3.5 ms against 1.7 ms),
+while float masks (Swin's relative-position bias and shift mask) ran 1.8x faster written out.
 
 `real_dft()` is a separate switch, for graphs whose runtime has no complex tensors (ONNX, `subquad.export`): inside
 it LiSA's structure-aware attention computes its correlations with real DFT matrices (`lisa_dft`) instead of
@@ -122,12 +124,15 @@ def cpu_schedules(device: torch.device | str | None) -> bool:
 DECOMPOSE_MAX_LOGITS = 2 ** 25
 
 
-def decompose_attention(q: torch.Tensor, n_keys: int, dropout_p: float = 0.0) -> bool:
+def decompose_attention(q: torch.Tensor, n_keys: int, dropout_p: float = 0.0,
+                        attn_mask: torch.Tensor | None = None) -> bool:
     """Whether softmax attention with queries `q` (..., N, d) over `n_keys` keys is written out as GEMMs and a
     float32 softmax rather than run by the fused kernel: only while `torch.compile` traces (not `torch.export`), for
-    bf16 on a CPU, in inference (no autograd, no dropout), with at most `DECOMPOSE_MAX_LOGITS` logits, and unless the
-    backend is 'plain' (see the module docstring)."""
+    bf16 on a CPU, in inference (no autograd, no dropout), without a bool `attn_mask` (a float one is fine), with at
+    most `DECOMPOSE_MAX_LOGITS` logits, and unless the backend is 'plain' (see the module docstring)."""
     if _backend == "plain" or dropout_p or q.dtype != torch.bfloat16 or q.device.type != "cpu":
+        return False
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
         return False
     if torch.is_grad_enabled() and q.requires_grad:
         return False

@@ -94,6 +94,8 @@ def test_decompose_rule(compiling, monkeypatch):
         assert backend.decompose_attention(q, 9)
         assert not backend.decompose_attention(q.float(), 9)  # fp32: the fused kernel is as fast
         assert not backend.decompose_attention(q, 9, dropout_p=0.1)
+        assert not backend.decompose_attention(q, 9, attn_mask=torch.ones(9, 9, dtype=torch.bool))
+        assert backend.decompose_attention(q, 9, attn_mask=torch.zeros(9, 9, dtype=torch.bfloat16))
         with backend.use_backend("plain"):
             assert not backend.decompose_attention(q, 9)
         monkeypatch.setattr(backend, "DECOMPOSE_MAX_LOGITS", 2 * 9 * 9 - 1)
@@ -114,11 +116,13 @@ def test_sdpa_routes_by_the_rule(compiling, monkeypatch):
         assert len(calls) == 1
         sdpa(q.float(), k.float(), v.float())
         assert len(calls) == 1
-        mask = torch.ones(1, 1, 7, 5, dtype=torch.bool)
-        mask[..., 0, :] = False
+        mask = torch.zeros(1, 1, 7, 5, dtype=torch.bfloat16)
+        mask[..., 0, :] = float("-inf")
         out = sdpa(q, k, v, attn_mask=mask, scale=0.5)
-    assert len(calls) == 2 and calls[1][3] is mask and calls[1][4] == 0.5
-    assert (out[..., 0, :] == 0).all()
+        assert len(calls) == 2 and calls[1][3] is mask and calls[1][4] == 0.5
+        assert (out[..., 0, :] == 0).all()
+        sdpa(q, k, v, attn_mask=mask == 0)  # a bool mask: the fused kernel
+    assert len(calls) == 2
 
 
 def _traced_targets(fn, *args):

@@ -46,8 +46,9 @@ def sdpa_written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mas
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
          dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
     """`F.scaled_dot_product_attention`, or `sdpa_written_out` where `subquad.backend.decompose_attention` says so
-    (bf16 on a CPU under `torch.compile`, where the fused kernel gains nothing from bf16)."""
-    if decompose_attention(q, k.shape[-2], dropout_p):
+    (bf16 inference on a CPU under `torch.compile` without a bool mask, where the fused kernel gains nothing from
+    bf16)."""
+    if decompose_attention(q, k.shape[-2], dropout_p, attn_mask):
         return sdpa_written_out(q, k, v, attn_mask, scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
 
