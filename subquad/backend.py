@@ -124,21 +124,21 @@ def cpu_schedules(device: torch.device | str | None) -> bool:
 DECOMPOSE_MAX_LOGITS = 2 ** 25
 
 
-def decompose_attention(q: torch.Tensor, n_keys: int, dropout_p: float = 0.0,
+def decompose_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
                         attn_mask: torch.Tensor | None = None) -> bool:
-    """Whether softmax attention with queries `q` (..., N, d) over `n_keys` keys is written out as GEMMs and a
-    float32 softmax rather than run by the fused kernel: only while `torch.compile` traces (not `torch.export`), for
-    bf16 on a CPU, in inference (no autograd, no dropout), without a bool `attn_mask` (a float one is fine), with at
-    most `DECOMPOSE_MAX_LOGITS` logits, and unless the backend is 'plain' (see the module docstring)."""
+    """Whether softmax attention of q (..., N, d) over k, v (..., n, d) is written out as GEMMs and a float32
+    softmax rather than run by the fused kernel: only while `torch.compile` traces (not `torch.export`), for bf16 on
+    a CPU, in inference (no input that autograd tracks, no dropout), without a bool `attn_mask` (a float one is fine),
+    with at most `DECOMPOSE_MAX_LOGITS` logits, and unless the backend is 'plain' (see the module docstring)."""
     if _backend == "plain" or dropout_p or q.dtype != torch.bfloat16 or q.device.type != "cpu":
         return False
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         return False
-    if torch.is_grad_enabled() and q.requires_grad:
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, attn_mask)):
         return False
     if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return False
-    return q.numel() // q.shape[-1] * n_keys <= DECOMPOSE_MAX_LOGITS
+    return q.numel() // q.shape[-1] * k.shape[-2] <= DECOMPOSE_MAX_LOGITS
 
 
 _real_dft = False

@@ -473,7 +473,8 @@ def bench_models(models: Sequence[str], img_sizes: Sequence[int | str | tuple[in
         device, max_mem_mb, max_time_s, warmup, repeats, force, on_row: as in `sweep_attention`.
         compile: the same as backends=('compile',) (kept for earlier callers).
         precisions: 'fp32', 'bf16', 'int8' (see `subquad.bench.precision`).
-        backends: 'eager', 'compile' (torch.compile; the untimed first call compiles), 'onnxruntime'.
+        backends: 'eager', 'compile' (torch.compile; the untimed first call compiles, each (size, precision) after
+            `torch._dynamo.reset()`, which clears every compiled graph of the process), 'onnxruntime'.
     Returns:
         rows with `MODEL_COLUMNS`: one per (model, size, precision, backend); a pair that does not exist has a row
         whose `status` says why it was skipped. `speedup_vs_fp32_eager` is filled when fp32 eager was measured.

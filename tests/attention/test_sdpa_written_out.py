@@ -85,26 +85,30 @@ def _bf16(*shape):
 
 def test_decomposes_only_under_compile():
     q = _bf16(1, 2, 9, 8)
-    assert not backend.decompose_attention(q, 9)  # eager
+    assert not backend.decompose_attention(q, q, q)  # eager
 
 
 def test_decompose_rule(compiling, monkeypatch):
-    q = _bf16(1, 2, 9, 8)
+    q, k, v = _bf16(1, 2, 9, 8), _bf16(1, 2, 11, 8), _bf16(1, 2, 11, 8)
     with torch.no_grad():
-        assert backend.decompose_attention(q, 9)
-        assert not backend.decompose_attention(q.float(), 9)  # fp32: the fused kernel is as fast
-        assert not backend.decompose_attention(q, 9, dropout_p=0.1)
-        assert not backend.decompose_attention(q, 9, attn_mask=torch.ones(9, 9, dtype=torch.bool))
-        assert backend.decompose_attention(q, 9, attn_mask=torch.zeros(9, 9, dtype=torch.bfloat16))
+        assert backend.decompose_attention(q, k, v)
+        assert not backend.decompose_attention(q.float(), k.float(), v.float())  # fp32: the fused kernel is as fast
+        assert not backend.decompose_attention(q, k, v, dropout_p=0.1)
+        assert not backend.decompose_attention(q, k, v, attn_mask=torch.ones(9, 11, dtype=torch.bool))
+        assert backend.decompose_attention(q, k, v, attn_mask=torch.zeros(9, 11, dtype=torch.bfloat16))
         with backend.use_backend("plain"):
-            assert not backend.decompose_attention(q, 9)
-        monkeypatch.setattr(backend, "DECOMPOSE_MAX_LOGITS", 2 * 9 * 9 - 1)
-        assert not backend.decompose_attention(q, 9)  # 162 logits, one more than allowed
-        monkeypatch.setattr(backend, "DECOMPOSE_MAX_LOGITS", 2 * 9 * 9)
-        assert backend.decompose_attention(q, 9)
-    assert not backend.decompose_attention(q.requires_grad_(), 9)  # autograd: the fused kernel's backward
+            assert not backend.decompose_attention(q, k, v)
+        monkeypatch.setattr(backend, "DECOMPOSE_MAX_LOGITS", 2 * 9 * 11 - 1)
+        assert not backend.decompose_attention(q, k, v)  # 198 logits, one more than allowed
+        monkeypatch.setattr(backend, "DECOMPOSE_MAX_LOGITS", 2 * 9 * 11)
+        assert backend.decompose_attention(q, k, v)
+    # autograd: the fused kernel's backward, whichever input autograd tracks
+    for i in range(4):
+        ts = [q, k, v, torch.zeros(9, 11, dtype=torch.bfloat16)]
+        ts[i] = ts[i].clone().requires_grad_()
+        assert not backend.decompose_attention(*ts[:3], attn_mask=ts[3]), i
     monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
-    assert not backend.decompose_attention(q.detach(), 9)
+    assert not backend.decompose_attention(q, k, v)
 
 
 def test_sdpa_routes_by_the_rule(compiling, monkeypatch):

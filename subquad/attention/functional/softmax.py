@@ -48,7 +48,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
     """`F.scaled_dot_product_attention`, or `sdpa_written_out` where `subquad.backend.decompose_attention` says so
     (bf16 inference on a CPU under `torch.compile` without a bool mask, where the fused kernel gains nothing from
     bf16)."""
-    if decompose_attention(q, k.shape[-2], dropout_p, attn_mask):
+    if decompose_attention(q, k, v, dropout_p, attn_mask):
         return sdpa_written_out(q, k, v, attn_mask, scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
 
