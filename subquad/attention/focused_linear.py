@@ -30,8 +30,8 @@ from .functional.focused import (
 from .functional.softmax import adaptive_pool_2d
 from .registry import register_attention, register_attention_form
 
-__all__ = ["FocusedLinearAttention", "FocusedLinearAttention1d", "FocusedLinearCore", "KeyReduction", "remap_q_kv",
-           "remap_legacy"]
+__all__ = ["FocusedLinearAttention", "FocusedLinearAttention1d", "FocusedLinearCore", "KeyReduction", "ResizedPECache",
+           "remap_q_kv", "remap_legacy"]
 
 DWC_INITS = ("default", "pvt_v2")
 
@@ -63,8 +63,32 @@ class KeyReduction:
         object.__setattr__(self, "linear_sr", bool(self.linear_sr))
 
 
+class ResizedPECache:
+    """Mixin of a mechanism whose learned `positional_encoding` (1, P + h_pe * w_pe, C) on the construction grid
+    `pe_hw` is resized bicubically (`resize_pe`) to the run-time grid: the resized table is cached in eval mode
+    without autograd, outside tracing (at 1024 px the bicubic resize of FLatten-PVTv2's stage-1 PE is ~6 % of a
+    forward; Pola-PVT resizes its PE in every block at any size but 224 px). The key holds the parameter's identity,
+    version counter, device and dtype, so loading weights, editing the PE in place or moving the module invalidates
+    it; `train()` drops it. Not state: never saved."""
+
+    _pe_cache: tuple | None = None
+
+    def _resized_pe(self, hw: tuple[int, int]) -> torch.Tensor:
+        pe = self.positional_encoding
+        if known_equal(hw, self.pe_hw) or self.training or torch.is_grad_enabled() or tracing():
+            return resize_pe(pe, self.pe_hw, hw, self.num_prefix_tokens)
+        key = (tuple(hw), id(pe), pe._version, pe.device, pe.dtype)
+        if self._pe_cache is None or self._pe_cache[0] != key:
+            self._pe_cache = (key, resize_pe(pe, self.pe_hw, hw, self.num_prefix_tokens))
+        return self._pe_cache[1]
+
+    def train(self, mode: bool = True):
+        self._pe_cache = None
+        return super().train(mode)
+
+
 @register_attention_form("focused_linear", "host_qkv")
-class FocusedLinearCore(TokenMixer):
+class FocusedLinearCore(ResizedPECache, TokenMixer):
     """FLatten focused linear attention on queries, keys and values that the host projects (`forward_qkv`): the form
     of CSwin's 'L' blocks, whose block owns the q/k/v and output projections. It owns the focusing `scale`, the
     `positional_encoding` on K, the rank-restoring `dwc` and, with `lepe=True`, CSwin's LePE `get_v`; no projection
@@ -155,8 +179,7 @@ class FocusedLinearCore(TokenMixer):
         n_pe = self.num_prefix_tokens + self.pe_hw[0] * self.pe_hw[1]
         self.scale = nn.Parameter(torch.empty(1, 1, dim, **dd))
         self.positional_encoding = nn.Parameter(torch.empty(1, n_pe, dim, **dd))
-        # Eval-only cache of the resized PE: (key, tensor). Not state (not saved).
-        self._pe_cache: tuple | None = None
+        self._pe_cache = None  # eval-only cache of the resized PE (`ResizedPECache`)
         d = self.head_dim
         self.dwc = nn.Conv2d(d, d, kernel_size, padding=kernel_size // 2, groups=d, **dd) if kernel_size else None
         self.get_v = nn.Conv2d(dim, dim, 3, padding=1, groups=dim, **dd) if lepe else None
@@ -191,20 +214,8 @@ class FocusedLinearCore(TokenMixer):
         return (H // s, W // s)
 
     def _pe(self, kv_hw: tuple[int, int]) -> torch.Tensor:
-        """The PE on the key grid; a resized PE is cached in eval mode without autograd (at 1024 px the bicubic
-        resize of FLatten-PVTv2's stage-1 PE is ~6 % of a forward). The key holds the parameter's version counter,
-        so loading weights or editing the PE in place invalidates it."""
-        pe = self.positional_encoding
-        if known_equal(kv_hw, self.pe_hw) or self.training or torch.is_grad_enabled() or tracing():
-            return resize_pe(pe, self.pe_hw, kv_hw, self.num_prefix_tokens)
-        key = (tuple(kv_hw), id(pe), pe._version, pe.device, pe.dtype)
-        if self._pe_cache is None or self._pe_cache[0] != key:
-            self._pe_cache = (key, resize_pe(pe, self.pe_hw, kv_hw, self.num_prefix_tokens))
-        return self._pe_cache[1]
-
-    def train(self, mode: bool = True):
-        self._pe_cache = None
-        return super().train(mode)
+        """The PE on the key grid (`ResizedPECache`)."""
+        return self._resized_pe(kv_hw)
 
     def _core(self, q, k, v, hw, kv_hw, fused: bool) -> torch.Tensor:
         k = k + self._pe(kv_hw)

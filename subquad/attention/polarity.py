@@ -15,7 +15,7 @@ from .._shapes import as_hw, check_heads
 from ..errors import UserError
 from ..layers.precision import fp32_island
 from .base import AttentionCaps, TokenMixer
-from .functional.focused import resize_pe
+from .focused_linear import ResizedPECache
 from .functional.polarity import (
     polarity_attention_maps,
     polarity_linear_attention_kv,
@@ -27,7 +27,7 @@ __all__ = ["PolarityLinearAttention", "remap_qg_kv"]
 
 
 @register_attention("polarity")
-class PolarityLinearAttention(TokenMixer):
+class PolarityLinearAttention(ResizedPECache, TokenMixer):
     """PolaFormer polarity-aware linear attention with its projections.
 
     Shapes: x (B, N, C) with hw=(H, W), N = H * W -> (B, N, C). `qkvg` projects x to q, k, v and the gate g (rows
@@ -93,6 +93,7 @@ class PolarityLinearAttention(TokenMixer):
         self.scale = nn.Parameter(torch.empty(1, 1, dim, **dd))
         self.pe_hw = self.input_size
         self.positional_encoding = nn.Parameter(torch.empty(1, self.pe_hw[0] * self.pe_hw[1], dim, **dd))
+        self._pe_cache = None  # eval-only cache of the resized PE (`ResizedPECache`)
         if not self.scale.is_meta:
             self.reset_parameters()
 
@@ -110,7 +111,7 @@ class PolarityLinearAttention(TokenMixer):
         hw = self._check_input(x, hw, mask)
         B, N, C = x.shape
         q, k, v, g = self.qkvg(x).reshape(B, N, 4, C).unbind(2)
-        k = k + resize_pe(self.positional_encoding, self.pe_hw, tuple(hw))
+        k = k + self._resized_pe(tuple(hw))
         fn = polarity_linear_attention_kv if fused else polarity_linear_attention_ref
         dw = None if self.dwc is None else self.dwc.weight
         db = None if self.dwc is None else self.dwc.bias
@@ -134,7 +135,7 @@ class PolarityLinearAttention(TokenMixer):
         hw = self._check_input(x, hw)
         B, N, C = x.shape
         q, k, _, _ = self.qkvg(x).reshape(B, N, 4, C).unbind(2)
-        k = k + resize_pe(self.positional_encoding, self.pe_hw, tuple(hw))
+        k = k + self._resized_pe(tuple(hw))
         a_sim, a_opp = polarity_attention_maps(q.float(), k.float(), self.scale.float(), self.power.float(),
                                                num_heads=self.num_heads, alpha=self.alpha)
         return (a_sim + a_opp) / 2

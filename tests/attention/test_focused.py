@@ -18,7 +18,7 @@ from subquad.attention.functional.focused import (
     resize_pe,
 )
 from subquad.attention.functional.linear import linear_attention
-from tests._tol import compare_fn, compare_module
+from tests._tol import assert_close, compare_fn, compare_module
 
 
 def _randomise(m: FocusedLinearAttention) -> FocusedLinearAttention:
@@ -145,6 +145,22 @@ def test_pe_resize_equals_official_loader_rule():
     want = F.interpolate(grid, size=(10, 12), mode="bicubic", align_corners=False).permute(0, 2, 3, 1).reshape(1, -1, 8)
     torch.testing.assert_close(out, torch.cat([pe[:, :1], want], 1))
     assert resize_pe(pe, (7, 7), (7, 7), 1) is pe
+
+
+@pytest.mark.parametrize("pe_hw,hw,prefix", [((7, 7), (10, 12), 0), ((9, 5), (4, 13), 1), ((6, 8), (6, 3), 0)])
+def test_pe_resize_is_the_bicubic_kernel(pe_hw, hw, prefix):
+    """The separable two-GEMM resize equals F.interpolate's bicubic kernel (up- and downsampling, non-square), in
+    float32 and float64, also under bf16 autocast (where it stays in the PE's dtype)."""
+    for dtype in (torch.float32, torch.float64):
+        pe = torch.randn(1, prefix + pe_hw[0] * pe_hw[1], 6, dtype=dtype)
+        grid = pe[:, prefix:].reshape(1, *pe_hw, 6).permute(0, 3, 1, 2)
+        want = F.interpolate(grid, size=hw, mode="bicubic", align_corners=False).permute(0, 2, 3, 1).reshape(1, -1, 6)
+        want = torch.cat([pe[:, :prefix], want], 1)
+        assert_close(resize_pe(pe, pe_hw, hw, prefix), want, dtype, "resized PE")
+        with torch.autocast("cpu", torch.bfloat16):
+            got = resize_pe(pe, pe_hw, hw, prefix)
+        assert got.dtype == dtype
+        assert_close(got, want, dtype, "resized PE under autocast")
 
 
 def test_resized_pe_cached_in_eval_and_invalidated():

@@ -78,6 +78,27 @@ def test_features_split_the_signs():
     assert ((p > 1) & (p < 5)).all()
 
 
+def test_traced_training_form_equals_the_one_product_form(monkeypatch):
+    """Under tracing with autograd on, the fast path takes two linear cores (as the reference) instead of one product
+    over Q_sim; both agree, on outputs and every gradient, with an odd head width."""
+    import subquad.attention.functional.polarity as fp
+
+    inputs, kw = _func_inputs((5, 3), C=15, h=3)
+    inputs = [t.requires_grad_(True) for t in inputs]
+    out = polarity_linear_attention_kv(*inputs, **kw)
+    grads = torch.autograd.grad(out.pow(2).sum(), inputs)
+    monkeypatch.setattr(fp, "tracing", lambda: True)
+    calls = []
+    real = fp.linear_attention
+    monkeypatch.setattr(fp, "linear_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out2 = polarity_linear_attention_kv(*inputs, **kw)
+    grads2 = torch.autograd.grad(out2.pow(2).sum(), inputs)
+    assert len(calls) == 2
+    assert_close(out2, out, torch.float64, "output")
+    for a, b in zip(grads2, grads):
+        assert_close(a, b, torch.float64, "grad")
+
+
 FUNC_CASES = {"7x9": dict(hw=(7, 9)), "odd_d_5x3": dict(hw=(5, 3), C=15, h=3), "no_dwc_4x6": dict(hw=(4, 6), dwc=False)}
 
 
@@ -134,6 +155,26 @@ def test_pe_resize_rule_and_identity_at_construction_grid():
         assert_close(base, m.proj(o), torch.float64, "output")
         y = m(torch.randn(1, 15, 16, dtype=torch.float64), (3, 5))  # a smaller non-square grid
     assert y.shape == (1, 15, 16) and torch.isfinite(y).all()
+
+
+def test_resized_pe_cached_in_eval_and_invalidated():
+    """Eval without autograd reuses the PE resized to a new grid (Pola-PVT at 512 px resized it in every block); an
+    in-place edit recomputes it; grad-enabled calls and training never use the cache."""
+    m = _randomise(PolarityLinearAttention(16, 2, input_size=(7, 7))).eval()
+    x = torch.randn(1, 99, 16)
+    with torch.no_grad():
+        y = m(x, (9, 11))
+        cached = m._pe_cache[1]
+        assert cached.shape == (1, 99, 16)
+        assert torch.equal(m(x, (9, 11)), y) and m._pe_cache[1] is cached
+        m.positional_encoding.add_(0.5)
+        y2 = m(x, (9, 11))
+        assert m._pe_cache[1] is not cached and not torch.allclose(y2, y)
+        assert torch.equal(m.attention_matrix(x, (9, 11)), m.attention_matrix(x, (9, 11)))
+        m(torch.randn(1, 49, 16), (7, 7))  # the construction grid: the PE itself
+    assert torch.equal(m(x, (9, 11)).detach(), y2)
+    m.train()
+    assert m._pe_cache is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

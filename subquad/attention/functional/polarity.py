@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..._shapes import tracing
 from .linear import depthwise_conv_matrix, linear_attention, linear_attention_matrix, linear_attention_ref
 
 __all__ = ["polarity_features", "polarity_linear_attention_ref", "polarity_linear_attention_kv",
@@ -83,6 +84,31 @@ def _halves(q, k, v, scale, power, alpha, h):
     return torch.cat([qp, qn], -1), torch.cat([qn, qp], -1), torch.cat([kp, kn], -1), vh[..., :d1], vh[..., d1:]
 
 
+def _polarity_core(q, k, v, scale, power, alpha, h) -> torch.Tensor:
+    """Both halves of the polarity core in one product over the queries: (B, h, N, d) before the merge.
+
+    Q_opp = [q-, q+] is Q_sim = [q+, q-] with its halves swapped, so Q_opp M = Q_sim swap(M), swap exchanging the
+    first and last d rows of M. With K = [k+, k-] and KV = K^T v (both halves of v at once):
+        Q_sim [KV[:, :d1] | swap(KV[:, d1:]) | sum K | swap(sum K)] = [num_sim | num_opp | den_sim | den_opp],
+    each then normalised as `linear_attention` (normaliser 'mean', eps 1e-6). Q_opp is never built.
+    """
+    qp, qn = polarity_features(q, scale, power, alpha, h)
+    kp, kn = polarity_features(k, scale, power, alpha, h)
+    kk = torch.cat([kp, kn], -1)  # (B, h, n, 2d)
+    vh = _split(v, h)  # (B, h, n, d)
+    n, d = vh.shape[-2], vh.shape[-1]
+    d1 = (d + 1) // 2  # torch.chunk(v, 2): the first half takes the odd channel
+    kv = kk.transpose(-2, -1) @ vh  # (B, h, 2d, d)
+    ksum = kk.sum(dim=-2).unsqueeze(-1)  # (B, h, 2d, 1)
+
+    def swap(m: torch.Tensor) -> torch.Tensor:
+        return torch.cat([m[..., d:, :], m[..., :d, :]], -2)
+
+    nd = torch.cat([qp, qn], -1) @ torch.cat([kv[..., :d1], swap(kv[..., d1:]), ksum, swap(ksum)], -1)
+    num, den = nd[..., :d] / n, nd[..., d:] / n + NORM_EPS  # (B, h, N, d), (B, h, N, 2)
+    return torch.cat([num[..., :d1] / den[..., :1], num[..., d1:] / den[..., 1:]], -1)
+
+
 def polarity_linear_attention_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                                  scale: torch.Tensor, power: torch.Tensor, dwc_weight: torch.Tensor | None,
                                  dwc_bias: torch.Tensor | None = None, *, hw: tuple[int, int], num_heads: int,
@@ -107,9 +133,14 @@ def polarity_linear_attention_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """
     _check(q, k, v, g, hw, num_heads)
     h = num_heads
-    q_sim, q_opp, kk, v1, v2 = _halves(q, k, v, scale, power, alpha, h)
-    o = torch.cat([linear_attention(q_sim, kk, v1, "mean", NORM_EPS, order="kv"),
-                   linear_attention(q_opp, kk, v2, "mean", NORM_EPS, order="kv")], -1)  # (B, h, N, d)
+    if tracing() and torch.is_grad_enabled():
+        # Two linear cores, as the reference: the one-product form below slices a product with a concatenated
+        # right-hand side, whose backward AOTAutograd compiles wrongly (see `linear.linear_attention`).
+        q_sim, q_opp, kk, v1, v2 = _halves(q, k, v, scale, power, alpha, h)
+        o = torch.cat([linear_attention(q_sim, kk, v1, "mean", NORM_EPS, order="kv"),
+                       linear_attention(q_opp, kk, v2, "mean", NORM_EPS, order="kv")], -1)  # (B, h, N, d)
+    else:
+        o = _polarity_core(q, k, v, scale, power, alpha, h)
     out = _merge(o)
     if dwc_weight is not None:
         B, N, C = v.shape
