@@ -150,7 +150,8 @@ def test_pe_resize_equals_official_loader_rule():
 @pytest.mark.parametrize("pe_hw,hw,prefix", [((7, 7), (10, 12), 0), ((9, 5), (4, 13), 1), ((6, 8), (6, 3), 0)])
 def test_pe_resize_is_the_bicubic_kernel(pe_hw, hw, prefix):
     """The separable two-GEMM resize equals F.interpolate's bicubic kernel (up- and downsampling, non-square), in
-    float32 and float64, also under bf16 autocast (where it stays in the PE's dtype)."""
+    float32 and float64, also under bf16 autocast (where it stays in the PE's dtype), on outputs and the PE's
+    gradient."""
     for dtype in (torch.float32, torch.float64):
         pe = torch.randn(1, prefix + pe_hw[0] * pe_hw[1], 6, dtype=dtype)
         grid = pe[:, prefix:].reshape(1, *pe_hw, 6).permute(0, 3, 1, 2)
@@ -161,6 +162,14 @@ def test_pe_resize_is_the_bicubic_kernel(pe_hw, hw, prefix):
             got = resize_pe(pe, pe_hw, hw, prefix)
         assert got.dtype == dtype
         assert_close(got, want, dtype, "resized PE under autocast")
+        # the PE is trained at other grids: its gradient through the resize equals the bicubic kernel's
+        pe.requires_grad_(True)
+        w = torch.randn_like(want)
+        g_got, = torch.autograd.grad((resize_pe(pe, pe_hw, hw, prefix) * w).sum(), pe)
+        grid = pe[:, prefix:].reshape(1, *pe_hw, 6).permute(0, 3, 1, 2)
+        ref = F.interpolate(grid, size=hw, mode="bicubic", align_corners=False).permute(0, 2, 3, 1).reshape(1, -1, 6)
+        g_want, = torch.autograd.grad((torch.cat([pe[:, :prefix], ref], 1) * w).sum(), pe)
+        assert_close(g_got, g_want, dtype, "PE gradient")
 
 
 def test_resized_pe_cached_in_eval_and_invalidated():
