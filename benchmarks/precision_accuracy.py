@@ -4,7 +4,11 @@ Paths (`--paths`, `<precision>-<backend>`):
 - `fp32-eager`: the reference every other row is compared with (always run);
 - `bf16-eager`: `torch.autocast("cpu", torch.bfloat16)` through `subquad.backend.precision_context` (the fp32 islands
   of the precision policy in place), as `subquad eval --precision bf16` runs it;
-- `fp32-compile`, `bf16-compile`: the same under `torch.compile` (inductor; a full last batch, padded, so one graph);
+- `int8-eager`: `subquad.layers.int8.quantize_int8(model)`, every `nn.Linear` as a dynamic int8 GEMM (per-token
+  activation and per-channel weight scales, `torch._int_mm`), the rest in fp32, as `subquad eval --precision int8`
+  runs it;
+- `fp32-compile`, `bf16-compile`, `int8-compile`: the same under `torch.compile` (inductor; a full last batch, padded,
+  so one graph);
 - `fp32-onnxruntime`: the ONNX file `subquad export --format onnx` writes, in ONNX Runtime;
 - `int8-onnxruntime`: that file after `subquad export --quantize int8`'s dynamic quantization of MatMul / Gemm.
 
@@ -39,7 +43,8 @@ if str(ROOT) not in sys.path:
 
 from subquad.errors import UserError  # noqa: E402
 
-PATHS = ("fp32-eager", "bf16-eager", "fp32-compile", "bf16-compile", "fp32-onnxruntime", "int8-onnxruntime")
+PATHS = ("fp32-eager", "bf16-eager", "int8-eager", "fp32-compile", "bf16-compile", "int8-compile", "fp32-onnxruntime",
+         "int8-onnxruntime")
 MAX_DROP = 0.5  # points of top-1: a path that loses more is flagged
 COLUMNS = ["checkpoint", "model", "data", "split", "images", "precision", "backend", "top1", "top1_delta",
            "agreement", "max_abs_logit_err", "mean_abs_logit_err", "status", "seconds", "cpu", "cpu_bf16",
@@ -104,8 +109,17 @@ def _batched(fn, x: torch.Tensor, batch_size: int, pad: bool = False) -> torch.T
     return torch.cat(outs)
 
 
+def _int8_or_float(model, precision: str):
+    """The int8 copy of the model for the int8 torch paths (`quantize_int8`), else the model itself."""
+    from subquad.layers.int8 import quantize_int8
+
+    return quantize_int8(model) if precision == "int8" else model
+
+
 def _eager(model, precision: str):
     from subquad.backend import precision_context
+
+    model = _int8_or_float(model, precision)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         with precision_context(precision, "cpu"):
@@ -118,7 +132,7 @@ def _compiled(model, precision: str):
     from subquad.backend import precision_context
 
     torch._dynamo.reset()
-    compiled = torch.compile(model)
+    compiled = torch.compile(_int8_or_float(model, precision))
 
     def run(x: torch.Tensor) -> torch.Tensor:
         with precision_context(precision, "cpu"):

@@ -20,10 +20,13 @@ for the whole process, and `use_backend(name)` does so for a block:
 Precision is decided here too. `cpu_features()` reads, once per process, whether this CPU has bf16 arithmetic
 (x86 `avx512_bf16` / `amx_bf16`, Arm `bf16`) and int8 dot products (x86 `avx512_vnni` / `avx_vnni` / `amx_int8`, Arm
 `asimddp`), from /proc/cpuinfo, or from torch's own CPU probe where that file is missing. `resolve_precision(name,
-device)` turns a requested precision ('fp32' or 'bf16') into the one that runs: bf16 on a CPU without bf16 arithmetic
-is emulated and slower than fp32, so it falls back to fp32 with one warning per process. `precision_context(name,
-device)` is the matching autocast context (bf16: `torch.autocast(device, dtype=torch.bfloat16)`; fp32: none), inside
-which the mechanisms keep their float32 islands (`subquad.layers.precision`).
+device)` turns a requested precision ('fp32', 'bf16' or 'int8') into the one that runs: bf16 on a CPU without bf16
+arithmetic is emulated and slower than fp32, so it falls back to fp32 with one warning per process; int8 (dynamic int8
+GEMMs for the `nn.Linear` layers, `subquad.layers.int8`) runs on the CPU only and falls back to fp32 the same way on
+a CPU without int8 dot products. `precision_context(name, device)` is the matching autocast context (bf16:
+`torch.autocast(device, dtype=torch.bfloat16)`; fp32 and int8: none), inside which the mechanisms keep their float32
+islands (`subquad.layers.precision`); `precision_model(model, name)` is the matching model (int8: `quantize_int8`'s
+copy; otherwise the model itself).
 
 Memory is one more CPU matter. glibc's malloc hands freed memory at the top of the heap back to the system and
 serves large blocks with `mmap`, so a model whose steps allocate and free tens of MiB (LiSA's FFT outputs) faults
@@ -160,7 +163,7 @@ def real_dft_active() -> bool:
     return _real_dft
 
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "int8")
 # /proc/cpuinfo flags (x86 "flags", Arm "Features") that mean native bf16 arithmetic / int8 dot products.
 _BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 _INT8_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"})
@@ -217,35 +220,57 @@ def fast_gemm_dtype(dtype: torch.dtype, device: torch.device | str | None = "cpu
     return dtype == torch.bfloat16 and cpu_features().bf16
 
 
-_bf16_warned = False
+_fallback_warned: set[str] = set()
 
 
 def resolve_precision(name: str, device: torch.device | str | None = "cpu", what: str = "--precision") -> str:
-    """The precision that runs for a requested one ('fp32' or 'bf16') on `device`.
+    """The precision that runs for a requested one ('fp32', 'bf16' or 'int8') on `device`.
 
-    bf16 on a CPU without native bf16 arithmetic (`cpu_features().bf16` false) runs fp32 instead, with one warning
-    per process. Raises UserError for a name other than 'fp32' or 'bf16'."""
-    global _bf16_warned
+    bf16 on a CPU without native bf16 arithmetic (`cpu_features().bf16` false), and int8 on a CPU without int8 dot
+    products (`cpu_features().int8_dot` false), run fp32 instead, with one warning per process each. Raises
+    UserError for another name, and for int8 off the CPU."""
     if name not in PRECISIONS:
         raise UserError(f"{what} {name!r} is not a precision; choose one of {', '.join(PRECISIONS)}")
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    if name == "bf16" and dev.type == "cpu" and not cpu_features().bf16:
-        if not _bf16_warned:
-            _bf16_warned = True
-            _log.warning("warning: this CPU has no native bf16 arithmetic (no avx512_bf16 / amx_bf16 flag), where "
-                         "bf16 is emulated and slower than fp32; running fp32 instead")
+    if name == "int8" and dev.type != "cpu":
+        raise UserError(f"{what} int8 runs on the CPU only (dynamic int8 GEMMs, torch._int_mm); on {dev.type} use "
+                        "fp32 or bf16")
+    if dev.type != "cpu":
+        return name
+    feats = cpu_features()
+    missing = {"bf16": (not feats.bf16, "native bf16 arithmetic (no avx512_bf16 / amx_bf16 flag), where bf16 is "
+                                        "emulated and slower than fp32"),
+               "int8": (not feats.int8_dot, "int8 dot products (no avx512_vnni / avx_vnni / amx_int8 flag), where "
+                                            "int8 GEMMs do not beat fp32")}.get(name)
+    if missing and missing[0]:
+        if name not in _fallback_warned:
+            _fallback_warned.add(name)
+            _log.warning("warning: this CPU has no %s; running fp32 instead", missing[1])
         return "fp32"
     return name
 
 
 def precision_context(name: str, device: torch.device | str | None = "cpu") -> contextlib.AbstractContextManager:
-    """The autocast context of a resolved precision: bf16 -> torch.autocast(device type, bfloat16); fp32 -> none."""
+    """The autocast context of a resolved precision: bf16 -> torch.autocast(device type, bfloat16); fp32 and int8
+    (whose model is converted instead, `precision_model`) -> none."""
     if name not in PRECISIONS:
         raise UserError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
-    if name == "fp32":
+    if name != "bf16":
         return contextlib.nullcontext()
     dev = torch.device(device) if device is not None else torch.device("cpu")
     return torch.autocast(dev.type, dtype=torch.bfloat16)
+
+
+def precision_model(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    """The model a resolved precision runs: for int8 a copy with dynamic int8 `nn.Linear` layers
+    (`subquad.layers.int8.quantize_int8`, inference only), otherwise `model` itself."""
+    if name not in PRECISIONS:
+        raise UserError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+    if name != "int8":
+        return model
+    from .layers.int8 import quantize_int8
+
+    return quantize_int8(model)
 
 
 KEEP_FREED_DEFAULT = 256 * 2 ** 20

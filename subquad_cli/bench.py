@@ -117,9 +117,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="time torch.compile(model) (the untimed first call compiles; column `compiled`); the same "
                    "as --backend compile")
     m.add_argument("--precision", type=_word_list, default=["fp32"], metavar="P,P,...",
-                   help="fp32, bf16 (autocast), int8 (ONNX Runtime dynamic quantization), comma-separated; a pair "
-                   "that does not exist (int8 eager, bf16 onnxruntime) gets a row saying why it was skipped "
-                   "(default: fp32)")
+                   help="fp32, bf16 (autocast), int8 (eager/compile: every nn.Linear a dynamic int8 GEMM, the rest "
+                   "fp32; onnxruntime: its dynamic quantization of MatMul/Gemm), comma-separated; a pair that does "
+                   "not run here (bf16 onnxruntime, bf16 or int8 on a CPU without them) gets a row saying why it "
+                   "was skipped (default: fp32)")
     m.add_argument("--backend", type=_word_list, default=None, metavar="B,B,...",
                    help="eager, compile (torch.compile), onnxruntime (the model exported to ONNX), comma-separated "
                    "(default: eager). Each row has `speedup_vs_fp32_eager` (when fp32 eager is measured too) and "

@@ -191,9 +191,10 @@ def check_run_output(output: str, overwrite: bool) -> None:
 def add_inference_arguments(p: argparse.ArgumentParser) -> None:
     """`--device` and `--precision`, as `subquad eval` and `subquad predict` take them."""
     p.add_argument("--device", default="", help="cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--precision", default="fp32", metavar="fp32|bf16",
-                   help="fp32, or bf16 (autocast; the linear-attention and FFT cores stay fp32). On a CPU without "
-                   "native bf16 arithmetic bf16 falls back to fp32 with a warning (default: fp32)")
+    p.add_argument("--precision", default="fp32", metavar="fp32|bf16|int8",
+                   help="fp32; bf16 (autocast; the linear-attention and FFT cores stay fp32); or int8 (CPU only: every "
+                   "nn.Linear as a dynamic int8 GEMM, the rest fp32). On a CPU without native bf16 arithmetic or "
+                   "int8 dot products, that precision falls back to fp32 with a warning (default: fp32)")
 
 
 def write_result_keeping(base: Path, row: dict, overwrite: bool, volatile: tuple[str, ...] = ()) -> tuple[Path, str]:

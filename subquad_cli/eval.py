@@ -79,7 +79,7 @@ def _parse_views(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from subquad.backend import precision_context, resolve_precision
+    from subquad.backend import precision_context, precision_model, resolve_precision
     from subquad.data.registry import open_source
     from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, sidecar_path, write_json
     from subquad.engine.classify import eval_loader, evaluate
@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if sidecar.get("class_order") == "natural" and spec.lower().startswith("imagefolder"):
         model = _natural_class_order(model, source.classes)
     split = args.split or source.test_split or source.val_split
+    model = precision_model(model, precision)
     if args.views is not None:
         if not source.video or "video" not in dcfg:
             raise UserError(f"--views applies to video data and video checkpoints, not {spec!r}")

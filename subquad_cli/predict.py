@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from PIL import Image, UnidentifiedImageError
 
-    from subquad.backend import precision_context, resolve_precision
+    from subquad.backend import precision_context, precision_model, resolve_precision
     from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, write_json
     from subquad.engine.classify import eval_transform
     from subquad.engine.distributed import resolve_device
@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.json, (".json",), (args.checkpoint, *images), "--json", overwrite=args.overwrite)
     device = resolve_device(args.device)
     _, model, side, dcfg, _ = load_checkpointed_model(args.checkpoint, args.model, args.img_size, device)
+    model = precision_model(model, precision)
     classes = side.get("classes") or [str(i) for i in range(model.num_classes)]
     tf = eval_transform(dcfg)
     mode = "L" if dcfg["in_chans"] == 1 else "RGB"

@@ -37,7 +37,7 @@ def test_detection_runs_once_and_agrees_with_torch():
 
 def _fake(monkeypatch, bf16: bool) -> None:
     monkeypatch.setattr(backend, "cpu_features", lambda: backend.CpuFeatures(bf16, bf16, False, "test"))
-    monkeypatch.setattr(backend, "_bf16_warned", False)
+    monkeypatch.setattr(backend, "_fallback_warned", set())
 
 
 def test_bf16_kept_where_the_cpu_has_it(monkeypatch, caplog):
@@ -59,9 +59,39 @@ def test_bf16_falls_back_to_fp32_with_one_warning(monkeypatch, caplog):
     assert backend.resolve_precision("fp32", "cpu") == "fp32"
 
 
-@pytest.mark.parametrize("bad", ["fp16", "int8", "BF16", ""])
+def test_int8_kept_on_a_cpu_with_int8_dot_products_and_refused_off_the_cpu(monkeypatch, caplog):
+    _fake(monkeypatch, True)
+    with caplog.at_level(logging.WARNING, logger="subquad.backend"):
+        assert backend.resolve_precision("int8", "cpu") == "int8"
+    assert not caplog.records
+    with pytest.raises(UserError, match="int8 runs on the CPU only"):
+        backend.resolve_precision("int8", "cuda")
+
+
+def test_int8_falls_back_to_fp32_with_one_warning(monkeypatch, caplog):
+    _fake(monkeypatch, False)
+    with caplog.at_level(logging.WARNING, logger="subquad.backend"):
+        got = [backend.resolve_precision("int8", "cpu") for _ in range(3)]
+        backend.resolve_precision("bf16", "cpu")
+    assert got == ["fp32"] * 3
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 2 and "int8 dot products" in msgs[0] and "bf16" in msgs[1]
+
+
+def test_precision_model_converts_for_int8_only():
+    from subquad.layers.int8 import Int8DynamicLinear
+
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    assert backend.precision_model(m, "fp32") is m and backend.precision_model(m, "bf16") is m
+    q = backend.precision_model(m, "int8")
+    assert q is not m and isinstance(q[0], Int8DynamicLinear) and type(m[0]) is torch.nn.Linear
+    with pytest.raises(UserError):
+        backend.precision_model(m, "fp16")
+
+
+@pytest.mark.parametrize("bad", ["fp16", "int4", "BF16", ""])
 def test_unknown_precision_is_one_line_user_error(bad):
-    with pytest.raises(UserError, match="choose one of fp32, bf16") as e:
+    with pytest.raises(UserError, match="choose one of fp32, bf16, int8") as e:
         backend.resolve_precision(bad)
     assert "\n" not in str(e.value)
 
@@ -70,7 +100,8 @@ def test_precision_context_autocasts_bf16_only():
     a, b = torch.randn(3, 5), torch.randn(5, 2)
     with backend.precision_context("bf16", "cpu"):
         assert (a @ b).dtype == torch.bfloat16
-    with backend.precision_context("fp32", "cpu"):
-        assert (a @ b).dtype == torch.float32
+    for name in ("fp32", "int8"):
+        with backend.precision_context(name, "cpu"):
+            assert (a @ b).dtype == torch.float32
     with pytest.raises(UserError):
         backend.precision_context("fp64")

@@ -13,6 +13,7 @@ from torch import nn
 from .._shapes import check_heads, check_sequence_hw, check_tokens, known_equal, merge_heads, sizes, tracing
 from ..backend import cpu_schedules, fast_gemm_dtype, real_dft_active
 from ..errors import UserError
+from ..layers.int8 import Int8DynamicLinear
 from ..layers.precision import compute_dtype, no_autocast
 from .base import AttentionCaps, TokenMixer
 from .functional.structure_aware import (
@@ -252,7 +253,9 @@ class StructureAwareAttention(TokenMixer):
         # returned as (B, h, N, d) views of (B, h, d, N) storage (no transposed copies downstream).
         w, b = self.qkv.weight, self.qkv.bias
         w = w.expand(B, *w.shape)
-        if b is None:
+        if isinstance(self.qkv, Int8DynamicLinear):  # `quantize_int8`: the int8 GEMM, output in the core's dtype
+            qkv = self.qkv.channel_major(x, compute_dtype(x.dtype))
+        elif b is None:
             qkv = torch.bmm(w, x.transpose(1, 2))
         else:
             qkv = torch.baddbmm(b[:, None].expand(B, -1, N), w, x.transpose(1, 2))

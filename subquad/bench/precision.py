@@ -2,18 +2,20 @@
 GEMM rate at each precision, and ONNX Runtime sessions of a model.
 
 Pairs that run:
-- `eager` and `compile` (`torch.compile`): fp32, and bf16 through `torch.autocast` (`subquad.backend`); bf16 on a
-  CPU without native bf16 arithmetic is skipped (it would run emulated, slower than fp32). Timed inference steps
-  run inside one autocast region, as a serving loop holds it, so each weight is cast to bf16 once per run
-  (autocast's weight cache), not once per step;
+- `eager` and `compile` (`torch.compile`): fp32; bf16 through `torch.autocast` (`subquad.backend`); and int8 (CPU
+  only), the model's copy from `subquad.layers.int8.quantize_int8`: every `nn.Linear` a dynamic int8 GEMM
+  (`torch._int_mm`), the rest fp32. bf16 on a CPU without native bf16 arithmetic, and int8 on a CPU without int8
+  dot products, are skipped (they would run slower than fp32). Timed bf16 inference steps run inside one autocast
+  region, as a serving loop holds it, so each weight is cast to bf16 once per run (autocast's weight cache), not
+  once per step; the int8 weights are quantized once, when the copy is made;
 - `onnxruntime` (CPU only, the `export` extra): fp32, the file `subquad export --format onnx` writes, and int8, the
   same file after `subquad export --quantize int8` (ONNX Runtime dynamic quantization of MatMul / Gemm weights).
-Every other pair (int8 in eager PyTorch, bf16 in ONNX Runtime) gets a row whose `status` says why it was skipped.
+bf16 in ONNX Runtime gets a row whose `status` says why it was skipped; training steps are not measured for int8.
 
-The GEMM rate is the best of a few timed square products (n = 1024) at the precision: fp32 and bf16 `torch.matmul`,
-int8 an ONNX Runtime `MatMulInteger` (uint8 x int8 -> int32, what dynamically quantized MatMuls run). It is measured
-once per run with the run's threads; a row's `gemm_fraction` is its achieved GFLOP/s (2 x GMACs / step time) over the
-rate at its precision.
+The GEMM rate is the best of a few timed square products (n = 1024) at the precision: fp32 and bf16 `torch.matmul`;
+int8 in eager / compile `torch._int_mm` (int8 x int8 -> int32), in ONNX Runtime a `MatMulInteger` (uint8 x int8 ->
+int32, what dynamically quantized MatMuls run). It is measured once per run with the run's threads; a row's
+`gemm_fraction` is its achieved GFLOP/s (2 x GMACs / step time) over the rate at its precision and backend.
 """
 
 from __future__ import annotations
@@ -60,7 +62,11 @@ def skip_reason(precision: str, backend: str, device: torch.device) -> str | Non
             return f"skipped: the onnxruntime backend needs the export extra (missing: {', '.join(missing)})"
         return None
     if precision == "int8":
-        return f"skipped: int8 runs in ONNX Runtime only (--backend onnxruntime), not in {backend}"
+        if device.type != "cpu":
+            return f"skipped: int8 in {backend} runs on the CPU only (torch._int_mm with dynamic scales)"
+        if not cpu_features().int8_dot:
+            return "skipped: this CPU has no int8 dot products (int8 GEMMs would not beat fp32)"
+        return None
     if precision == "bf16" and device.type == "cpu" and not cpu_features().bf16:
         return "skipped: this CPU has no native bf16 arithmetic (bf16 would be emulated, slower than fp32)"
     return None
@@ -95,11 +101,18 @@ def _int8_gemm(n: int) -> Callable[[], object]:
     return lambda: sess.run(None, {"A": a})
 
 
-def gemm_gflops(precision: str, n: int = GEMM_N, repeats: int = 5) -> float:
+def _int8_torch_gemm(n: int) -> Callable[[], object]:
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randint(-127, 128, (n, n), generator=gen, dtype=torch.int8) for _ in range(2))
+    return lambda: torch._int_mm(a, b)
+
+
+def gemm_gflops(precision: str, n: int = GEMM_N, repeats: int = 5, backend: str = "onnxruntime") -> float:
     """This machine's GEMM rate at `precision` ('fp32', 'bf16' or 'int8'), in GFLOP/s (2 n^3 per product), with
-    torch's current threads."""
+    torch's current threads. int8 is ONNX Runtime's MatMulInteger for backend 'onnxruntime', `torch._int_mm`
+    otherwise."""
     if precision == "int8":
-        step = _int8_gemm(n)
+        step = _int8_gemm(n) if backend == "onnxruntime" else _int8_torch_gemm(n)
     else:
         dtype = torch.float32 if precision == "fp32" else torch.bfloat16
         gen = torch.Generator().manual_seed(0)

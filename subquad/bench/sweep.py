@@ -583,9 +583,12 @@ def _model_row(sweep: _Sweep, name: str, size: tuple[int, int], backward: bool, 
     in_chans = getattr(model, "pretrained_cfg", {}).get("input_size", (3,))[0]
     x = torch.randn(batch_size, in_chans, *size, device=device)
     status: list[str] = []
-    modes = [("infer", False)] + ([("train", True)] if backward and backend != "onnxruntime" else [])
+    modes = [("infer", False)] + ([("train", True)] if backward and backend != "onnxruntime" and precision != "int8"
+                                  else [])
     if backward and backend == "onnxruntime":
         status.append("train not measured: ONNX Runtime runs inference only")
+    elif backward and precision == "int8":
+        status.append("train not measured: the int8 layers run inference only")
     for mode, grad in modes:
         make_step = _step_maker(sweep, b, x, grad, backend, precision, size)
         with _serving_region(precision, x.device, grad, backend):
@@ -596,7 +599,7 @@ def _model_row(sweep: _Sweep, name: str, size: tuple[int, int], backward: bool, 
     model.eval()
     if backend == "onnxruntime":
         row["peak_mem_mb"] = ""  # ONNX Runtime allocates outside torch's allocator probe
-    _rates(sweep, row, precision)
+    _rates(sweep, row, precision, backend)
     row["status"] = "; ".join(status) or "ok"
     return row
 
@@ -631,13 +634,19 @@ def _step_maker(sweep: _Sweep, built: dict[str, Any], x: torch.Tensor, grad: boo
             return (lambda: run_ort(x)), (lambda out: None if _finite(out) else "output")
         model.train(grad)
         run = model
+        if precision == "int8":  # the int8 copy (quantized once per model and size, shared by eager and compile)
+            if "int8" not in built:
+                from ..layers.int8 import quantize_int8
+
+                built["int8"] = quantize_int8(model)
+            run = built["int8"]
         if backend == "compile":
             # A fresh dynamo cache per compiled (size, precision, mode), as a deployment compiling for one size has:
             # with the cache of an earlier size, dynamo would recompile the same code with symbolic shapes
             # (automatic dynamic shapes), and time a graph nobody deploying at this size runs (inline_cswin_tiny at
             # 512 px after 224 px: 0.77x fp32 eager in bf16 instead of 1.54x).
             torch._dynamo.reset()
-            run = torch.compile(model)
+            run = torch.compile(run)
 
         def step():
             with precision_context(precision, x.device):
@@ -655,9 +664,9 @@ def _step_maker(sweep: _Sweep, built: dict[str, Any], x: torch.Tensor, grad: boo
     return make_step
 
 
-def _rates(sweep: _Sweep, row: dict[str, Any], precision: str) -> None:
+def _rates(sweep: _Sweep, row: dict[str, Any], precision: str, backend: str = "eager") -> None:
     """achieved_gflops (2 x GMACs / forward step time) and its fraction of the machine's GEMM rate at `precision`
-    (measured once per run, on CPU)."""
+    (measured once per run, on CPU; int8 is ONNX Runtime's rate on that backend, torch._int_mm's elsewhere)."""
     from .precision import gemm_gflops
 
     t, gmacs = _num(row.get("infer_step_time")), _num(row.get("infer_gmacs"))
@@ -670,10 +679,11 @@ def _rates(sweep: _Sweep, row: dict[str, Any], precision: str) -> None:
     if sweep.device.type != "cpu":
         return
     gemm = sweep.gemm
-    if precision not in gemm:
-        gemm[precision] = gemm_gflops(precision)
-    row["gemm_gflops"] = round(gemm[precision], 2)
-    row["gemm_fraction"] = float(f"{achieved / gemm[precision]:.4g}")
+    key = precision if precision != "int8" or backend == "onnxruntime" else "int8-torch"
+    if key not in gemm:
+        gemm[key] = gemm_gflops(precision, backend=backend)
+    row["gemm_gflops"] = round(gemm[key], 2)
+    row["gemm_fraction"] = float(f"{achieved / gemm[key]:.4g}")
 
 
 def run_script(main: Callable[[], int], prog: str) -> None:

@@ -28,9 +28,12 @@ def test_precision_backend_grid_rows(tmp_path, capsys):
         assert col in MODEL_COLUMNS
     by = {(r["precision"], r["backend"]): r for r in rows}
     assert len(rows) == 6 and set(by) == {(p, b) for p in ("fp32", "bf16", "int8") for b in ("eager", "onnxruntime")}
-    assert by[("int8", "eager")]["status"].startswith("skipped: int8 runs in ONNX Runtime only")
     assert by[("bf16", "onnxruntime")]["status"].startswith("skipped: ONNX Runtime")
     measured = [("fp32", "eager"), ("fp32", "onnxruntime"), ("int8", "onnxruntime")]
+    if backend.cpu_features().int8_dot:
+        measured.append(("int8", "eager"))
+    else:
+        assert by[("int8", "eager")]["status"].startswith("skipped: this CPU has no int8 dot products")
     if backend.cpu_features().bf16:
         measured.append(("bf16", "eager"))
     else:
@@ -49,6 +52,36 @@ def test_precision_backend_grid_rows(tmp_path, capsys):
         assert by[key]["infer_step_time"] == "" and by[key]["speedup_vs_fp32_eager"] == ""
     # One GEMM rate per precision for the whole run.
     assert len({r["gemm_gflops"] for r in rows if r["precision"] == "fp32" and r["gemm_gflops"]}) == 1
+    if ("int8", "eager") in measured:  # torch._int_mm's rate, not ONNX Runtime's MatMulInteger
+        assert by[("int8", "eager")]["gemm_gflops"] != by[("int8", "onnxruntime")]["gemm_gflops"]
+
+
+def test_int8_eager_and_compile_rows(monkeypatch):
+    """int8 in eager / compile times the quantize_int8 copy (made once per model and size, the float model untouched),
+    measures no training step, and is skipped off a CPU with int8 dot products."""
+    from subquad.layers.int8 import Int8DynamicLinear
+
+    seen = []
+
+    def fake_compile(model):
+        seen.append(model)
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(backend, "cpu_features", lambda: backend.CpuFeatures(True, True, False, "test"))
+    rows = bench_models(["vit_attn_micro"], (16,), warmup=0, repeats=1, precisions=("fp32", "int8"),
+                        backends=("eager", "compile"), backward=True)
+    by = {(r["precision"], r["backend"]): r for r in rows}
+    for key in (("int8", "eager"), ("int8", "compile")):
+        assert by[key]["status"] == "train not measured: the int8 layers run inference only", by[key]
+        assert float(by[key]["infer_step_time"]) > 0 and by[key]["train_step_time"] == ""
+    assert by[("fp32", "eager")]["train_step_time"] != ""
+    compiled = {type(m.head).__name__ for m in seen}
+    assert compiled == {"Linear", "Int8DynamicLinear"}, compiled  # fp32 compiled the float model, int8 its copy
+    assert any(isinstance(m, Int8DynamicLinear) for s in seen for m in s.modules())
+    monkeypatch.setattr(backend, "cpu_features", lambda: backend.CpuFeatures(True, False, False, "test"))
+    assert skip_reason("int8", "eager", torch.device("cpu")).startswith("skipped: this CPU has no int8 dot")
+    assert skip_reason("int8", "compile", torch.device("cuda")).startswith("skipped: int8 in compile runs on the CPU")
 
 
 def test_rates_keep_significant_digits_for_tiny_models():
@@ -91,6 +124,7 @@ def test_unknown_precision_or_backend_one_line(flag, value, msg, tmp_path, capsy
 def test_gemm_rate_per_precision():
     for p in ("fp32", "int8") + (("bf16",) if backend.cpu_features().bf16 else ()):
         assert gemm_gflops(p, n=128, repeats=1) > 0
+    assert gemm_gflops("int8", n=128, repeats=1, backend="eager") > 0
 
 
 @pytest.mark.slow
@@ -134,7 +168,8 @@ def test_non_square_sizes_in_every_backend(tmp_path):
         hw = tuple(int(v) for v in r["infer_img_size"].split("x")) * (1 if "x" in r["infer_img_size"] else 2)
         assert float(r["infer_gmacs"]) == pytest.approx(count_macs("vit_attn_micro", hw)["gmacs"], rel=1e-4)
     assert {(r["precision"], r["backend"]) for r in rows if r["infer_img_size"] == "16x40"} == {
-        ("fp32", "eager"), ("fp32", "onnxruntime"), ("int8", "onnxruntime")}
+        ("fp32", "eager"), ("fp32", "onnxruntime"), ("int8", "onnxruntime")} | (
+        {("int8", "eager")} if backend.cpu_features().int8_dot else set())
 
 
 @pytest.mark.parametrize("bad", ["0x16", "16x", "axb", "16x16x3", ","])

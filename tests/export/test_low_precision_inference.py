@@ -79,9 +79,23 @@ def test_bf16_keeps_top1_and_labels(trained):
     assert abs(_top1(got, trained["y"]) - _top1(trained["ref"], trained["y"])) <= 0.5
 
 
+def test_int8_eager_keeps_top1_and_labels(trained):
+    from subquad.layers.int8 import Int8DynamicLinear, quantize_int8
+
+    q = quantize_int8(trained["model"])
+    assert sum(isinstance(m, Int8DynamicLinear) for m in q.modules()) >= 4  # the GEMMs really are int8
+    with torch.no_grad():
+        got = q(trained["x"])
+    assert got.dtype == torch.float32
+    assert not torch.equal(got, trained["ref"])  # not a silent float path
+    agree = float((got.argmax(1) == trained["ref"].argmax(1)).double().mean())
+    assert agree >= MIN_AGREEMENT, agree
+    assert abs(_top1(got, trained["y"]) - _top1(trained["ref"], trained["y"])) <= 0.5
+
+
 def test_eval_cli_precision(trained, tmp_path, capsys):
     rows = {}
-    for p in ("fp32", "bf16"):
+    for p in ("fp32", "bf16", "int8"):
         res = tmp_path / f"{p}.json"
         assert main(["eval", "--checkpoint", str(trained["run"]), "--precision", p, "--results-file", str(res),
                      "--device", "cpu"]) == 0
@@ -89,11 +103,13 @@ def test_eval_cli_precision(trained, tmp_path, capsys):
     assert rows["fp32"]["top1"] == pytest.approx(_top1(trained["ref"], trained["y"]), abs=1e-3)
     assert rows["bf16"]["precision"] == backend.resolve_precision("bf16")
     assert abs(rows["bf16"]["top1"] - rows["fp32"]["top1"]) <= 0.5
+    assert rows["int8"]["precision"] == backend.resolve_precision("int8")
+    assert abs(rows["int8"]["top1"] - rows["fp32"]["top1"]) <= 0.5
 
 
 def test_eval_cli_bf16_falls_back_on_a_cpu_without_bf16(trained, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(backend, "cpu_features", lambda: backend.CpuFeatures(False, False, False, "test"))
-    monkeypatch.setattr(backend, "_bf16_warned", False)
+    monkeypatch.setattr(backend, "_fallback_warned", set())
     res = tmp_path / "r.json"
     with caplog.at_level(logging.WARNING, logger="subquad.backend"):
         for _ in range(2):
