@@ -1,4 +1,5 @@
-"""Every Tiny/Small model in every CPU path: fp32/bf16 eager, fp32/bf16 `torch.compile`, fp32/int8 ONNX Runtime.
+"""Every Tiny/Small model in every CPU path: fp32/bf16/int8 eager, fp32/bf16/int8 `torch.compile`, fp32/int8 ONNX
+Runtime.
 
 A resumable front-end over `subquad bench model --precision fp32,bf16,int8 --backend eager,compile,onnxruntime`
 for a sweep that takes hours: each model is measured in its own process into `--parts DIR/<model>.csv` (written
@@ -38,8 +39,8 @@ from subquad.errors import UserError  # noqa: E402
 
 PRECISIONS = "fp32,bf16,int8"
 BACKENDS = "eager,compile,onnxruntime"
-PATHS = [("fp32", "compile"), ("bf16", "eager"), ("bf16", "compile"), ("fp32", "onnxruntime"),
-         ("int8", "onnxruntime")]  # each beside fp32 eager, in this column order
+PATHS = [("fp32", "compile"), ("bf16", "eager"), ("bf16", "compile"), ("int8", "eager"), ("int8", "compile"),
+         ("fp32", "onnxruntime"), ("int8", "onnxruntime")]  # each beside fp32 eager, in this column order
 TARGET = 1.5  # the fastest path's speed-up over fp32 eager asked of every model
 MAX_DROP = 0.5  # top-1 points the fastest path may lose against fp32 on trained weights
 MICRO = {"l2vit_deit_tiny": "l2vit_micro"}  # micro siblings the name rule below does not find
