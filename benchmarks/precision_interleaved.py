@@ -11,6 +11,8 @@ Sides, all batch 1 and without autograd:
   `subquad predict`, `eval` and `bench model` hold it: autocast casts each weight once and keeps it (its weight cache);
 - bf16_inference_mode: the same steps under `torch.inference_mode()`, where autocast keeps no cast weights (torch
   2.14), so every weight is cast again each step: what a serving loop written with inference_mode pays.
+- int8 (with `--int8`): `subquad.layers.int8.quantize_int8(model)`, every `nn.Linear` a dynamic int8 GEMM
+  (`torch._int_mm`), the rest in fp32 (autocast off), as `subquad eval --precision int8` runs it;
 - bf16_compile (with `--compile`): `torch.compile(model)` (inductor) in the same bf16 region, compiled by its first
   call before the timed rounds, as `subquad bench model --backend compile` runs it.
 - bf16_compile_fused (with `--compile --fused-attention`): the same compiled model called under
@@ -38,8 +40,12 @@ machine_bound_bf16_rest, profiled_speedup_bf16 (the profiled fp32 over bf16 self
 agrees with the timed ratio), rel_diff (relative
 RMS of the bf16 logits against fp32), bf16_compile_ms, compile_speedup_vs_fp32_eager (fp32_ms / bf16_compile_ms;
 both empty without `--compile`), bf16_compile_fused_ms, compile_fused_speedup_vs_fp32_eager (the same for
-bf16_compile_fused; empty without `--fused-attention`), bf16_native (the CPU's bf16 flag,
-`subquad.backend.cpu_features`), kept_freed_mib,
+bf16_compile_fused; empty without `--fused-attention`); with `--int8`: int8_ms, int8_speedup_vs_fp32_eager,
+int8_rel_diff, machine_gemm_int8_vs_fp32 (`torch._int_mm` over fp32 of one 1024 x 1024 product), linear_share_fp32 (the
+share of the fp32 step in the ops `nn.Linear` and LiSA's q/k/v run as: addmm, mm, baddbmm), machine_bound_int8_linear
+(those at the machine's int8 rate, the rest at its fp32 time: the bound of this path) and machine_bound_int8_all (every
+GEMM and convolution of GEMM_OPS at that rate: the bound had every product of the model been int8); bf16_native
+(the CPU's bf16 flag, `subquad.backend.cpu_features`), kept_freed_mib,
 threads, cpu, cpu_family (from /proc/cpuinfo: AMD family 25 is Zen 3/4, 26 Zen 5), torch.
 
 Usage (from the repository root, on a quiet machine: `uptime`):
@@ -67,13 +73,16 @@ COLUMNS = ["model", "img_size", "rounds", "fp32_ms", "bf16_ms", "bf16_inference_
            "machine_gemm_bf16_vs_fp32", "machine_bound_vs_fp32_eager", "rest_speedup_bf16", "machine_bound_bf16_rest",
            "profiled_speedup_bf16", "rel_diff", "bf16_compile_ms",
            "compile_speedup_vs_fp32_eager", "bf16_compile_fused_ms", "compile_fused_speedup_vs_fp32_eager",
-           "bf16_native", "kept_freed_mib", "threads", "cpu", "cpu_family", "torch"]
+           "int8_ms", "int8_speedup_vs_fp32_eager", "int8_rel_diff", "machine_gemm_int8_vs_fp32", "linear_share_fp32",
+           "machine_bound_int8_linear", "machine_bound_int8_all", "bf16_native", "kept_freed_mib", "threads", "cpu",
+           "cpu_family", "torch"]
 # Ops counted as GEMMs (self CPU time in torch's profiler): dense products and convolutions (depthwise ones too, which
 # gain less from bf16, so the bounds below are generous).
 GEMM_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
             "aten::_slow_conv2d_forward", "aten::slow_conv3d_forward", "aten::_conv_depthwise2d",
             "aten::_nnpack_spatial_convolution", "aten::slow_conv_dilated2d", "aten::slow_conv_dilated3d",
             "aten::_scaled_dot_product_flash_attention_for_cpu")
+LINEAR_OPS = ("aten::addmm", "aten::mm", "aten::baddbmm")  # what nn.Linear and LiSA's q/k/v GEMM run as in fp32
 MODELS = ["lisanet_s", "hylisanet_s", "lisanet_i"]
 
 
@@ -88,6 +97,7 @@ def _args(argv):
     p.add_argument("--fused-attention", action="store_true",
                    help="with --compile, also time the compiled model with attention through the fused kernel "
                         "(side bf16_compile_fused)")
+    p.add_argument("--int8", action="store_true", help="also time the int8 copy of the model (side int8)")
     p.add_argument("--profile-steps", type=int, default=6, help="profiled steps per precision for the GEMM share")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     return p.parse_args(argv)
@@ -115,12 +125,28 @@ def machine_gemm_ratio(n: int = 1024, reps: int = 10) -> float:
     return statistics.median(times[torch.float32]) / statistics.median(times[torch.bfloat16])
 
 
+def machine_int8_ratio(n: int = 1024, reps: int = 10) -> float:
+    """This machine's `torch._int_mm` over fp32 rate of an n x n x n product (median of `reps`, interleaved)."""
+    g = torch.Generator().manual_seed(0)
+    a32, b32 = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    a8, b8 = (torch.randint(-127, 128, (n, n), generator=g, dtype=torch.int8) for _ in range(2))
+    times = {"fp32": [], "int8": []}
+    for r in range(reps + 1):
+        for side, fn in (("fp32", lambda: a32 @ b32), ("int8", lambda: torch._int_mm(a8, b8))):
+            t0 = time.perf_counter()
+            fn()
+            if r:
+                times[side].append(time.perf_counter() - t0)
+    return statistics.median(times["fp32"]) / statistics.median(times["int8"])
+
+
 def gemm_times(sides: dict, steps: int) -> dict:
-    """{side: (GEMM self CPU time, all self CPU time)} in seconds over `steps` calls of each sides[side]() under torch's
-    profiler, one call per profile, the sides alternating (order flipping each round) as the timed rounds do."""
+    """{side: (GEMM self CPU time, all self CPU time, LINEAR_OPS self CPU time)} in seconds over `steps` calls of each
+    sides[side]() under torch's profiler, one call per profile, the sides alternating (order flipping each round) as
+    the timed rounds do."""
     from torch.profiler import profile
 
-    out = {side: [0.0, 0.0] for side in sides}
+    out = {side: [0.0, 0.0, 0.0] for side in sides}
     for r in range(steps):
         for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
             with profile() as p:
@@ -128,6 +154,7 @@ def gemm_times(sides: dict, steps: int) -> dict:
             events = p.key_averages()
             out[side][0] += sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS) / 1e6
             out[side][1] += sum(e.self_cpu_time_total for e in events) / 1e6
+            out[side][2] += sum(e.self_cpu_time_total for e in events if e.key in LINEAR_OPS) / 1e6
     return {side: tuple(v) for side, v in out.items()}
 
 
@@ -141,7 +168,8 @@ def amdahl(share: float, speedup: float, rest_speedup: float = 1.0) -> float:
 
 
 def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: int = 3,
-            machine_ratio: float | None = None, compile: bool = False, fused_attention: bool = False) -> dict:
+            machine_ratio: float | None = None, compile: bool = False, fused_attention: bool = False,
+            int8_ratio: float | None = None) -> dict:
     """One model at one size: the sides timed alternately (see the module docstring)."""
     import subquad
     from subquad import backend
@@ -160,6 +188,17 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
             return net(x)
 
     sides = {"fp32": fp32, "bf16": lambda: net(x), "bf16_inference_mode": bf16_inference_mode}
+    if int8_ratio is not None:
+        from subquad.layers.int8 import quantize_int8
+
+        net8 = quantize_int8(net)
+
+        def int8():
+            with torch.autocast("cpu", enabled=False):
+                return net8(x)
+
+        sides["int8"] = int8
+        times["int8"] = []
     if compile:
         # A fresh dynamo cache per size (see subquad.bench.sweep: the cache of an earlier size would make dynamo
         # recompile this one with symbolic shapes).
@@ -176,6 +215,7 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
         times["bf16_compile_fused"] = []
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         ref, low = fp32().float(), net(x).float()
+        low8 = sides["int8"]().float() if "int8" in sides else None
         if compile:
             compiled(x)  # compiles, untimed
         if "bf16_compile_fused" in sides:
@@ -188,7 +228,7 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
                 if r >= warmup:
                     times[side].append((time.perf_counter() - t0) * 1e3)
         prof = gemm_times({"fp32": fp32, "bf16": sides["bf16"]}, profile_steps)
-    (g32, t32), (g16, t16) = prof["fp32"], prof["bf16"]
+    (g32, t32, lin32), (g16, t16, _) = prof["fp32"], prof["bf16"]
     share, gemm_speedup, rest_speedup = _ratio(g32, t32), _ratio(g32, g16), _ratio(t32 - g32, t16 - g16)
     machine = machine_gemm_ratio() if machine_ratio is None else machine_ratio
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -204,7 +244,24 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
                 profiled_speedup_bf16=round(_ratio(t32, t16), 3), rel_diff=f"{diff:.2e}",
                 bf16_compile_ms=round(med["bf16_compile"], 3) if compile else "",
                 compile_speedup_vs_fp32_eager=round(med["fp32"] / med["bf16_compile"], 3) if compile else "",
-                **_fused_columns(med))
+                **_fused_columns(med), **_int8_columns(med, ref, low8, _ratio(lin32, t32), _ratio(g32, t32),
+                                                       int8_ratio))
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> str:
+    return f"{float((a.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)):.2e}"
+
+
+def _int8_columns(med: dict, ref: torch.Tensor, low8: torch.Tensor | None, linear_share: float, gemm_share: float,
+                  int8_ratio: float | None) -> dict:
+    if "int8" not in med:
+        return dict.fromkeys(("int8_ms", "int8_speedup_vs_fp32_eager", "int8_rel_diff", "machine_gemm_int8_vs_fp32",
+                              "linear_share_fp32", "machine_bound_int8_linear", "machine_bound_int8_all"), "")
+    return dict(int8_ms=round(med["int8"], 3), int8_speedup_vs_fp32_eager=round(med["fp32"] / med["int8"], 3),
+                int8_rel_diff=_rel(low8, ref), machine_gemm_int8_vs_fp32=round(int8_ratio, 3),
+                linear_share_fp32=round(linear_share, 4),
+                machine_bound_int8_linear=round(amdahl(linear_share, int8_ratio), 3),
+                machine_bound_int8_all=round(amdahl(gemm_share, int8_ratio), 3))
 
 
 def _fused_columns(med: dict) -> dict:
@@ -236,16 +293,19 @@ def main(argv=None) -> int:
     env = dict(bf16_native=int(backend.cpu_features().bf16), kept_freed_mib=backend.kept_freed_memory() // 2 ** 20,
                threads=torch.get_num_threads(), cpu=_cpu_name(), cpu_family=cpu_family(), torch=torch.__version__)
     machine = machine_gemm_ratio()
+    int8_ratio = machine_int8_ratio() if args.int8 else None
     rows = []
     for name in args.model:
         for size in args.img_size:
             row = measure(name, size, args.rounds, args.warmup, args.profile_steps, machine, args.compile,
-                          args.fused_attention)
+                          args.fused_attention, int8_ratio)
             row.update(env)
             print({k: row[k] for k in ("model", "img_size", "fp32_ms", "bf16_ms", "speedup_vs_fp32_eager",
                                        "inference_mode_vs_no_grad", "gemm_share_fp32", "bound_vs_fp32_eager",
                                        "machine_bound_vs_fp32_eager", "machine_bound_bf16_rest",
-                                       "compile_speedup_vs_fp32_eager", "compile_fused_speedup_vs_fp32_eager")},
+                                       "compile_speedup_vs_fp32_eager", "compile_fused_speedup_vs_fp32_eager",
+                                       "int8_speedup_vs_fp32_eager", "machine_bound_int8_linear",
+                                       "machine_bound_int8_all")},
                   flush=True)
             rows.append(row)
     write_csv(rows, out, COLUMNS)

@@ -148,3 +148,21 @@ def test_cpuinfo_field_reads_the_named_field(tmp_path):
     assert cpuinfo_field("flags", str(info)) == "" and cpuinfo_field("cpu family", str(tmp_path / "none")) == ""
     fam = load_benchmark("precision_interleaved").cpu_family()
     assert fam == "" or fam.isdigit()
+
+
+def test_int8_side_and_its_bounds():
+    """With int8, the quantize_int8 copy is a further side; its ratio is the medians' ratio, its logits an int8
+    rounding away from fp32, and its bounds Amdahl's with the machine's int8 rate (linear GEMMs only, then every
+    product)."""
+    bench = load_benchmark("precision_interleaved")
+    row = bench.measure("lisanet_micro", 32, rounds=2, warmup=1, profile_steps=1, machine_ratio=2.0, int8_ratio=4.0)
+    ms = float(row["int8_ms"])
+    assert ms > 0 and float(row["int8_speedup_vs_fp32_eager"]) == pytest.approx(row["fp32_ms"] / ms, rel=2e-2)
+    assert 0 < float(row["int8_rel_diff"]) < 0.1
+    lin, share = float(row["linear_share_fp32"]), float(row["gemm_share_fp32"])
+    assert 0 < lin <= share < 1
+    assert float(row["machine_bound_int8_linear"]) == pytest.approx(1 / (1 - lin + lin / 4.0), rel=3e-3)
+    assert float(row["machine_bound_int8_all"]) == pytest.approx(1 / (1 - share + share / 4.0), rel=3e-3)
+    assert bench.machine_int8_ratio(n=64, reps=1) > 0
+    plain = bench.measure("lisanet_micro", 32, rounds=1, warmup=0, profile_steps=1, machine_ratio=2.0)
+    assert plain["int8_ms"] == plain["machine_bound_int8_all"] == ""
