@@ -25,8 +25,8 @@ arithmetic is emulated and slower than fp32, so it falls back to fp32 with one w
 GEMMs for the `nn.Linear` layers, `subquad.layers.int8`) runs on the CPU only and falls back to fp32 the same way on
 a CPU without int8 dot products. `precision_context(name, device)` is the matching autocast context (bf16:
 `torch.autocast(device, dtype=torch.bfloat16)`; fp32 and int8: none), inside which the mechanisms keep their float32
-islands (`subquad.layers.precision`); `precision_model(model, name)` is the matching model (int8: `quantize_int8`'s
-copy; otherwise the model itself).
+islands (`subquad.layers.precision`); `subquad.layers.int8.precision_model(model, name)` is the matching model (int8:
+`quantize_int8`'s copy; otherwise the model itself).
 
 Memory is one more CPU matter. glibc's malloc hands freed memory at the top of the heap back to the system and
 serves large blocks with `mmap`, so a model whose steps allocate and free tens of MiB (LiSA's FFT outputs) faults
@@ -252,25 +252,13 @@ def resolve_precision(name: str, device: torch.device | str | None = "cpu", what
 
 def precision_context(name: str, device: torch.device | str | None = "cpu") -> contextlib.AbstractContextManager:
     """The autocast context of a resolved precision: bf16 -> torch.autocast(device type, bfloat16); fp32 and int8
-    (whose model is converted instead, `precision_model`) -> none."""
+    (whose model is converted instead, `subquad.layers.int8.precision_model`) -> none."""
     if name not in PRECISIONS:
         raise UserError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
     if name != "bf16":
         return contextlib.nullcontext()
     dev = torch.device(device) if device is not None else torch.device("cpu")
     return torch.autocast(dev.type, dtype=torch.bfloat16)
-
-
-def precision_model(model: torch.nn.Module, name: str) -> torch.nn.Module:
-    """The model a resolved precision runs: for int8 a copy with dynamic int8 `nn.Linear` layers
-    (`subquad.layers.int8.quantize_int8`, inference only), otherwise `model` itself."""
-    if name not in PRECISIONS:
-        raise UserError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
-    if name != "int8":
-        return model
-    from .layers.int8 import quantize_int8
-
-    return quantize_int8(model)
 
 
 KEEP_FREED_DEFAULT = 256 * 2 ** 20

@@ -79,11 +79,12 @@ def _parse_views(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from subquad.backend import precision_context, precision_model, resolve_precision
+    from subquad.backend import precision_context, resolve_precision
     from subquad.data.registry import open_source
     from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, sidecar_path, write_json
     from subquad.engine.classify import eval_loader, evaluate
     from subquad.engine.distributed import DistInfo, resolve_device
+    from subquad.layers.int8 import precision_model
     from subquad_cli.errors import UserError
 
     if args.batch_size < 1:

@@ -64,10 +64,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from PIL import Image, UnidentifiedImageError
 
-    from subquad.backend import precision_context, precision_model, resolve_precision
+    from subquad.backend import precision_context, resolve_precision
     from subquad.engine.checkpoint import check_output_file, load_checkpointed_model, write_json
     from subquad.engine.classify import eval_transform
     from subquad.engine.distributed import resolve_device
+    from subquad.layers.int8 import precision_model
     from subquad_cli.errors import UserError
 
     if args.topk < 1:

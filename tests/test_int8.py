@@ -8,8 +8,17 @@ import torch
 import torch.nn as nn
 
 from subquad import create_model
-from subquad.layers.int8 import Int8DynamicLinear, int8_linear_ref, quantize_int8, quantize_rows
+from subquad.layers.int8 import Int8DynamicLinear, quantize_int8, quantize_rows
 from tests._tol import assert_close, rel_rms
+
+
+def int8_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Float64 reference of `Int8DynamicLinear`: the same int8 operands and scales (`quantize_rows`: per token, per
+    output channel), dequantized and multiplied in float64. x (..., in), weight (out, in) -> (..., out)."""
+    wq, sw = quantize_rows(weight.detach().float(), 1)
+    xq, sx = quantize_rows(x.detach().float(), -1)
+    y = (xq.double() * sx.double()) @ (wq.double() * sw.double()).t()
+    return y if bias is None else y + bias.detach().double()
 
 
 def _layer(i: int, o: int, bias: bool = True, seed: int = 0) -> nn.Linear:

@@ -79,14 +79,14 @@ def test_int8_falls_back_to_fp32_with_one_warning(monkeypatch, caplog):
 
 
 def test_precision_model_converts_for_int8_only():
-    from subquad.layers.int8 import Int8DynamicLinear
+    from subquad.layers.int8 import Int8DynamicLinear, precision_model
 
     m = torch.nn.Sequential(torch.nn.Linear(4, 3))
-    assert backend.precision_model(m, "fp32") is m and backend.precision_model(m, "bf16") is m
-    q = backend.precision_model(m, "int8")
+    assert precision_model(m, "fp32") is m and precision_model(m, "bf16") is m
+    q = precision_model(m, "int8")
     assert q is not m and isinstance(q[0], Int8DynamicLinear) and type(m[0]) is torch.nn.Linear
     with pytest.raises(UserError):
-        backend.precision_model(m, "fp16")
+        precision_model(m, "fp16")
 
 
 @pytest.mark.parametrize("bad", ["fp16", "int4", "BF16", ""])

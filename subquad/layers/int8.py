@@ -15,7 +15,8 @@ their float path (under `torch.autocast` they run as they would in bf16). The la
 `bias` (state dicts stay those of the float model, and code that reads `layer.weight` still computes in float).
 Inference only: a layer refuses to run where autograd would need its gradients.
 
-`int8_linear_ref` is the float64 reference of the same quantized function (tests compare against it).
+The tests compare it with a float64 reference of the same quantized function (the int8 operands and their scales,
+dequantized and multiplied in float64).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import copy
 import torch
 import torch.nn as nn
 
-__all__ = ["Int8DynamicLinear", "quantize_int8", "quantize_rows", "int8_linear_ref"]
+__all__ = ["Int8DynamicLinear", "quantize_int8", "quantize_rows", "precision_model"]
 
 _QMAX = 127
 _TINY = torch.finfo(torch.float32).tiny
@@ -40,15 +41,6 @@ def quantize_rows(x: torch.Tensor, dim: int = -1) -> tuple[torch.Tensor, torch.T
     scale = amax.clamp_min_(_TINY).div_(_QMAX)
     # No clamp needed: |x| / scale <= 127 (1 + 2^-23) < 127.5, which rounds to at most 127.
     return torch.div(x, scale).round_().to(torch.int8), scale
-
-
-def int8_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Float64 reference of `Int8DynamicLinear`: the same int8 operands and scales, dequantized and multiplied in
-    float64. Shapes: x (..., in), weight (out, in), bias (out,) or None -> (..., out) float64."""
-    wq, sw = quantize_rows(weight.detach().float(), 1)
-    xq, sx = quantize_rows(x.detach().float(), -1)
-    y = (xq.double() * sx.double()) @ (wq.double() * sw.double()).t()
-    return y if bias is None else y + bias.detach().double()
 
 
 class Int8DynamicLinear(nn.Linear):
@@ -162,3 +154,14 @@ def quantize_int8(model: nn.Module, inplace: bool = False) -> nn.Module:
             if type(child) is nn.Linear:
                 setattr(parent, name, Int8DynamicLinear.from_float(child))
     return model
+
+
+def precision_model(model: nn.Module, name: str) -> nn.Module:
+    """The model a resolved precision (`subquad.backend.resolve_precision`) runs: for 'int8' the `quantize_int8` copy
+    (inference only), for 'fp32' and 'bf16' (an autocast region, `subquad.backend.precision_context`) `model` itself."""
+    from ..backend import PRECISIONS
+    from ..errors import UserError
+
+    if name not in PRECISIONS:
+        raise UserError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+    return quantize_int8(model) if name == "int8" else model
