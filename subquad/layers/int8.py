@@ -108,14 +108,20 @@ class Int8DynamicLinear(nn.Linear):
         self._check(x)
         lead = x.shape[:-1]
         xq, sx = quantize_rows(x.reshape(-1, self.in_features))
-        acc = torch._int_mm(xq, self.wq.t())  # (T, out) int32
-        out = torch.empty(acc.shape, dtype=self._out_dtype(x), device=x.device)
-        scaled = acc * self.scale_w  # int32 * float32 -> float32, one pass
-        if self.bias is None:
-            torch.mul(scaled, sx, out=out)
-        else:
-            torch.addcmul(self.bias.detach(), scaled, sx, out=out)
-        return out.reshape(*lead, self.out_features)
+        return self._dequantize(torch._int_mm(xq, self.wq.t()), sx, None, self._out_dtype(x)).reshape(
+            *lead, self.out_features)
+
+    def _dequantize(self, acc: torch.Tensor, sx: torch.Tensor, bias_dim: int | None,
+                    dtype: torch.dtype) -> torch.Tensor:
+        """int32 products -> float: acc * scale_x * scale_w + bias, in `dtype`. acc is (T, out) with sx (T, 1), or
+        (out, T) with sx (1, T) (`bias_dim` 0: the bias and weight scales run down the rows)."""
+        sw, bias = self.scale_w, None if self.bias is None else self.bias.detach()
+        if bias_dim == 0:
+            sw, bias = sw[:, None], None if bias is None else bias[:, None]
+        scaled = acc * sw  # int32 * float32 -> float32, one pass
+        # Functional ops only (no out= into slices): inductor miscompiled such writes for one-token maps.
+        y = torch.mul(scaled, sx) if bias is None else torch.addcmul(bias, scaled, sx)
+        return y.to(dtype)
 
     def channel_major(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """(W x^T + b) per batch item: x (B, N, in) -> (B, out, N), for callers that want channel-major output
@@ -123,15 +129,19 @@ class Int8DynamicLinear(nn.Linear):
         `forward(x).transpose(1, 2)`."""
         self._check(x)
         B, N, _ = x.shape
+        dtype = out_dtype or self._out_dtype(x)
+        if B == 0:
+            return x.new_empty(0, self.out_features, N, dtype=dtype)
+        if torch.compiler.is_compiling():
+            # Token-major products, then a transposed view: inductor (torch 2.14.1) returns wrong int32 products for
+            # torch._int_mm on a selected slice (xq[i]) of an int8 tensor made in the graph when one side has a
+            # single row or column (a 1 x 1 token map). The products and the scaling are the same numbers.
+            xq, sx = quantize_rows(x.reshape(B * N, -1))
+            y = self._dequantize(torch._int_mm(xq, self.wq.t()), sx, None, dtype)
+            return y.reshape(B, N, self.out_features).transpose(1, 2)
         xq, sx = quantize_rows(x)  # (B, N, in), (B, N, 1)
-        out = torch.empty(B, self.out_features, N, dtype=out_dtype or self._out_dtype(x), device=x.device)
-        for i in range(B):
-            scaled = torch._int_mm(self.wq, xq[i].t()) * self.scale_w[:, None]  # (out, N)
-            if self.bias is None:
-                torch.mul(scaled, sx[i].t(), out=out[i])
-            else:
-                torch.addcmul(self.bias.detach()[:, None], scaled, sx[i].t(), out=out[i])
-        return out
+        outs = [self._dequantize(torch._int_mm(self.wq, xq[i].t()), sx[i].t(), 0, dtype) for i in range(B)]
+        return outs[0][None] if B == 1 else torch.stack(outs)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", int8 dynamic (per-token activations, per-channel weights)"

@@ -1,0 +1,42 @@
+"""int8 models under `torch.compile`: the int8 copy (`quantize_int8`) compiled with Inductor computes what it computes
+in eager, including LiSA's channel-major q/k/v on a one-token map, where Inductor (torch 2.14.1) miscompiled
+`torch._int_mm` on a selected one-row slice of an int8 tensor made in the graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from subquad import create_model
+from subquad.layers.int8 import quantize_int8
+from tests._tol import rel_rms
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [1, 2, 7])
+def test_channel_major_compiled_equals_eager(tokens):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    q = quantize_int8(torch.nn.Linear(16, 24))
+    x = torch.randn(3, tokens, 16)
+    fn = torch.compile(lambda t: q.channel_major(t, torch.float32), backend="inductor", fullgraph=True)
+    with torch.no_grad():
+        got, ref = fn(x), q.channel_major(x, torch.float32)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lisanet_micro", "l2vit_micro"])
+def test_int8_model_compiled_equals_eager(name):
+    """At 32 px lisanet_micro's last stage is a 1 x 1 map. Compiled and eager int8 may round a handful of activations
+    to neighbouring int8 steps (their float inputs differ in the last bits), far below the int8 error itself."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = create_model(name, num_classes=10).eval()
+    q = quantize_int8(model)
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        ref, eager, compiled = model(x), q(x), torch.compile(q, backend="inductor")(x)
+    err_int8 = rel_rms(eager, ref)
+    assert err_int8 > 0
+    assert rel_rms(compiled, eager) < 0.1 * err_int8, (rel_rms(compiled, eager), err_int8)
