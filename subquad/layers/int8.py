@@ -106,45 +106,73 @@ class Int8DynamicLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check(x)
-        lead = x.shape[:-1]
-        xq, sx = quantize_rows(x.reshape(-1, self.in_features))
-        return self._dequantize(torch._int_mm(xq, self.wq.t()), sx, None, self._out_dtype(x)).reshape(
-            *lead, self.out_features)
-
-    def _dequantize(self, acc: torch.Tensor, sx: torch.Tensor, bias_dim: int | None,
-                    dtype: torch.dtype) -> torch.Tensor:
-        """int32 products -> float: acc * scale_x * scale_w + bias, in `dtype`. acc is (T, out) with sx (T, 1), or
-        (out, T) with sx (1, T) (`bias_dim` 0: the bias and weight scales run down the rows)."""
-        sw, bias = self.scale_w, None if self.bias is None else self.bias.detach()
-        if bias_dim == 0:
-            sw, bias = sw[:, None], None if bias is None else bias[:, None]
-        scaled = acc * sw  # int32 * float32 -> float32, one pass
-        # Functional ops only (no out= into slices): inductor miscompiled such writes for one-token maps.
-        y = torch.mul(scaled, sx) if bias is None else torch.addcmul(bias, scaled, sx)
-        return y.to(dtype)
+        return _int8_linear(x, self.wq, self.scale_w, _detached(self.bias), False, self._out_dtype(x))
 
     def channel_major(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """(W x^T + b) per batch item: x (B, N, in) -> (B, out, N), for callers that want channel-major output
         (`structure_aware`'s q/k/v), in `out_dtype` (default: as `forward`). Same numbers as
         `forward(x).transpose(1, 2)`."""
         self._check(x)
-        B, N, _ = x.shape
-        dtype = out_dtype or self._out_dtype(x)
-        if B == 0:
-            return x.new_empty(0, self.out_features, N, dtype=dtype)
-        if torch.compiler.is_compiling():
-            # Token-major products, then a transposed view: inductor (torch 2.14.1) returns wrong int32 products for
-            # torch._int_mm on a selected slice (xq[i]) of an int8 tensor made in the graph when one side has a
-            # single row or column (a 1 x 1 token map). The products and the scaling are the same numbers.
-            xq, sx = quantize_rows(x.reshape(B * N, -1))
-            y = self._dequantize(torch._int_mm(xq, self.wq.t()), sx, None, dtype)
-            return y.reshape(B, N, self.out_features).transpose(1, 2)
-        xq, sx = quantize_rows(x)  # (B, N, in), (B, N, 1)
-        outs = [self._dequantize(torch._int_mm(self.wq, xq[i].t()), sx[i].t(), 0, dtype) for i in range(B)]
-        return outs[0][None] if B == 1 else torch.stack(outs)
+        if x.dim() != 3:
+            raise ValueError(f"{type(self).__name__}.channel_major takes (B, N, in), got shape {tuple(x.shape)}")
+        return _int8_linear(x, self.wq, self.scale_w, _detached(self.bias), True, out_dtype or self._out_dtype(x))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", int8 dynamic (per-token activations, per-channel weights)"
+
+
+def _detached(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach()
+
+
+def _dequantize(acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None,
+                dtype: torch.dtype) -> torch.Tensor:
+    """int32 products -> float: acc * sx * sw + bias in `dtype` (sx, sw and bias broadcast against acc)."""
+    scaled = acc * sw  # int32 * float32 -> float32, one pass
+    y = torch.mul(scaled, sx) if bias is None else torch.addcmul(bias, scaled, sx)
+    return y.to(dtype)
+
+
+def _int8_linear_impl(x: torch.Tensor, wq: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                      channel_major: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    """x (..., in) -> (..., out); with `channel_major` x (B, N, in) -> (B, out, N), each batch item's product taken
+    as W_q x_q^T so the output is written channel-major (no transposed copy)."""
+    out_features = wq.shape[0]
+    if not channel_major:
+        lead = x.shape[:-1]
+        xq, sx = quantize_rows(x.reshape(-1, x.shape[-1]))
+        return _dequantize(torch._int_mm(xq, wq.t()), sx, scale_w, bias, out_dtype).reshape(*lead, out_features)
+    B, N, _ = x.shape
+    if B == 0:
+        return x.new_empty(0, out_features, N, dtype=out_dtype)
+    xq, sx = quantize_rows(x)  # (B, N, in), (B, N, 1)
+    sw, b = scale_w[:, None], None if bias is None else bias[:, None]
+    outs = [_dequantize(torch._int_mm(wq, xq[i].t()), sx[i].t(), sw, b, out_dtype) for i in range(B)]
+    return outs[0][None] if B == 1 else torch.stack(outs)
+
+
+# Under torch.compile the layer is one opaque operator: Inductor (torch 2.14.1) miscompiles graphs around
+# torch._int_mm. It returned wrong products for _int_mm on a selected one-row slice of an int8 tensor made in the
+# graph (LiSA's q/k/v on a 1 x 1 token map), and a compiled mlla_micro block (2 x 2 map) corrupted the heap. The
+# operator runs the eager code above; the rest of the model is still compiled around it.
+@torch.library.custom_op("subquad::int8_linear", mutates_args=())
+def _int8_linear_op(x: torch.Tensor, wq: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                    channel_major: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    return _int8_linear_impl(x, wq, scale_w, bias, channel_major, out_dtype)
+
+
+@_int8_linear_op.register_fake
+def _(x, wq, scale_w, bias, channel_major, out_dtype):
+    if channel_major:
+        return x.new_empty(x.shape[0], wq.shape[0], x.shape[1], dtype=out_dtype)
+    return x.new_empty(*x.shape[:-1], wq.shape[0], dtype=out_dtype)
+
+
+def _int8_linear(x: torch.Tensor, wq: torch.Tensor, scale_w: torch.Tensor, bias: torch.Tensor | None,
+                 channel_major: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    """The eager code in eager mode (no operator dispatch), the opaque operator while compiling."""
+    fn = _int8_linear_op if torch.compiler.is_compiling() else _int8_linear_impl
+    return fn(x, wq, scale_w, bias, channel_major, out_dtype)
 
 
 def quantize_int8(model: nn.Module, inplace: bool = False) -> nn.Module:
