@@ -59,9 +59,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--list", action="store_true", help="print the selected models and exit")
     p.add_argument("--table", metavar="CSV", help="print the Markdown table of a merged CSV and exit")
-    p.add_argument("--accuracy", metavar="CSV",
-                   help="with --table: a `benchmarks/precision_accuracy.py` CSV of micro models; adds the top-1 change "
-                        "of each model's fastest path on its micro sibling (same blocks and mechanism)")
+    p.add_argument("--accuracy", metavar="CSV", nargs="+",
+                   help="with --table: `benchmarks/precision_accuracy.py` CSVs of micro models (a later file's row of "
+                        "the same model and path replaces an earlier one); adds the top-1 change of each model's "
+                        "fastest path on its micro sibling (same blocks and mechanism)")
     return p.parse_args(argv)
 
 
@@ -151,22 +152,23 @@ def micro_sibling(model: str, known: set[str]) -> str | None:
     return f"{stem}_micro" if f"{stem}_micro" in known else None
 
 
-def table(path: str | Path, accuracy: str | Path | None = None) -> str:
+def table(path: str | Path, accuracy: str | Path | list[str | Path] | None = None) -> str:
     """Markdown: per (model, size), fp32 eager ms, each path's speed-up over it, the fastest path, whether it
     reaches TARGET, and the widest spread of the timed steps among its paths (`time_spread_pct`: interquartile
     range, % of the median). A path that did not run shows its reason's first words.
 
-    With `accuracy` (a precision_accuracy.py CSV), the fastest path whose top-1 on the model's micro sibling drops by
+    With `accuracy` (precision_accuracy.py CSVs, later ones overriding earlier rows), the fastest path whose top-1 on the model's micro sibling drops by
     at most MAX_DROP points (its change beside it) takes the place of the fastest path in the TARGET column: a path
     whose accuracy was not measured does not count."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     deltas: dict[tuple[str, str, str], float] = {}
     if accuracy is not None:
-        with open(accuracy, newline="") as f:
-            for r in csv.DictReader(f):
-                if r["top1_delta"]:  # measured: 'ok' or flagged for its drop
-                    deltas[(r["model"], r["precision"], r["backend"])] = float(r["top1_delta"])
+        for acc in [accuracy] if isinstance(accuracy, (str, Path)) else accuracy:
+            with open(acc, newline="") as f:
+                for r in csv.DictReader(f):
+                    if r["top1_delta"]:  # measured: 'ok' or flagged for its drop
+                        deltas[(r["model"], r["precision"], r["backend"])] = float(r["top1_delta"])
     known = {m for m, _, _ in deltas}
     groups: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}
     for r in rows:

@@ -118,3 +118,27 @@ def test_table_joins_the_fastest_paths_accuracy_on_the_micro_sibling(tmp_path):
     assert "| bf16 eager (2.00x) | fp32 eager (1.00x, +0.00 on `fam_b_micro`) | **no** |" in row["fam_b_tiny"]
     assert "| bf16 compile (1.60x, +0.55 on `l2vit_micro`) | yes |" in row["l2vit_deit_tiny"]  # a gain is no drop
     assert "| bf16 eager (1.90x) | - (no micro model measured) | **no** |" in row["orphan_s"]
+
+
+def test_table_reads_several_accuracy_files_later_ones_winning(tmp_path):
+    mp = load_benchmark("models_precision")
+    speed = tmp_path / "s.csv"
+    with open(speed, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=MODEL_COLUMNS)
+        w.writeheader()
+        for p, b, s in [("fp32", "eager", "1.0"), ("int8", "eager", "1.7"), ("bf16", "eager", "1.6")]:
+            w.writerow({"model": "fam_a_small", "infer_img_size": 224, "precision": p, "backend": b,
+                        "infer_step_time": "9", "speedup_vs_fp32_eager": s, "status": "ok", "time_spread_pct": "1"})
+    files = []
+    for name, rows in [("old", [("bf16", "eager", "+0.00"), ("int8", "eager", "-2.00")]),
+                       ("new", [("int8", "eager", "-0.27")])]:
+        files.append(tmp_path / f"{name}.csv")
+        with open(files[-1], "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["model", "precision", "backend", "top1_delta", "status"])
+            w.writeheader()
+            w.writerows({"model": "fam_a_micro", "precision": p, "backend": b, "top1_delta": d, "status": "ok"}
+                        for p, b, d in rows)
+    row = next(x for x in mp.table(speed, files).splitlines() if x.startswith("| `fam_a_small`"))
+    assert "| int8 eager (1.70x, -0.27 on `fam_a_micro`) | yes |" in row  # the later file's int8 row counts
+    row = next(x for x in mp.table(speed, files[:1]).splitlines() if x.startswith("| `fam_a_small`"))
+    assert "| bf16 eager (1.60x, +0.00 on `fam_a_micro`) | yes |" in row  # alone, the old file drops int8
