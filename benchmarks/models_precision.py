@@ -157,9 +157,9 @@ def table(path: str | Path, accuracy: str | Path | list[str | Path] | None = Non
     reaches TARGET, and the widest spread of the timed steps among its paths (`time_spread_pct`: interquartile
     range, % of the median). A path that did not run shows its reason's first words.
 
-    With `accuracy` (precision_accuracy.py CSVs, later ones overriding earlier rows), the fastest path whose top-1 on the model's micro sibling drops by
-    at most MAX_DROP points (its change beside it) takes the place of the fastest path in the TARGET column: a path
-    whose accuracy was not measured does not count."""
+    With `accuracy` (precision_accuracy.py CSVs, later ones overriding earlier rows), the fastest path whose top-1
+    on the model's micro sibling drops by at most MAX_DROP points (its change beside it) takes the place of the
+    fastest path in the TARGET column: a path whose accuracy was not measured does not count."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     deltas: dict[tuple[str, str, str], float] = {}
