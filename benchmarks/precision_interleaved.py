@@ -13,6 +13,8 @@ Sides, all batch 1 and without autograd:
   2.14), so every weight is cast again each step: what a serving loop written with inference_mode pays.
 - int8 (with `--int8`): `subquad.layers.int8.quantize_int8(model)`, every `nn.Linear` a dynamic int8 GEMM
   (`torch._int_mm`), the rest in fp32 (autocast off), as `subquad eval --precision int8` runs it;
+- int8_bf16 (with `--int8`): the same int8 copy inside the bf16 autocast region, so that what is not an `nn.Linear`
+  (convolutions, attention products) runs as in bf16: an experiment, not a `--precision` of the library;
 - bf16_compile (with `--compile`): `torch.compile(model)` (inductor) in the same bf16 region, compiled by its first
   call before the timed rounds, as `subquad bench model --backend compile` runs it.
 - bf16_compile_fused (with `--compile --fused-attention`): the same compiled model called under
@@ -44,7 +46,8 @@ bf16_compile_fused; empty without `--fused-attention`); with `--int8`: int8_ms, 
 int8_rel_diff, machine_gemm_int8_vs_fp32 (`torch._int_mm` over fp32 of one 1024 x 1024 product), linear_share_fp32 (the
 share of the fp32 step in the ops `nn.Linear` and LiSA's q/k/v run as: addmm, mm, baddbmm), machine_bound_int8_linear
 (those at the machine's int8 rate, the rest at its fp32 time: the bound of this path) and machine_bound_int8_all (every
-GEMM and convolution of GEMM_OPS at that rate: the bound had every product of the model been int8); bf16_native
+GEMM and convolution of GEMM_OPS at that rate: the bound had every product of the model been int8),
+int8_bf16_ms, int8_bf16_speedup_vs_fp32_eager, int8_bf16_rel_diff; bf16_native
 (the CPU's bf16 flag, `subquad.backend.cpu_features`), kept_freed_mib,
 threads, cpu, cpu_family (from /proc/cpuinfo: AMD family 25 is Zen 3/4, 26 Zen 5), torch.
 
@@ -74,7 +77,8 @@ COLUMNS = ["model", "img_size", "rounds", "fp32_ms", "bf16_ms", "bf16_inference_
            "profiled_speedup_bf16", "rel_diff", "bf16_compile_ms",
            "compile_speedup_vs_fp32_eager", "bf16_compile_fused_ms", "compile_fused_speedup_vs_fp32_eager",
            "int8_ms", "int8_speedup_vs_fp32_eager", "int8_rel_diff", "machine_gemm_int8_vs_fp32", "linear_share_fp32",
-           "machine_bound_int8_linear", "machine_bound_int8_all", "bf16_native", "kept_freed_mib", "threads", "cpu",
+           "machine_bound_int8_linear", "machine_bound_int8_all", "int8_bf16_ms", "int8_bf16_speedup_vs_fp32_eager",
+           "int8_bf16_rel_diff", "bf16_native", "kept_freed_mib", "threads", "cpu",
            "cpu_family", "torch"]
 # Ops counted as GEMMs (self CPU time in torch's profiler): dense products and convolutions (depthwise ones too, which
 # gain less from bf16, so the bounds below are generous).
@@ -198,7 +202,8 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
                 return net8(x)
 
         sides["int8"] = int8
-        times["int8"] = []
+        sides["int8_bf16"] = lambda: net8(x)  # inside the bf16 autocast region the steps run in
+        times["int8"], times["int8_bf16"] = [], []
     if compile:
         # A fresh dynamo cache per size (see subquad.bench.sweep: the cache of an earlier size would make dynamo
         # recompile this one with symbolic shapes).
@@ -216,6 +221,7 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         ref, low = fp32().float(), net(x).float()
         low8 = sides["int8"]().float() if "int8" in sides else None
+        low8_16 = sides["int8_bf16"]().float() if "int8" in sides else None
         if compile:
             compiled(x)  # compiles, untimed
         if "bf16_compile_fused" in sides:
@@ -245,7 +251,7 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
                 bf16_compile_ms=round(med["bf16_compile"], 3) if compile else "",
                 compile_speedup_vs_fp32_eager=round(med["fp32"] / med["bf16_compile"], 3) if compile else "",
                 **_fused_columns(med), **_int8_columns(med, ref, low8, _ratio(lin32, t32), _ratio(g32, t32),
-                                                       int8_ratio))
+                                                       int8_ratio, low8_16))
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> str:
@@ -253,15 +259,19 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> str:
 
 
 def _int8_columns(med: dict, ref: torch.Tensor, low8: torch.Tensor | None, linear_share: float, gemm_share: float,
-                  int8_ratio: float | None) -> dict:
+                  int8_ratio: float | None, low8_16: torch.Tensor | None = None) -> dict:
     if "int8" not in med:
         return dict.fromkeys(("int8_ms", "int8_speedup_vs_fp32_eager", "int8_rel_diff", "machine_gemm_int8_vs_fp32",
-                              "linear_share_fp32", "machine_bound_int8_linear", "machine_bound_int8_all"), "")
+                              "linear_share_fp32", "machine_bound_int8_linear", "machine_bound_int8_all",
+                              "int8_bf16_ms", "int8_bf16_speedup_vs_fp32_eager", "int8_bf16_rel_diff"), "")
     return dict(int8_ms=round(med["int8"], 3), int8_speedup_vs_fp32_eager=round(med["fp32"] / med["int8"], 3),
                 int8_rel_diff=_rel(low8, ref), machine_gemm_int8_vs_fp32=round(int8_ratio, 3),
                 linear_share_fp32=round(linear_share, 4),
                 machine_bound_int8_linear=round(amdahl(linear_share, int8_ratio), 3),
-                machine_bound_int8_all=round(amdahl(gemm_share, int8_ratio), 3))
+                machine_bound_int8_all=round(amdahl(gemm_share, int8_ratio), 3),
+                int8_bf16_ms=round(med["int8_bf16"], 3),
+                int8_bf16_speedup_vs_fp32_eager=round(med["fp32"] / med["int8_bf16"], 3),
+                int8_bf16_rel_diff=_rel(low8_16, ref))
 
 
 def _fused_columns(med: dict) -> dict:
@@ -305,7 +315,7 @@ def main(argv=None) -> int:
                                        "machine_bound_vs_fp32_eager", "machine_bound_bf16_rest",
                                        "compile_speedup_vs_fp32_eager", "compile_fused_speedup_vs_fp32_eager",
                                        "int8_speedup_vs_fp32_eager", "machine_bound_int8_linear",
-                                       "machine_bound_int8_all")},
+                                       "machine_bound_int8_all", "int8_bf16_speedup_vs_fp32_eager")},
                   flush=True)
             rows.append(row)
     write_csv(rows, out, COLUMNS)

@@ -163,6 +163,9 @@ def test_int8_side_and_its_bounds():
     assert 0 < lin <= share < 1
     assert float(row["machine_bound_int8_linear"]) == pytest.approx(1 / (1 - lin + lin / 4.0), rel=3e-3)
     assert float(row["machine_bound_int8_all"]) == pytest.approx(1 / (1 - share + share / 4.0), rel=3e-3)
+    ms16 = float(row["int8_bf16_ms"])  # the int8 copy inside the bf16 region
+    assert ms16 > 0 and float(row["int8_bf16_speedup_vs_fp32_eager"]) == pytest.approx(row["fp32_ms"] / ms16, rel=2e-2)
+    assert 0 < float(row["int8_bf16_rel_diff"]) < 0.1
     assert bench.machine_int8_ratio(n=64, reps=1) > 0
     plain = bench.measure("lisanet_micro", 32, rounds=1, warmup=0, profile_steps=1, machine_ratio=2.0)
-    assert plain["int8_ms"] == plain["machine_bound_int8_all"] == ""
+    assert plain["int8_ms"] == plain["machine_bound_int8_all"] == plain["int8_bf16_ms"] == ""
