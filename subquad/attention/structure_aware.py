@@ -251,14 +251,15 @@ class StructureAwareAttention(TokenMixer):
         B, N, C = x.shape
         # Channel-major projection, (B, 3C, N) = W x^T + b: the FFTs run over the token axis, so q, k, v are
         # returned as (B, h, N, d) views of (B, h, d, N) storage (no transposed copies downstream).
-        w, b = self.qkv.weight, self.qkv.bias
-        w = w.expand(B, *w.shape)
         if isinstance(self.qkv, Int8DynamicLinear):  # `quantize_int8`: the int8 GEMM, output in the core's dtype
             qkv = self.qkv.channel_major(x, compute_dtype(x.dtype))
-        elif b is None:
-            qkv = torch.bmm(w, x.transpose(1, 2))
         else:
-            qkv = torch.baddbmm(b[:, None].expand(B, -1, N), w, x.transpose(1, 2))
+            w, b = self.qkv.weight, self.qkv.bias
+            w = w.expand(B, *w.shape)
+            if b is None:
+                qkv = torch.bmm(w, x.transpose(1, 2))
+            else:
+                qkv = torch.baddbmm(b[:, None].expand(B, -1, N), w, x.transpose(1, 2))
         cdt = compute_dtype(qkv.dtype)
         q, k, v = qkv.to(cdt).reshape(B, 3, self.num_heads, self.head_dim, N).unbind(1)  # each (B, h, d, N)
         q, k = _normalize_channels(q), _normalize_channels(k)

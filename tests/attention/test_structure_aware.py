@@ -67,6 +67,21 @@ def test_dense_kernel_path_equals_reference(grid, boundary, shared_b):
                    ops, dtype)
 
 
+def test_dense_kernel_path_after_inference_mode_trains():
+    """The dense path's cached offset index, first built under torch.inference_mode(), is a normal tensor: a later
+    call with autograd (a model served, then fine-tuned, in one process) saves it for backward without error."""
+    grid = (3, 5)  # a size no other test uses first, so the cache entry is built here
+    fsa._offset_index.cache_clear()
+    ops = _operands(grid, h=2, D=2)
+    with torch.inference_mode():
+        served = fsa.lisa_fft(*ops, grid, dense_b=True)
+    leaves = [t.detach().requires_grad_(True) for t in ops]
+    out = fsa.lisa_fft(*leaves, grid, dense_b=True)
+    out.square().sum().backward()
+    assert all(t.grad is not None for t in leaves)
+    torch.testing.assert_close(out.detach(), served)
+
+
 def test_dense_kernel_path_is_taken_without_autograd_on_small_grids(monkeypatch):
     """Without autograd on the CPU schedule lisa_fft takes the dense kernel path up to N = DENSE_B_TOKENS_PER_PATTERN
     * D tokens and the FFT correlations above; either way it equals the reference, and the FFT form stays

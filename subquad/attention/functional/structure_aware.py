@@ -451,13 +451,17 @@ DENSE_B_TOKENS_PER_PATTERN = 32
 @functools.lru_cache(maxsize=16)
 def _offset_index(grid: tuple[int, ...], fft_grid: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """Flat index into a kernel laid out circularly on `fft_grid` (offset delta at delta mod fft_grid per axis) of
-    every (query i, key n) pair of `grid`: (N, N) long. With fft_grid == grid it is `relative_index(grid)`."""
-    coords = torch.stack(torch.meshgrid(*[torch.arange(g, device=device) for g in grid], indexing="ij")).flatten(1)
-    delta = coords[:, None, :] - coords[:, :, None]  # (nd, N_query, N_key): key - query
-    flat = torch.zeros(delta.shape[1:], dtype=torch.long, device=device)
-    for ax, f in enumerate(fft_grid):
-        flat = flat * f + delta[ax] % f
-    return flat
+    every (query i, key n) pair of `grid`: (N, N) long. With fft_grid == grid it is `relative_index(grid)`.
+    Built outside inference mode: a cached inference tensor could not be saved for backward by a later autograd
+    call."""
+    with torch.inference_mode(False):
+        coords = torch.stack(torch.meshgrid(*[torch.arange(g, device=device) for g in grid],
+                                            indexing="ij")).flatten(1)
+        delta = coords[:, None, :] - coords[:, :, None]  # (nd, N_query, N_key): key - query
+        flat = torch.zeros(delta.shape[1:], dtype=torch.long, device=device)
+        for ax, f in enumerate(fft_grid):
+            flat = flat * f + delta[ax] % f
+        return flat
 
 
 def _resolve_dense_b(dense_b: bool | None, inference: bool, N: int, D: int) -> bool:
