@@ -17,6 +17,7 @@ from ..layers.int8 import Int8DynamicLinear
 from ..layers.precision import compute_dtype, no_autocast
 from .base import AttentionCaps, TokenMixer
 from .functional.structure_aware import (
+    _kernel_from_spectra,
     kernel_spectra,
     lisa_dft,
     lisa_eq8_ref,
@@ -279,8 +280,9 @@ class StructureAwareAttention(TokenMixer):
             ks = [resize_kernel(w, target, self.kernel_resize) for w in ks]
         return tuple(ks)
 
-    def _spectra(self, grid: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """`kernel_spectra` of both kernels on the FFT grid; cached per grid in eval mode without autograd."""
+    def _spectra(self, grid: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """`kernel_spectra` of both kernels on the FFT grid; cached per grid in eval mode without autograd, with
+        kernel_b's inverse transform as a third element (see `lisa_fft`'s spectra)."""
         use_cache = not self.training and not torch.is_grad_enabled() and not tracing()
         key = (grid, dtype, self.kernel_a.device, self.kernel_a._version, self.kernel_b._version,
                id(self.kernel_a), id(self.kernel_b))
@@ -293,6 +295,8 @@ class StructureAwareAttention(TokenMixer):
             fft_grid = tuple(2 * g for g in grid)
         out = kernel_spectra(ka, kb, fft_grid)
         if use_cache:
+            # With kernel_b back in space, for the dense kernel path (one inverse transform per grid, not per call).
+            out = (*out, _kernel_from_spectra(out[1], len(fft_grid), dtype))
             self._spectra_cache.clear()
             self._spectra_cache[key] = out
         return out

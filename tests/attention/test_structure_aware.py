@@ -82,6 +82,34 @@ def test_dense_kernel_path_after_inference_mode_trains():
     torch.testing.assert_close(out.detach(), served)
 
 
+def test_dense_kernel_path_takes_kernel_b_with_the_spectra(monkeypatch):
+    """Spectra with a third element (kernel_b back in space, as the module caches them) spare the dense path its
+    inverse transform and give the same output; a third element of another dtype is not used. The module caches
+    that element with its spectra in eval mode without autograd."""
+    grid = (5, 7)
+    ops = _operands(grid, h=2, D=2)
+    spectra = fsa.kernel_spectra(ops[3], ops[4], grid)
+    kernel = fsa._kernel_from_spectra(spectra[1], len(grid), torch.float64)
+    inverted = []
+    real = fsa._kernel_from_spectra
+    monkeypatch.setattr(fsa, "_kernel_from_spectra", lambda *a: inverted.append(a[2]) or real(*a))
+    with torch.no_grad():
+        plain = fsa.lisa_fft(*ops, grid, spectra=spectra, dense_b=True)
+        assert inverted == [torch.float64]
+        kept = fsa.lisa_fft(*ops, grid, spectra=(*spectra, kernel), dense_b=True)
+        assert inverted == [torch.float64], "the kernel given with the spectra was inverted again"
+        fsa.lisa_fft(*ops, grid, spectra=(*spectra, kernel.float()), dense_b=True)
+        assert inverted == [torch.float64] * 2, "a kernel of another dtype was used"
+    torch.testing.assert_close(kept, plain, rtol=0, atol=0)
+    assert_close(kept, fsa.lisa_circulant_ref(*ops, grid), torch.float64, "kernel given with the spectra")
+    attn = subquad.build_attention("structure_aware", 12, 2, D=2, input_size=(5, 7)).eval()
+    with torch.no_grad():
+        cached = attn._spectra((5, 7), torch.float32)
+    assert len(cached) == 3
+    torch.testing.assert_close(cached[2], real(cached[1], 2, torch.float32), rtol=0, atol=0)
+    assert len(attn.train()._spectra((5, 7), torch.float32)) == 2
+
+
 def test_dense_kernel_path_is_taken_without_autograd_on_small_grids(monkeypatch):
     """Without autograd on the CPU schedule lisa_fft takes the dense kernel path up to N = DENSE_B_TOKENS_PER_PATTERN
     * D tokens and the FFT correlations above; either way it equals the reference, and the FFT form stays

@@ -30,7 +30,11 @@ def test_channel_major_compiled_equals_eager(tokens):
 @pytest.mark.parametrize("name", ["lisanet_micro", "l2vit_micro", "mlla_micro"])
 def test_int8_model_compiled_equals_eager(name):
     """At 32 px the last stages are 2 x 2 and 1 x 1 maps. Compiled and eager int8 may round a handful of activations
-    to neighbouring int8 steps (their float inputs differ in the last bits), far below the int8 error itself."""
+    to neighbouring int8 steps (their float inputs differ in the last bits), below the int8 error itself; a wrong
+    product (what the miscompiles gave) is far above it. On these tiny maps one such step is not small: mlla_micro
+    at one thread (the xdist workers' setting) rounds one activation of its third stage's fc1 (16 tokens) the other
+    way, and the logits then differ by 0.30 of the int8 error (0 at two threads, where the float parts agree to the
+    bit); the compiled int8 model is no further from the float model than the eager one."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = create_model(name, num_classes=10).eval()
@@ -40,4 +44,5 @@ def test_int8_model_compiled_equals_eager(name):
         ref, eager, compiled = model(x), q(x), torch.compile(q, backend="inductor")(x)
     err_int8 = rel_rms(eager, ref)
     assert err_int8 > 0
-    assert rel_rms(compiled, eager) < 0.1 * err_int8, (rel_rms(compiled, eager), err_int8)
+    assert rel_rms(compiled, eager) < 0.5 * err_int8, (rel_rms(compiled, eager), err_int8)
+    assert rel_rms(compiled, ref) < 1.25 * err_int8, (rel_rms(compiled, ref), err_int8)

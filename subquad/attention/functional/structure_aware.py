@@ -362,7 +362,7 @@ def _fft_of_real(x: torch.Tensor, fft_grid: Sequence[int]) -> torch.Tensor:
 
 def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
              struct_proj: torch.Tensor, grid: Sequence[int], boundary: str = "circular", d_chunk: int | None = None,
-             spectra: tuple[torch.Tensor, torch.Tensor] | None = None, checkpoint_chunks: bool = False,
+             spectra: tuple[torch.Tensor, ...] | None = None, checkpoint_chunks: bool = False,
              tile_elems: int = 2 ** 21, dense_b: bool | None = None) -> torch.Tensor:
     """Eq. 13: LiSA through FFTs over the grid (2-D for (H, W), 3-D over (T, H, W) for video).
 
@@ -389,7 +389,8 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
     doubled grid, equals `lisa_toeplitz_ref`).
     Args:
         spectra: optional precomputed `kernel_spectra(kernel_a, kernel_b, fft_grid)` (fft_grid = grid for
-            'circular', 2*grid for 'zero'); they are input-independent (the module caches them in eval).
+            'circular', 2*grid for 'zero'); input-independent, cached by the module in eval with a third element,
+            kernel_b on fft_grid flattened (h or 1, D, prod F), which spares `dense_b` its inverse transform.
         d_chunk: structural patterns per tile (rounded up to even); None = automatic (`plan_tiles`).
         checkpoint_chunks: recompute each tile's Ga/Gb in backward instead of saving them.
         tile_elems: float budget of one Ga/Gb tile (see `plan_tiles`).
@@ -437,7 +438,7 @@ def lisa_fft(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.
         outs.append(torch.cat(parts, 2) if dense_b else functools.reduce(torch.add, parts))
     y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     if dense_b:
-        return _dense_kernel_path(y, v, spectra[1], bproj, grid, fft_grid, tile_elems)
+        return _dense_kernel_path(y, v, spectra[1], bproj, grid, fft_grid, tile_elems, (*spectra, None)[2])
     return y.transpose(-1, -2)  # (B, h, N, dh)
 
 
@@ -474,18 +475,20 @@ def _resolve_dense_b(dense_b: bool | None, inference: bool, N: int, D: int) -> b
 
 
 def _dense_kernel_path(s: torch.Tensor, v: torch.Tensor, wb_spectra: torch.Tensor, bproj: torch.Tensor,
-                       grid: Sequence[int], fft_grid: Sequence[int], tile_elems: int = 2 ** 21) -> torch.Tensor:
+                       grid: Sequence[int], fft_grid: Sequence[int], tile_elems: int = 2 ** 21,
+                       kernel_b: torch.Tensor | None = None) -> torch.Tensor:
     """Y = A-hat V + S B^T with A-hat[i, j] = sum_d S[i, d] kernel_b[d, delta(j - i)] (Eq. 10), evaluated densely.
 
     Shapes: s (B, h, D, N); v (B, h, N, dh); wb_spectra (h or 1, D, *F) the correlation spectra of kernel_b
-    (`kernel_spectra`); bproj (h, dh, D) -> (B, h, N, dh).
+    (`kernel_spectra`); bproj (h, dh, D) -> (B, h, N, dh); kernel_b: optional, the kernel those spectra invert to
+    (`_kernel_from_spectra`, (h or 1, D, prod F)), used when it has s's dtype.
     The kernel comes back from its spectra (laid out circularly on F, the operator the FFT path applies, whatever
     size the module's kernel is stored at); S kernel_b gives every query row's value at every offset (B, h, N, F),
     and A-hat reads it at each (query, key) pair's offset. Those two (., N, max(N, prod F)) intermediates run in
     blocks of batch items and heads of at most `tile_elems` floats (`dense_blocks`), as the FFT path's tiles do."""
     B, h, D, N = s.shape
-    dims = tuple(range(-len(fft_grid), 0))
-    kernel_b = torch.fft.ifftn(wb_spectra.conj(), dim=dims).real.to(s.dtype).flatten(2)  # (h or 1, D, prod F)
+    if kernel_b is None or kernel_b.dtype != s.dtype:
+        kernel_b = _kernel_from_spectra(wb_spectra, len(fft_grid), s.dtype)  # (h or 1, D, prod F)
     st = s.transpose(-1, -2)  # (B, h, N, D)
     vt = v.to(st.dtype)
     index = _offset_index(tuple(grid), tuple(fft_grid), s.device)
@@ -502,6 +505,12 @@ def _dense_kernel_path(s: torch.Tensor, v: torch.Tensor, wb_spectra: torch.Tenso
             heads.append(a_hat @ vt[b0:b0 + b_block, h0:h0 + h_block] + sb @ bp)
         rows.append(heads[0] if len(heads) == 1 else torch.cat(heads, 1))
     return rows[0] if len(rows) == 1 else torch.cat(rows, 0)
+
+
+def _kernel_from_spectra(spectra: torch.Tensor, ndim: int, dtype: torch.dtype) -> torch.Tensor:
+    """The real kernel whose correlation spectra are `spectra` (..., *F) over the last `ndim` axes, flattened:
+    (..., prod F) in `dtype`."""
+    return torch.fft.ifftn(spectra.conj(), dim=tuple(range(-ndim, 0))).real.to(dtype).flatten(-ndim)
 
 
 def dense_blocks(B: int, h: int, N: int, fft_tokens: int, tile_elems: int = 2 ** 21) -> tuple[int, int]:
