@@ -7,8 +7,10 @@ machine's int8 rate on one 1024³ product and nothing else; this script measures
 calls instead.
 
 For each model and size: one step of the int8 copy records every int8 linear call (input shape, weight shape,
-channel-major or not, bias). Each call is then timed on random operands of that shape, its three sides alternating
-for `--rounds` rounds (median per call, summed over the step):
+channel-major or not, bias). The calls are then replayed in step order on random operands of their shapes, each
+call with its own weights (a step streams all of its weights from memory, 4x fewer bytes in int8; replaying one
+call alone would keep its weights in cache and flatter fp32), three sides alternating for `--rounds` rounds
+(medians of the whole sequence):
 - fp32: what the float model runs for that call (`F.linear`, or for LiSA's channel-major q/k/v the `torch.baddbmm`
   it takes, `subquad.attention.structure_aware`);
 - int8_layer: the int8 layer's code (quantize, `torch._int_mm`, dequantize; `_int8_linear_impl`);
@@ -16,13 +18,13 @@ for `--rounds` rounds (median per call, summed over the step):
 The whole fp32 and int8 steps alternate too (`--rounds` rounds, medians).
 
 Columns: model, img_size, rounds, calls, fp32_step_ms, int8_step_ms, int8_speedup_vs_fp32_eager (their ratio),
-fp32_linear_ms, int8_layer_ms, int_mm_ms (the per-call sums), quant_dequant_ms (int8_layer_ms - int_mm_ms),
+fp32_linear_ms, int8_layer_ms, int_mm_ms (the replayed sequences), quant_dequant_ms (int8_layer_ms - int_mm_ms),
 layer_gain (fp32_linear_ms / int8_layer_ms), int_mm_gain (fp32_linear_ms / int_mm_ms), linear_share_fp32
 (fp32_linear_ms / fp32_step_ms), predicted_speedup (Amdahl: the fp32 step with its linear calls at int8_layer_ms),
 bound_int_mm_only (the same at int_mm_ms: quantize and dequantize free), layer_gain_for_1p5 (the layer gain at which
 the prediction reaches 1.5x; empty when even free linear calls stay below it), kept_freed_mib, threads, cpu,
-cpu_family, torch. The sums are of isolated calls (warm caches, no neighbouring work), so the predictions are
-estimates of the step; compare them with the timed ratio in the same row.
+cpu_family, torch. The sequences leave out the work between the calls (whose cache traffic the step has), so the
+predictions are estimates of the step; compare them with the timed ratio in the same row.
 
 Usage (from the repository root, on a quiet machine: `uptime`):
     python benchmarks/int8_layer_gain.py --model lisanet_i --img-size 224 512 --out <dir>/gain.csv
@@ -34,6 +36,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,6 +111,14 @@ def _sides(call: tuple, gen: torch.Generator) -> dict:
     return {"fp32": fp32, "int8_layer": layer, "int_mm": int_mm}
 
 
+def _in_order(fns: list[Callable[[], object]]) -> Callable[[], None]:
+    """One side's calls of a whole step, one after the other."""
+    def run():
+        for fn in fns:
+            fn()
+    return run
+
+
 def interleaved(sides: dict, rounds: int, warmup: int = 2) -> dict:
     """Median seconds per side, the sides alternating (order flipped every round)."""
     times = {k: [] for k in sides}
@@ -134,10 +145,8 @@ def measure(name: str, size: int, rounds: int) -> dict:
     if not calls:
         raise UserError(f"{name} has no nn.Linear layer for quantize_int8 to convert: nothing to measure")
     gen = torch.Generator().manual_seed(0)
-    sums = {"fp32": 0.0, "int8_layer": 0.0, "int_mm": 0.0}
-    for call in calls:
-        for k, v in interleaved(_sides(call, gen), rounds).items():
-            sums[k] += v
+    per_call = [_sides(call, gen) for call in calls]  # each call its own operands, as the step has its own weights
+    sums = interleaved({k: _in_order([c[k] for c in per_call]) for k in ("fp32", "int8_layer", "int_mm")}, rounds)
     steps = interleaved({"fp32": lambda: model(x), "int8": lambda: q(x)}, rounds)
     fp32_step, lin, layer, mm = steps["fp32"], sums["fp32"], sums["int8_layer"], sums["int_mm"]
     rest = max(fp32_step - lin, 0.0)
