@@ -163,22 +163,13 @@ def measure(name: str, size: int, rounds: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from subquad import backend
-    from subquad.bench.sweep import _cpu_name, cpuinfo_field, new_output, write_csv
-    from subquad.models import list_models
+    from subquad.bench.sweep import new_output, script_setup, write_csv
 
     args = _args(argv)
     out = new_output(args.out)
     if min(args.rounds, *args.img_size) < 1 or (args.threads is not None and args.threads < 1):
         raise UserError("--rounds, --img-size and --threads must be positive")
-    unknown = [m for m in args.model if m not in list_models()]
-    if unknown:
-        raise UserError(f"--model: unknown model(s) {', '.join(unknown)} (`subquad list` names them)")
-    backend.keep_freed_memory_from_env()  # as the `subquad` command does (SUBQUAD_KEEP_FREED_MIB)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    env = dict(kept_freed_mib=backend.kept_freed_memory() // 2 ** 20, threads=torch.get_num_threads(),
-               cpu=_cpu_name(), cpu_family=cpuinfo_field("cpu family"), torch=torch.__version__)
+    env = script_setup(args.model, args.threads)
     rows = []
     for name in args.model:
         for size in args.img_size:

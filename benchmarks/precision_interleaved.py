@@ -283,7 +283,7 @@ def _fused_columns(med: dict) -> dict:
 
 def main(argv=None) -> int:
     from subquad import backend
-    from subquad.bench.sweep import _cpu_name, new_output, write_csv
+    from subquad.bench.sweep import new_output, script_setup, write_csv
 
     args = _args(argv)
     out = new_output(args.out)
@@ -292,16 +292,7 @@ def main(argv=None) -> int:
     if min(args.rounds, args.profile_steps, *args.img_size) < 1 or args.warmup < 0 or (
             args.threads is not None and args.threads < 1):
         raise UserError("--rounds, --profile-steps, --img-size and --threads must be positive and --warmup >= 0")
-    from subquad.models import list_models  # refuse an unknown name before anything runs
-
-    unknown = [m for m in args.model if m not in list_models()]
-    if unknown:
-        raise UserError(f"--model: unknown model(s) {', '.join(unknown)} (`subquad list` names them)")
-    backend.keep_freed_memory_from_env()  # as the `subquad` command does (SUBQUAD_KEEP_FREED_MIB)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    env = dict(bf16_native=int(backend.cpu_features().bf16), kept_freed_mib=backend.kept_freed_memory() // 2 ** 20,
-               threads=torch.get_num_threads(), cpu=_cpu_name(), cpu_family=cpu_family(), torch=torch.__version__)
+    env = dict(bf16_native=int(backend.cpu_features().bf16), **script_setup(args.model, args.threads))
     machine = machine_gemm_ratio()
     int8_ratio = machine_int8_ratio() if args.int8 else None
     rows = []

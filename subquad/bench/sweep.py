@@ -81,6 +81,24 @@ def _cpu_name() -> str:
     return cpuinfo_field("model name") or platform.processor() or platform.machine() or "cpu"
 
 
+def script_setup(models: Sequence[str], threads: int | None) -> dict:
+    """What a benchmark script (`benchmarks/`) does before it times anything: refuse unknown model names in one
+    line, keep freed memory as the `subquad` command does (SUBQUAD_KEEP_FREED_MIB), set torch's threads. Returns the
+    environment columns of its rows: kept_freed_mib, threads, cpu, cpu_family, torch."""
+    from .. import backend
+    from ..errors import UserError
+    from ..models import list_models
+
+    unknown = [m for m in models if m not in list_models()]
+    if unknown:
+        raise UserError(f"--model: unknown model(s) {', '.join(unknown)} (`subquad list` names them)")
+    backend.keep_freed_memory_from_env()
+    if threads:
+        torch.set_num_threads(threads)
+    return dict(kept_freed_mib=backend.kept_freed_memory() // 2 ** 20, threads=torch.get_num_threads(),
+                cpu=_cpu_name(), cpu_family=cpuinfo_field("cpu family"), torch=torch.__version__)
+
+
 def device_tag(device: torch.device | str) -> str:
     """Hardware name for result files: e.g. 'cpu-amd-epyc-7b13-2t' (threads used) or 'cuda-nvidia-h200'."""
     device = torch.device(device)
