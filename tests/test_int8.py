@@ -38,6 +38,21 @@ def test_int8_linear_equals_its_float64_reference(shape, i, o, bias):
     assert_close(y, int8_linear_ref(x, lin.weight, lin.bias), torch.float32, "output")
 
 
+def test_float64_input_without_bias_and_quantize_rows_under_autograd():
+    """float64 input keeps float64 scales and output (no bias: the scale-only dequantize); quantize_rows of a tensor
+    autograd tracks still returns its int8 form (no out= buffer under autograd)."""
+    lin = _layer(13, 6, bias=False)
+    q = quantize_int8(lin)
+    x = torch.randn(5, 3, 13, dtype=torch.float64)
+    y = q(x)
+    assert y.dtype == torch.float64
+    assert_close(y, int8_linear_ref(x, lin.weight), torch.float32, "float64 input")
+    leaf = torch.randn(4, 9, requires_grad=True)
+    qa, sa = quantize_rows(leaf)
+    qb, sb = quantize_rows(leaf.detach())
+    assert torch.equal(qa, qb) and torch.equal(sa.detach(), sb)
+
+
 def test_empty_input():
     q = quantize_int8(_layer(8, 4))
     assert q(torch.randn(3, 0, 8)).shape == (3, 0, 4)

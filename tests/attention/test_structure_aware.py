@@ -110,6 +110,21 @@ def test_dense_kernel_path_takes_kernel_b_with_the_spectra(monkeypatch):
     assert len(attn.train()._spectra((5, 7), torch.float32)) == 2
 
 
+@pytest.mark.parametrize("grid", [(5, 7), (2, 3, 4)])
+def test_dense_kernel_path_given_kernel_b_keeps_every_gradient(grid):
+    """Under autograd a kernel_b given with the spectra (detached, as a stale cache entry would be) is not used:
+    the gradient reaches kernel_b through its spectra, outputs and every gradient as the reference's."""
+    ops = _operands(grid, h=2, D=3)
+
+    def fn(q, k, v, ka, kb, sp):
+        spectra = fsa.kernel_spectra(ka, kb, grid)
+        kept = fsa._kernel_from_spectra(spectra[1], len(grid), q.dtype).detach()
+        return fsa.lisa_fft(q, k, v, ka, kb, sp, grid, spectra=(*spectra, kept), dense_b=True)
+
+    for dtype in (torch.float64, torch.float32):
+        compare_fn(fn, lambda *a: fsa.lisa_circulant_ref(*a, grid), ops, dtype)
+
+
 def test_dense_kernel_path_is_taken_without_autograd_on_small_grids(monkeypatch):
     """Without autograd on the CPU schedule lisa_fft takes the dense kernel path up to N = DENSE_B_TOKENS_PER_PATTERN
     * D tokens and the FFT correlations above; either way it equals the reference, and the FFT form stays

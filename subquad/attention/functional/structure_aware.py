@@ -481,13 +481,14 @@ def _dense_kernel_path(s: torch.Tensor, v: torch.Tensor, wb_spectra: torch.Tenso
 
     Shapes: s (B, h, D, N); v (B, h, N, dh); wb_spectra (h or 1, D, *F) the correlation spectra of kernel_b
     (`kernel_spectra`); bproj (h, dh, D) -> (B, h, N, dh); kernel_b: optional, the kernel those spectra invert to
-    (`_kernel_from_spectra`, (h or 1, D, prod F)), used when it has s's dtype.
+    (`_kernel_from_spectra`, (h or 1, D, prod F)), used when it has s's dtype and the spectra need no gradient.
     The kernel comes back from its spectra (laid out circularly on F, the operator the FFT path applies, whatever
     size the module's kernel is stored at); S kernel_b gives every query row's value at every offset (B, h, N, F),
     and A-hat reads it at each (query, key) pair's offset. Those two (., N, max(N, prod F)) intermediates run in
     blocks of batch items and heads of at most `tile_elems` floats (`dense_blocks`), as the FFT path's tiles do."""
     B, h, D, N = s.shape
-    if kernel_b is None or kernel_b.dtype != s.dtype:
+    # A given kernel_b is used only where no gradient has to reach the spectra through it.
+    if kernel_b is None or kernel_b.dtype != s.dtype or (torch.is_grad_enabled() and wb_spectra.requires_grad):
         kernel_b = _kernel_from_spectra(wb_spectra, len(fft_grid), s.dtype)  # (h or 1, D, prod F)
     st = s.transpose(-1, -2)  # (B, h, N, D)
     vt = v.to(st.dtype)
