@@ -67,8 +67,8 @@ import torch
 from .errors import UserError
 
 __all__ = ["BACKENDS", "PRECISIONS", "CpuFeatures", "cpu_features", "parse_cpu_flags", "resolve_precision",
-           "precision_context", "get_backend", "schedule", "set_backend", "use_backend", "cpu_schedules", "real_dft",
-           "real_dft_active", "decompose_attention", "DECOMPOSE_MAX_LOGITS",
+           "precision_context", "get_backend", "schedule", "eager_schedule", "set_backend", "use_backend",
+           "cpu_schedules", "real_dft", "real_dft_active", "decompose_attention", "DECOMPOSE_MAX_LOGITS",
            "fast_gemm_dtype", "keep_freed_memory", "kept_freed_memory", "keep_freed_memory_from_env",
            "KEEP_FREED_DEFAULT"]
 
@@ -110,7 +110,13 @@ def use_backend(name: str) -> Iterator[None]:
 
 def schedule(device: torch.device | str | None) -> str:
     """'cpu' or 'plain': the schedule that work on `device` runs (see the module docstring)."""
-    if _backend == "plain" or torch.compiler.is_compiling():
+    return "plain" if torch.compiler.is_compiling() else eager_schedule(device)
+
+
+def eager_schedule(device: torch.device | str | None) -> str:
+    """The schedule that eager code on `device` runs, also asked while `torch.compile` traces: for an opaque
+    operator that runs eager code inside a compiled graph (`subquad::lisa_core`)."""
+    if _backend == "plain":
         return "plain"
     if _backend == "cpu":
         return "cpu"

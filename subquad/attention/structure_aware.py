@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -11,7 +12,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from .._shapes import check_heads, check_sequence_hw, check_tokens, known_equal, merge_heads, sizes, tracing
-from ..backend import cpu_schedules, fast_gemm_dtype, real_dft_active
+from ..backend import cpu_schedules, eager_schedule, fast_gemm_dtype, real_dft_active
 from ..errors import UserError
 from ..layers.int8 import Int8DynamicLinear
 from ..layers.precision import compute_dtype, no_autocast
@@ -36,6 +37,9 @@ from .registry import register_attention
 __all__ = ["StructureAwareAttention", "StructureAwareAttention1d"]
 
 _FORMS = ("fft", "eq8", "eq9", "eq10")
+
+# Every grid-form module by id, for `subquad::lisa_core` (filled at construction and on unpickling or deep copy).
+_MIXERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _as_grid(size, name: str) -> tuple[int, ...]:
@@ -212,8 +216,13 @@ class StructureAwareAttention(TokenMixer):
         # Eval-only cache of the kernel spectra: key -> (spectrum_a, spectrum_b). Not state (not saved).
         self._spectra_cache: dict = {}
         self.caps = dataclasses.replace(type(self).caps, sequence=False)
+        _MIXERS[id(self)] = self
         if not self.qkv.weight.is_meta:
             self.reset_parameters()
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        _MIXERS[id(self)] = self
 
     def _kernel_params(self) -> list[torch.Tensor]:
         """The token-domain kernels of this form: [kernel_a, kernel_b], or [rpe] for form='eq8'."""
@@ -337,9 +346,26 @@ class StructureAwareAttention(TokenMixer):
         else:
             q, k, v = self._qkv(x)
         with no_autocast(x):
-            o = self._mix(q, k, v, grid)
+            if self._core_as_operator(q, k, v):
+                o = _lisa_core_op(q, k, v, id(self), list(grid))
+            else:
+                o = self._mix(q, k, v, grid)
         # Back to the input dtype; under autocast `proj` then runs in the autocast dtype.
         return self.proj_drop(self.proj(merge_heads(o).to(x.dtype)))
+
+    def _core_as_operator(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether the FFT core runs as the opaque operator `subquad::lisa_core`: while `torch.compile` (not
+        `torch.export`, not the ONNX real-DFT form) traces an inference call of the global FFT form on the CPU
+        schedule. The operator runs `_mix` as in eager mode, with the CPU tiles, the reused workspaces, the dense
+        kernel path and the spectra cache, which tracing turns off; Inductor generates no code for the complex
+        operators of the traced core anyway (traced, `lisanet_s` compiled at 512 x 512 ran 1.02x fp32 eager in bf16,
+        1.41x with the operator; docs/benchmarks.md)."""
+        if not torch.compiler.is_compiling() or torch.compiler.is_exporting() or real_dft_active():
+            return False
+        if self.form != "fft" or self.local_kernel is not None or eager_schedule(q.device) != "cpu":
+            return False
+        return not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *self._kernel_params(),
+                                                                              self.struct_proj)))
 
     def _ref_kernels(self, grid: tuple[int, ...], dtype: torch.dtype) -> tuple[list[torch.Tensor], str]:
         """The kernels as dense-form operands (local kernels embedded in Toeplitz ones) and their boundary."""
@@ -388,6 +414,23 @@ class StructureAwareAttention(TokenMixer):
         _, _, a_hat = lisa_eq10_ref(q, k, v, ka, kb, self.struct_proj.to(q.dtype), grid, boundary,
                                     return_structure=True)
         return a_hat
+
+
+@torch.library.custom_op("subquad::lisa_core", mutates_args=())
+def _lisa_core_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mixer: int, grid: list[int]) -> torch.Tensor:
+    """`StructureAwareAttention._mix` of the module `mixer` (its id) on q-bar, k-bar, v (B, h, N, d), run eagerly
+    inside a compiled graph (see `StructureAwareAttention._core_as_operator`): (B, h, N, d), contiguous."""
+    module = _MIXERS.get(mixer)
+    if module is None:
+        raise RuntimeError("subquad::lisa_core: the StructureAwareAttention this graph was compiled for no longer "
+                           "exists")
+    with torch.autocast(q.device.type, enabled=False):
+        return module._mix(q, k, v, tuple(grid)).contiguous()
+
+
+@_lisa_core_op.register_fake
+def _(q, k, v, mixer, grid):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 class StructureAwareAttention1d(StructureAwareAttention):
