@@ -358,8 +358,8 @@ class StructureAwareAttention(TokenMixer):
         `torch.export`, not the ONNX real-DFT form) traces an inference call of the global FFT form on the CPU
         schedule. The operator runs `_mix` as in eager mode, with the CPU tiles, the reused workspaces, the dense
         kernel path and the spectra cache, which tracing turns off; Inductor generates no code for the complex
-        operators of the traced core anyway (traced, `lisanet_s` compiled at 512 x 512 ran 1.02x fp32 eager in bf16,
-        1.41x with the operator; docs/benchmarks.md)."""
+        operators of the traced core anyway (traced, `lisanet_s` compiled at 512 x 512 ran 0.95x fp32 eager in bf16,
+        1.38-1.43x with the operator; docs/benchmarks.md, "LiSA under torch.compile")."""
         if not torch.compiler.is_compiling() or torch.compiler.is_exporting() or real_dft_active():
             return False
         if self.form != "fft" or self.local_kernel is not None or eager_schedule(q.device) != "cpu":
