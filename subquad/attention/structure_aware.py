@@ -216,13 +216,19 @@ class StructureAwareAttention(TokenMixer):
         # Eval-only cache of the kernel spectra: key -> (spectrum_a, spectrum_b). Not state (not saved).
         self._spectra_cache: dict = {}
         self.caps = dataclasses.replace(type(self).caps, sequence=False)
-        _MIXERS[id(self)] = self
+        self._register()
         if not self.qkv.weight.is_meta:
             self.reset_parameters()
 
+    def _register(self) -> None:
+        """Make this module findable by `subquad::lisa_core` (at construction, unpickling and deep copy); a copy
+        made another way keeps its original's `_mixer_id` and traces its core under torch.compile."""
+        self._mixer_id = id(self)
+        _MIXERS[id(self)] = self
+
     def __setstate__(self, state):
         super().__setstate__(state)
-        _MIXERS[id(self)] = self
+        self._register()
 
     def _kernel_params(self) -> list[torch.Tensor]:
         """The token-domain kernels of this form: [kernel_a, kernel_b], or [rpe] for form='eq8'."""
@@ -277,10 +283,11 @@ class StructureAwareAttention(TokenMixer):
             v = _normalize_channels(v)
         return q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(-1, -2)
 
-    def kernels(self, grid: Sequence[int], dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
+    def kernels(self, grid: Sequence[int], dtype: torch.dtype | None = None,
+                params: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
         """kernel_a, kernel_b (or (rpe,) for form='eq8') resampled for `grid` (token-domain; identity at
-        `input_size` and for local kernels)."""
-        ks = self._kernel_params()
+        `input_size` and for local kernels); `params`: those kernels given instead of the module's own."""
+        ks = list(params) if params is not None else self._kernel_params()
         if dtype is not None:
             ks = [w.to(dtype) for w in ks]
         # known_equal: a traced (symbolic) grid always resamples, which is the identity at input_size.
@@ -289,15 +296,17 @@ class StructureAwareAttention(TokenMixer):
             ks = [resize_kernel(w, target, self.kernel_resize) for w in ks]
         return tuple(ks)
 
-    def _spectra(self, grid: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    def _spectra(self, grid: tuple[int, ...], dtype: torch.dtype,
+                 params: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
         """`kernel_spectra` of both kernels on the FFT grid; cached per grid in eval mode without autograd, with
-        kernel_b's inverse transform as a third element (see `lisa_fft`'s spectra)."""
-        use_cache = not self.training and not torch.is_grad_enabled() and not tracing()
+        kernel_b's inverse transform as a third element (see `lisa_fft`'s spectra). Given `params` (kernel_a,
+        kernel_b other than the module's own) they are transformed, never cached."""
+        use_cache = not self.training and not torch.is_grad_enabled() and not tracing() and params is None
         key = (grid, dtype, self.kernel_a.device, self.kernel_a._version, self.kernel_b._version,
                id(self.kernel_a), id(self.kernel_b))
         if use_cache and key in self._spectra_cache:
             return self._spectra_cache[key]
-        ka, kb = self.kernels(grid, dtype)
+        ka, kb = self.kernels(grid, dtype, params)
         fft_grid = grid
         if self.boundary == "zero":
             ka, kb = toeplitz_to_circular(ka, grid), toeplitz_to_circular(kb, grid)
@@ -314,8 +323,14 @@ class StructureAwareAttention(TokenMixer):
         self._spectra_cache.clear()
         return super().train(mode)
 
-    def _mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
-        """q-bar, k-bar, v (B, h, N, d) -> (B, h, N, d) by the fast path of this configuration."""
+    def _mix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: tuple[int, ...],
+             params: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """q-bar, k-bar, v (B, h, N, d) -> (B, h, N, d) by the fast path of this configuration. `params`
+        (kernel_a, kernel_b, struct_proj of the global FFT form): tensors to use instead of the module's own."""
+        if params is not None:
+            ka, kb, sp = params
+            return lisa_fft(q, k, v, ka, kb, sp.to(q.dtype), grid, self.boundary, self.d_chunk,
+                            spectra=self._spectra(grid, q.dtype, (ka, kb)))
         if self.form != "fft":
             return self._mix_dense(q, k, v, grid)
         bproj = self.struct_proj.to(q.dtype)
@@ -347,7 +362,7 @@ class StructureAwareAttention(TokenMixer):
             q, k, v = self._qkv(x)
         with no_autocast(x):
             if self._core_as_operator(q, k, v):
-                o = _lisa_core_op(q, k, v, id(self), list(grid))
+                o = _lisa_core_op(q, k, v, self.kernel_a, self.kernel_b, self.struct_proj, id(self), list(grid))
             else:
                 o = self._mix(q, k, v, grid)
         # Back to the input dtype; under autocast `proj` then runs in the autocast dtype.
@@ -362,8 +377,10 @@ class StructureAwareAttention(TokenMixer):
         1.38-1.43x with the operator; docs/benchmarks.md, "LiSA under torch.compile")."""
         if not torch.compiler.is_compiling() or torch.compiler.is_exporting() or real_dft_active():
             return False
-        if self.form != "fft" or self.local_kernel is not None or eager_schedule(q.device) != "cpu":
+        if self.form != "fft" or self.local_kernel is not None or q.device.type != "cpu":
             return False
+        if eager_schedule(q.device) != "cpu" or getattr(self, "_mixer_id", None) != id(self):
+            return False  # the plain schedule asked for, or a copy that did not register (see `_register`)
         return not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *self._kernel_params(),
                                                                               self.struct_proj)))
 
@@ -417,19 +434,25 @@ class StructureAwareAttention(TokenMixer):
 
 
 @torch.library.custom_op("subquad::lisa_core", mutates_args=())
-def _lisa_core_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mixer: int, grid: list[int]) -> torch.Tensor:
-    """`StructureAwareAttention._mix` of the module `mixer` (its id) on q-bar, k-bar, v (B, h, N, d), run eagerly
-    inside a compiled graph (see `StructureAwareAttention._core_as_operator`): (B, h, N, d), contiguous."""
+def _lisa_core_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
+                  struct_proj: torch.Tensor, mixer: int, grid: list[int]) -> torch.Tensor:
+    """The global FFT core of the module `mixer` (its id: configuration and spectra cache) on q-bar, k-bar, v
+    (B, h, N, d) with the kernels the graph passes, run eagerly inside a compiled graph (see
+    `StructureAwareAttention._core_as_operator`): (B, h, N, d), contiguous. Where those are the module's own
+    parameters the module's cached spectra serve; other tensors (`torch.func.functional_call`, a kernel changed
+    earlier in the same graph) are transformed on the call."""
     module = _MIXERS.get(mixer)
     if module is None:
         raise RuntimeError("subquad::lisa_core: the StructureAwareAttention this graph was compiled for no longer "
                            "exists")
+    own = kernel_a is module.kernel_a and kernel_b is module.kernel_b and struct_proj is module.struct_proj
     with torch.autocast(q.device.type, enabled=False):
-        return module._mix(q, k, v, tuple(grid)).contiguous()
+        out = module._mix(q, k, v, tuple(grid), None if own else (kernel_a, kernel_b, struct_proj))
+    return out.contiguous()
 
 
 @_lisa_core_op.register_fake
-def _(q, k, v, mixer, grid):
+def _(q, k, v, kernel_a, kernel_b, struct_proj, mixer, grid):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 

@@ -21,12 +21,13 @@ from tests._tol import assert_close, rel_rms
 
 
 def _graphs(fn, *args):
-    """Run `fn` compiled (fullgraph, no Inductor) and return (output, the code of every captured FX graph)."""
+    """Run `fn` compiled (fullgraph, AOTAutograd without Inductor: the operator runs as in a compiled graph) and return
+    (output, the code of every captured FX graph)."""
     codes = []
 
     def capture(gm, example_inputs):
         codes.append(gm.code)
-        return gm.forward
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
 
     torch._dynamo.reset()
     out = torch.compile(fn, backend=capture, fullgraph=True)(*args)
@@ -51,7 +52,10 @@ def test_compiled_inference_runs_the_core_operator_and_equals_the_reference(grid
         m.float()
         out, code = _graphs(lambda t: m(t, grid), x)
     assert "lisa_core" in code
+    # The first call fills the module's spectra cache inside the graph; eager calls after it read that cache.
     assert_close(out, ref, torch.float32, "compiled LiSA")
+    with torch.no_grad():
+        assert_close(m(x, grid), ref, torch.float32, "eager LiSA after the compiled call")
 
 
 def test_one_dimensional_form_under_compile():
@@ -111,6 +115,44 @@ def test_export_traces_the_core():
     assert_close(ep.module()(x), m(x, (5, 7)), torch.float32, "exported LiSA")
 
 
+def test_kernels_given_to_the_graph_are_the_ones_used():
+    """torch.func.functional_call with other kernels, and a kernel changed in place earlier in the same graph: the
+    operator computes with the tensors the graph passes, not with the module's (cached) own."""
+    m = _module((5, 7))
+    x = torch.randn(2, 35, 12)
+    names = ("kernel_a", "kernel_b", "struct_proj")
+    other = {n: getattr(m, n).detach() * 3.0 for n in names}
+    with torch.no_grad():
+        m(x, (5, 7))  # the module's own spectra in its cache
+        out, code = _graphs(lambda p, t: torch.func.functional_call(m, p, (t, (5, 7))), other, x)
+        assert "lisa_core" in code
+        ref = torch.func.functional_call(m, other, (x, (5, 7)))
+        assert_close(out, ref, torch.float32, "compiled functional_call")
+        assert rel_rms(out, m(x, (5, 7))) > 0.1
+
+        def scale_then_run(t):
+            m.kernel_a.mul_(2.0)
+            return m(t, (5, 7))
+
+        out, code = _graphs(scale_then_run, x)
+        assert "lisa_core" in code
+        m.kernel_a.div_(2.0)
+        assert_close(out, scale_then_run(x), torch.float32, "kernel scaled inside the graph")
+
+
+def test_a_copy_that_did_not_register_traces_its_core():
+    """A copy made without `__init__` or `__setstate__` (here: its registration forged away) is not handed to the
+    operator; its core is traced and the output is still right."""
+    m = _module((5, 7))
+    c = copy.deepcopy(m)
+    c._mixer_id = id(m)
+    x = torch.randn(1, 35, 12)
+    with torch.no_grad():
+        out, code = _graphs(lambda t: c(t, (5, 7)), x)
+        assert "lisa_core" not in code
+        assert_close(out, c(x, (5, 7)), torch.float32, "traced copy")
+
+
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])
 def test_copies_find_their_own_module(how):
     """The operator looks its module up by id: a copy made by deepcopy or pickle registers itself, and its compiled
@@ -134,7 +176,7 @@ def test_copies_find_their_own_module(how):
 def test_operator_without_its_module_says_so():
     q = torch.randn(1, 1, 4, 2)
     with pytest.raises(RuntimeError, match="no longer exists"):
-        torch.ops.subquad.lisa_core(q, q, q, -1, [2, 2])
+        torch.ops.subquad.lisa_core(q, q, q, q, q, q, -1, [2, 2])
 
 
 def test_eager_schedule_is_asked_while_compiling():

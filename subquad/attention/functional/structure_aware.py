@@ -511,7 +511,9 @@ def _dense_kernel_path(s: torch.Tensor, v: torch.Tensor, wb_spectra: torch.Tenso
 def _kernel_from_spectra(spectra: torch.Tensor, ndim: int, dtype: torch.dtype) -> torch.Tensor:
     """The real kernel whose correlation spectra are `spectra` (..., *F) over the last `ndim` axes, flattened:
     (..., prod F) in `dtype`."""
-    return torch.fft.ifftn(spectra.conj(), dim=tuple(range(-ndim, 0))).real.to(dtype).flatten(-ndim)
+    # conj_physical, not a lazy conj view: inside a compiled graph (subquad::lisa_core) the conjugate bit of a view
+    # is not honoured by the FFT (torch 2.14.1 excludes the Conjugate dispatch key there).
+    return torch.fft.ifftn(spectra.conj_physical(), dim=tuple(range(-ndim, 0))).real.to(dtype).flatten(-ndim)
 
 
 def dense_blocks(B: int, h: int, N: int, fft_tokens: int, tile_elems: int = 2 ** 21) -> tuple[int, int]:
