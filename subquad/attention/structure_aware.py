@@ -327,24 +327,23 @@ class StructureAwareAttention(TokenMixer):
              params: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
         """q-bar, k-bar, v (B, h, N, d) -> (B, h, N, d) by the fast path of this configuration. `params`
         (kernel_a, kernel_b, struct_proj of the global FFT form): tensors to use instead of the module's own."""
-        if params is not None:
-            ka, kb, sp = params
-            return lisa_fft(q, k, v, ka, kb, sp.to(q.dtype), grid, self.boundary, self.d_chunk,
-                            spectra=self._spectra(grid, q.dtype, (ka, kb)))
         if self.form != "fft":
             return self._mix_dense(q, k, v, grid)
-        bproj = self.struct_proj.to(q.dtype)
+        ka_p, kb_p, sp_p = params if params is not None else (self.kernel_a, self.kernel_b, self.struct_proj)
+        given = None if params is None else (ka_p, kb_p)
+        bproj = sp_p.to(q.dtype)
         d_chunk = self.d_chunk
         if self.local_kernel is not None:
-            ka, kb = self.kernels(grid, q.dtype)
+            ka, kb = self.kernels(grid, q.dtype, given)
             return lisa_local(q, k, v, ka, kb, bproj, grid, d_chunk=d_chunk)
         # The real-DFT form for ONNX only. (Taking it inside torch.compile too, since Inductor generates no code for
         # complex operators, made lisanet_s 2x slower at 224 x 224: its 56 x 56 grids make the DFT matmuls costly.)
         if real_dft_active():
-            ka, kb = self.kernels(grid, q.dtype)
+            ka, kb = self.kernels(grid, q.dtype, given)
             return lisa_dft(q, k, v, ka, kb, bproj, grid, self.boundary)
-        return lisa_fft(q, k, v, self.kernel_a, self.kernel_b, bproj, grid, self.boundary,
-                        d_chunk, spectra=self._spectra(grid, q.dtype), checkpoint_chunks=self.checkpoint_kernels)
+        return lisa_fft(q, k, v, ka_p, kb_p, bproj, grid, self.boundary, d_chunk,
+                        spectra=self._spectra(grid, q.dtype, given),
+                        checkpoint_chunks=self.checkpoint_kernels)
 
     def forward(self, x: torch.Tensor, hw: Sequence[int] | None = None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
