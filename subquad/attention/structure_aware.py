@@ -51,6 +51,26 @@ def _as_grid(size, name: str) -> tuple[int, ...]:
     return size
 
 
+def _channel_major_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """W x^T + b per batch item: x (B, N, C) -> (B, out, N), written channel-major (the FFTs run over the token axis).
+
+    Under autocast, one image (B == 1, inference) takes one addmm on the module's own leaf weight and bias, which
+    autocast casts once per autocast region (its weight cache) instead of once per call; a batch casts them once per
+    call, before the batch broadcast (a broadcast view is never cached, and its cast would copy the weight per batch
+    item and the bias per token). Same numbers either way.
+    """
+    B, N, _ = x.shape
+    xt = x.transpose(1, 2)
+    if B == 1:
+        return (torch.mm(w, xt[0]) if b is None else torch.addmm(b[:, None], w, xt[0])).unsqueeze(0)
+    kind = x.device.type
+    if w.dtype == torch.float32 and kind in ("cpu", "cuda", "xpu") and torch.is_autocast_enabled(kind):
+        low = torch.get_autocast_dtype(kind)
+        w, b = w.to(low), (None if b is None else b.to(low))
+    w = w.expand(B, *w.shape)
+    return torch.bmm(w, xt) if b is None else torch.baddbmm(b[:, None].expand(B, -1, N), w, xt)
+
+
 def _normalize_channels(t: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """F.normalize over dim -2 of a channel-major (..., d, N) tensor: t / max(||t||, eps). Written as a sum of
     squares and rsqrt because torch's norm reduction over a strided dim is ~10x slower here."""
@@ -270,12 +290,7 @@ class StructureAwareAttention(TokenMixer):
         if isinstance(self.qkv, Int8DynamicLinear):  # `quantize_int8`: the int8 GEMM, output in the core's dtype
             qkv = self.qkv.channel_major(x, compute_dtype(x.dtype))
         else:
-            w, b = self.qkv.weight, self.qkv.bias
-            w = w.expand(B, *w.shape)
-            if b is None:
-                qkv = torch.bmm(w, x.transpose(1, 2))
-            else:
-                qkv = torch.baddbmm(b[:, None].expand(B, -1, N), w, x.transpose(1, 2))
+            qkv = _channel_major_linear(x, self.qkv.weight, self.qkv.bias)
         cdt = compute_dtype(qkv.dtype)
         q, k, v = qkv.to(cdt).reshape(B, 3, self.num_heads, self.head_dim, N).unbind(1)  # each (B, h, d, N)
         q, k = _normalize_channels(q), _normalize_channels(k)

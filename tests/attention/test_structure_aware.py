@@ -449,6 +449,40 @@ def test_autocast_runs_core_in_fp32(dtype, monkeypatch):
     assert_close(y.float(), m(x, (5, 7)), dtype, "autocast vs fp32")
 
 
+@pytest.mark.parametrize("B", [1, 3])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_channel_major_qkv_projection_equals_linear(B, bias, dtype):
+    """The channel-major q/k/v GEMM (one addmm for one image, a batched GEMM otherwise) is F.linear transposed, on
+    outputs and every gradient (x, weight, bias), on 13 tokens of 5 channels into 9."""
+    from subquad.attention.structure_aware import _channel_major_linear
+
+    g = torch.Generator().manual_seed(B)
+    inputs = [torch.randn(B, 13, 5, generator=g), torch.randn(9, 5, generator=g)]
+    inputs += [torch.randn(9, generator=g)] if bias else []
+    compare_fn(lambda x, w, *b: _channel_major_linear(x, w, b[0] if b else None),
+               lambda x, w, *b: F.linear(x, w, b[0] if b else None).transpose(1, 2), inputs, dtype)
+
+
+@pytest.mark.parametrize("B", [0, 1, 3])
+def test_channel_major_qkv_projection_under_autocast_and_empty(B):
+    """Under bf16 autocast the projection runs in bf16 with the numbers of the batched GEMM on broadcast views it
+    replaced (the weight and bias cast once, not per batch item or token); an empty batch gives an empty output."""
+    from subquad.attention.structure_aware import _channel_major_linear
+
+    g = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(B, 11, 6, generator=g), torch.randn(10, 6, generator=g), torch.randn(10, generator=g)
+    with torch.autocast("cpu", torch.bfloat16):
+        y = _channel_major_linear(x, w, b)
+        ref = torch.baddbmm(b[:, None].expand(B, -1, 11), w.expand(B, *w.shape), x.transpose(1, 2))
+    assert y.shape == (B, 10, 11) and y.dtype == torch.bfloat16
+    if B == 0:
+        return
+    assert_close(y.float(), ref.float(), torch.bfloat16, "autocast projection")
+    assert_close(y.double(), F.linear(x.double(), w.double(), b.double()).transpose(1, 2), torch.bfloat16,
+                 "autocast projection vs float64")
+
+
 def test_bad_inputs_clear_errors():
     with pytest.raises(ValueError, match="D .*>= 1, got 0"):
         _module(D=0)
