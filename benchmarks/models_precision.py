@@ -17,7 +17,8 @@ Usage (from the repository root, on a quiet machine: `uptime`):
 
 The selection is `benchmarks/models.py`'s (registered names ending in _tiny/_small and the papers' small sizes),
 without timm's baselines; `--model` replaces it. `--img-size` (default 224,512), `--threads`, `--repeats` and
-`--warmup` pass through to `subquad bench model`.
+`--warmup` pass through to `subquad bench model`, and so do `--precision` and `--backend` (default: every path) for a
+quicker sweep of fewer paths (e.g. `--backend eager` on a new CPU).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", nargs="+", help="models (default: benchmarks/models.py's Tiny/Small selection)")
     p.add_argument("--img-size", default="224,512")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--precision", default=PRECISIONS, help=f"passed to `subquad bench model` (default {PRECISIONS})")
+    p.add_argument("--backend", default=BACKENDS,
+                   help=f"passed to `subquad bench model` (default {BACKENDS}); the table shows '-' for a path "
+                        "not measured")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--list", action="store_true", help="print the selected models and exit")
@@ -111,7 +116,7 @@ def _run(model: str, args: argparse.Namespace, parts: Path) -> Path:
     tmp = parts / f".{model}.partial.csv"
     tmp.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "subquad_cli", "bench", "model", "--model", model, "--img-size", args.img_size,
-           "--precision", PRECISIONS, "--backend", BACKENDS, "--repeats", str(args.repeats),
+           "--precision", args.precision, "--backend", args.backend, "--repeats", str(args.repeats),
            "--warmup", str(args.warmup), "--no-plot", "--out", str(tmp)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]

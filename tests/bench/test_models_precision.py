@@ -15,10 +15,10 @@ from ._scripts import load_benchmark
 
 def test_parts_resume_and_merge(tmp_path, monkeypatch):
     mp = load_benchmark("models_precision")
-    monkeypatch.setattr(mp, "BACKENDS", "eager,onnxruntime")  # compile is a minute per model: slow tests only
     parts, out = tmp_path / "parts", tmp_path / "all.csv"
+    # --backend passes through (compile is a minute per model: slow tests only).
     argv = ["--model", "vit_attn_micro,l2vit_micro", "--img-size", "16", "--repeats", "1", "--warmup", "0",
-            "--threads", "1", "--parts", str(parts)]
+            "--threads", "1", "--parts", str(parts), "--backend", "eager,onnxruntime"]
     assert mp.main(argv + ["--out", str(out)]) == 0
     for m in ("vit_attn_micro", "l2vit_micro"):
         assert (parts / f"{m}.csv").is_file() and (parts / f"{m}.json").is_file()
@@ -27,6 +27,9 @@ def test_parts_resume_and_merge(tmp_path, monkeypatch):
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == MODEL_COLUMNS
     assert [r["model"] for r in rows] == ["vit_attn_micro"] * 6 + ["l2vit_micro"] * 6
+    assert {r["backend"] for r in rows} == {"eager", "onnxruntime"}
+    assert all("--backend eager,onnxruntime" in " ".join(json.loads((parts / f"{m}.json").read_text())["command"])
+               for m in ("vit_attn_micro", "l2vit_micro"))
     ok = [r for r in rows if r["status"] == "ok"]
     assert {(r["precision"], r["backend"]) for r in ok} >= {("fp32", "eager"), ("fp32", "onnxruntime"),
                                                            ("int8", "onnxruntime")}
