@@ -5,7 +5,7 @@ import torch
 
 from subquad.attention.functional.softmax import softmax_attention, softmax_attention_ref
 from subquad.attention.softmax import MultiHeadAttention
-from tests._tol import compare_fn, compare_module
+from tests._tol import assert_close, compare_fn, compare_module
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -105,3 +105,38 @@ def test_fractional_hw_refused():
         as_hw((5.5, 7))
     with pytest.raises(ValueError, match="whole numbers"):
         as_hw(True)
+
+
+@pytest.mark.parametrize("mask_kind", ["float", "bool"])
+def test_sdpa_lower_rank_mask_takes_the_fused_kernel(mask_kind):
+    """A mask of lower rank than q (agent attention's (h, A, N) bias) broadcasts as before; with it and a q strided
+    in its last dim, SDPA without autograd reaches torch's fused CPU kernel, not its unfused math path. Outputs equal
+    the float64 reference on 7 queries x 9 keys, and so does every gradient (the bias's too) where autograd runs
+    (torch then takes the math path)."""
+    from torch.profiler import profile
+
+    from subquad.attention.functional.softmax import sdpa
+
+    g = torch.Generator().manual_seed(3)
+    # q strided in its last dim (agent attention's pooled agent tokens at some sizes).
+    q = torch.randn(2, 3, 4, 7, generator=g).transpose(-1, -2)
+    k, v = torch.randn(2, 3, 9, 4, generator=g), torch.randn(2, 3, 9, 4, generator=g)
+    mask = torch.randn(3, 7, 9, generator=g) if mask_kind == "float" else torch.rand(3, 7, 9, generator=g) > 0.3
+    if mask_kind == "bool":
+        mask[..., 0] = True  # every query keeps a key (the fused kernel and the reference differ on empty rows)
+
+    def ref(q, k, v, *m):
+        logits = q @ k.transpose(-1, -2) / 2.0
+        bias = m[0] if m else mask
+        logits = logits + bias if bias.dtype != torch.bool else logits.masked_fill(~bias, float("-inf"))
+        return logits.softmax(-1) @ v
+
+    with torch.no_grad(), profile() as p:
+        out = sdpa(q, k, v, attn_mask=mask)
+    keys = {e.key for e in p.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in keys
+    assert "aten::_scaled_dot_product_attention_math" not in keys
+    assert_close(out, ref(q.double(), k.double(), v.double(), *([mask.double()] if mask_kind == "float" else [])),
+                 torch.float32, "no-grad output")
+    inputs = [q, k, v] + ([mask] if mask_kind == "float" else [])
+    compare_fn(lambda q, k, v, *m: sdpa(q, k, v, attn_mask=m[0] if m else mask), ref, inputs, torch.float32)

@@ -50,6 +50,14 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
     bf16)."""
     if decompose_attention(q, k, v, dropout_p, attn_mask):
         return sdpa_written_out(q, k, v, attn_mask, scale)
+    # torch's fused CPU kernel refuses a mask of lower rank than q and a q, k or v whose last dim is strided, and
+    # then runs its unfused math path (agent attention's (h, A, N) biases and pooled agent tokens: 3-4x slower per
+    # call; benchmarks/sdpa_fused_cpu.py). The same broadcast at q's rank, and a copy of a strided operand, keep it
+    # in eager mode (traced graphs keep the call as written: its strides are symbolic there).
+    if q.device.type == "cpu" and not torch.compiler.is_compiling():
+        if attn_mask is not None and attn_mask.dim() < q.dim():
+            attn_mask = attn_mask[(None,) * (q.dim() - attn_mask.dim())]
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
 
 
