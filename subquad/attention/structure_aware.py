@@ -38,8 +38,11 @@ __all__ = ["StructureAwareAttention", "StructureAwareAttention1d"]
 
 _FORMS = ("fft", "eq8", "eq9", "eq10")
 
-# Every grid-form module by id, for `subquad::lisa_core` (filled at construction and on unpickling or deep copy).
+# Every grid-form module by id, where `subquad::lisa_core` finds the module that owns the kernels a compiled graph
+# passes it (filled at construction and on unpickling or deep copy); `_OWNERS` remembers the owner of each set of
+# kernels (kernel_a, kernel_b, struct_proj) by their ids.
 _MIXERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_OWNERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _as_grid(size, name: str) -> tuple[int, ...]:
@@ -55,9 +58,10 @@ def _channel_major_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | No
     """W x^T + b per batch item: x (B, N, C) -> (B, out, N), written channel-major (the FFTs run over the token axis).
 
     Under autocast, one image (B == 1, inference) takes one addmm on the module's own leaf weight and bias, which
-    autocast casts once per autocast region (its weight cache) instead of once per call; a batch casts them once per
-    call, before the batch broadcast (a broadcast view is never cached, and its cast would copy the weight per batch
-    item and the bias per token). Same numbers either way.
+    autocast casts once per autocast region (its weight cache, which keeps weights that require grad, as for
+    nn.Linear) instead of once per call; a batch casts them once per call, before the batch broadcast (a broadcast
+    view is never cached, and its cast would copy the weight per batch item and the bias per token). The same
+    products either way (bit-identical logits on the LiSA models on an Intel Xeon, benchmarks/lisa_qkv_cast.py).
     """
     B, N, _ = x.shape
     xt = x.transpose(1, 2)
@@ -241,9 +245,9 @@ class StructureAwareAttention(TokenMixer):
             self.reset_parameters()
 
     def _register(self) -> None:
-        """Make this module findable by `subquad::lisa_core` (at construction, unpickling and deep copy); a copy
-        made another way keeps its original's `_mixer_id` and traces its core under torch.compile."""
-        self._mixer_id = id(self)
+        """Make this module findable by `subquad::lisa_core` (at construction, unpickling and deep copy), which
+        then uses its spectra cache for its own kernels; kernels of a module it cannot find are transformed on the
+        call."""
         _MIXERS[id(self)] = self
 
     def __setstate__(self, state):
@@ -376,7 +380,8 @@ class StructureAwareAttention(TokenMixer):
             q, k, v = self._qkv(x)
         with no_autocast(x):
             if self._core_as_operator(q, k, v):
-                o = _lisa_core_op(q, k, v, self.kernel_a, self.kernel_b, self.struct_proj, id(self), list(grid))
+                o = _lisa_core_op(q, k, v, self.kernel_a, self.kernel_b, self.struct_proj, list(grid),
+                                  self.boundary, self.kernel_resize, -1 if self.d_chunk is None else self.d_chunk)
             else:
                 o = self._mix(q, k, v, grid)
         # Back to the input dtype; under autocast `proj` then runs in the autocast dtype.
@@ -393,8 +398,8 @@ class StructureAwareAttention(TokenMixer):
             return False
         if self.form != "fft" or self.local_kernel is not None or q.device.type != "cpu":
             return False
-        if eager_schedule(q.device) != "cpu" or getattr(self, "_mixer_id", None) != id(self):
-            return False  # the plain schedule asked for, or a copy that did not register (see `_register`)
+        if eager_schedule(q.device) != "cpu":
+            return False  # the plain schedule asked for
         return not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *self._kernel_params(),
                                                                               self.struct_proj)))
 
@@ -447,26 +452,50 @@ class StructureAwareAttention(TokenMixer):
         return a_hat
 
 
+def _kernel_owner(kernel_a: torch.Tensor, kernel_b: torch.Tensor, struct_proj: torch.Tensor, boundary: str,
+                  kernel_resize: str, d_chunk: int | None) -> StructureAwareAttention | None:
+    """The registered global-FFT module whose own parameters these are, with this configuration, or None."""
+    def owns(m) -> bool:
+        return (m is not None and getattr(m, "kernel_a", None) is kernel_a and m.kernel_b is kernel_b
+                and m.struct_proj is struct_proj and m.form == "fft" and m.local_kernel is None
+                and m.boundary == boundary and m.kernel_resize == kernel_resize and m.d_chunk == d_chunk)
+
+    key = (id(kernel_a), id(kernel_b), id(struct_proj))  # checked by identity on every hit: a reused id misses
+    m = _OWNERS.get(key)
+    if owns(m):
+        return m
+    m = next((m for m in list(_MIXERS.values()) if owns(m)), None)
+    if m is not None:
+        _OWNERS[key] = m
+    return m
+
+
 @torch.library.custom_op("subquad::lisa_core", mutates_args=())
 def _lisa_core_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel_a: torch.Tensor, kernel_b: torch.Tensor,
-                  struct_proj: torch.Tensor, mixer: int, grid: list[int]) -> torch.Tensor:
-    """The global FFT core of the module `mixer` (its id: configuration and spectra cache) on q-bar, k-bar, v
-    (B, h, N, d) with the kernels the graph passes, run eagerly inside a compiled graph (see
-    `StructureAwareAttention._core_as_operator`): (B, h, N, d), contiguous. Where those are the module's own
-    parameters the module's cached spectra serve; other tensors (`torch.func.functional_call`, a kernel changed
-    earlier in the same graph) are transformed on the call."""
-    module = _MIXERS.get(mixer)
-    if module is None:
-        raise RuntimeError("subquad::lisa_core: the StructureAwareAttention this graph was compiled for no longer "
-                           "exists")
-    own = kernel_a is module.kernel_a and kernel_b is module.kernel_b and struct_proj is module.struct_proj
+                  struct_proj: torch.Tensor, grid: list[int], boundary: str, kernel_resize: str,
+                  d_chunk: int) -> torch.Tensor:
+    """LiSA's global FFT core on q-bar, k-bar, v (B, h, N, d) with the kernels the graph passes, run eagerly inside a
+    compiled graph (see `StructureAwareAttention._core_as_operator`): (B, h, N, d), contiguous. The graph carries the
+    configuration (boundary, kernel_resize, d_chunk; -1 = automatic tiles), not its module, so Inductor's on-disk
+    cache serves it across processes. Where the kernels are a registered module's own parameters, that module runs
+    the core with its cached spectra; other tensors (`torch.func.functional_call`, a kernel changed earlier in the
+    same graph, a copy that did not register) are resized and transformed on the call, as `StructureAwareAttention`
+    does."""
+    grid_t, chunk = tuple(grid), None if d_chunk < 0 else d_chunk
     with torch.autocast(q.device.type, enabled=False):
-        out = module._mix(q, k, v, tuple(grid), None if own else (kernel_a, kernel_b, struct_proj))
+        module = _kernel_owner(kernel_a, kernel_b, struct_proj, boundary, kernel_resize, chunk)
+        if module is not None:
+            out = module._mix(q, k, v, grid_t)
+        else:
+            target = grid_t if boundary == "circular" else tuple(2 * g - 1 for g in grid_t)
+            ka, kb = (w.to(q.dtype) for w in (kernel_a, kernel_b))
+            ka, kb = (w if tuple(w.shape[2:]) == target else resize_kernel(w, target, kernel_resize) for w in (ka, kb))
+            out = lisa_fft(q, k, v, ka, kb, struct_proj.to(q.dtype), grid_t, boundary, chunk)
     return out.contiguous()
 
 
 @_lisa_core_op.register_fake
-def _(q, k, v, kernel_a, kernel_b, struct_proj, mixer, grid):
+def _(q, k, v, kernel_a, kernel_b, struct_proj, grid, boundary, kernel_resize, d_chunk):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 

@@ -111,8 +111,8 @@ def test_fractional_hw_refused():
 def test_sdpa_lower_rank_mask_takes_the_fused_kernel(mask_kind):
     """A mask of lower rank than q (agent attention's (h, A, N) bias) broadcasts as before; with it and a q strided
     in its last dim, SDPA without autograd reaches torch's fused CPU kernel, not its unfused math path. Outputs equal
-    the float64 reference on 7 queries x 9 keys, and so does every gradient (the bias's too) where autograd runs
-    (torch then takes the math path)."""
+    the float64 reference on 7 queries x 9 keys, and so does every gradient where autograd runs (the float bias's
+    too: torch takes the math path for a mask that requires grad)."""
     from torch.profiler import profile
 
     from subquad.attention.functional.softmax import sdpa

@@ -57,7 +57,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
     if q.device.type == "cpu" and not torch.compiler.is_compiling():
         if attn_mask is not None and attn_mask.dim() < q.dim():
             attn_mask = attn_mask[(None,) * (q.dim() - attn_mask.dim())]
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        # Only where the fused kernel can run (4-D, no dropout, no mask gradient): elsewhere torch takes the math
+        # path anyway, and the copies would be wasted.
+        if q.dim() == 4 and not dropout_p and not (attn_mask is not None and attn_mask.requires_grad):
+            q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
 
 
