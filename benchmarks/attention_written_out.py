@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +30,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from subquad.bench.sweep import interleaved_times  # noqa: E402
 from subquad.errors import UserError  # noqa: E402
 
 COLUMNS = ["shape", "mask", "what", "logits", "written_ms", "fused_ms", "fused_over_written", "rounds", "threads",
@@ -97,14 +97,8 @@ def measure(shape, mask: str, rounds: int, warmup: int, force_bool: bool = False
             return fused_c(q, k, v, attn)
 
     sides = {"written": lambda: written_c(q, k, v, attn), "fused": fused}
-    times = {s: [] for s in sides}
     with torch.no_grad():
-        for r in range(warmup + rounds):
-            for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
-                t0 = time.perf_counter()
-                sides[side]()
-                if r >= warmup:
-                    times[side].append((time.perf_counter() - t0) * 1e3)
+        times = interleaved_times(sides, rounds, warmup)
     w, f = (statistics.median(times[s]) for s in ("written", "fused"))
     B, h, N, n, d = shape
     return dict(shape="x".join(map(str, shape)), mask=mask, logits=B * h * N * n, written_ms=round(w, 4),

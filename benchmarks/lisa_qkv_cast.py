@@ -20,10 +20,8 @@ Usage (from the repository root, on a quiet machine: `uptime`):
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +30,14 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from subquad.errors import UserError  # noqa: E402
+from subquad.bench.sweep import (  # noqa: E402
+    check_interleaved_args,
+    interleaved_parser,
+    interleaved_times,
+    new_output,
+    script_setup,
+    write_csv,
+)
 
 COLUMNS = ["model", "img_size", "rounds", "fp32_ms", "bf16_ms", "bf16_broadcast_ms", "speedup_vs_fp32_eager",
            "broadcast_speedup_vs_fp32_eager", "gain", "copy_ms_bf16", "copy_ms_bf16_broadcast", "max_abs_diff",
@@ -80,15 +85,9 @@ def measure(name: str, img_size: int, rounds: int, warmup: int) -> dict:
             structure_aware._channel_major_linear = leaf
 
     sides = {"fp32": fp32, "bf16": bf16, "bf16_broadcast": bf16_broadcast}
-    times = {k: [] for k in sides}
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         diff = float((bf16().float() - bf16_broadcast().float()).abs().max())
-        for r in range(warmup + rounds):
-            for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
-                t0 = time.perf_counter()
-                sides[side]()
-                if r >= warmup:
-                    times[side].append((time.perf_counter() - t0) * 1e3)
+        times = interleaved_times(sides, rounds, warmup)
         copies = {side: copy_ms(sides[side]) for side in ("bf16", "bf16_broadcast")}
     med = {k: statistics.median(v) for k, v in times.items()}
     return dict(model=name, img_size=img_size, rounds=rounds, fp32_ms=round(med["fp32"], 3),
@@ -100,19 +99,10 @@ def measure(name: str, img_size: int, rounds: int, warmup: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="CSV to write (refused if it exists)")
-    p.add_argument("--model", nargs="+", default=MODELS, metavar="NAME")
-    p.add_argument("--img-size", type=int, nargs="+", default=[224, 512])
-    p.add_argument("--rounds", type=int, default=15, help="timed rounds (one step of each side per round)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p = interleaved_parser(__doc__, MODELS, rounds=15)
     args = p.parse_args(argv)
-    from subquad.bench.sweep import new_output, script_setup, write_csv
-
     out = new_output(args.out)
-    if min(args.rounds, *args.img_size) < 1 or args.warmup < 0 or (args.threads is not None and args.threads < 1):
-        raise UserError("--rounds, --img-size and --threads must be positive and --warmup >= 0")
+    check_interleaved_args(args)
     env = script_setup(args.model, args.threads)
     rows = []
     for name in args.model:

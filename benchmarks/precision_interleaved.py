@@ -57,7 +57,6 @@ Usage (from the repository root, on a quiet machine: `uptime`):
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -91,19 +90,15 @@ MODELS = ["lisanet_s", "hylisanet_s", "lisanet_i"]
 
 
 def _args(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="CSV to write (refused if it exists)")
-    p.add_argument("--model", nargs="+", default=MODELS, metavar="NAME")
-    p.add_argument("--img-size", type=int, nargs="+", default=[224, 512])
-    p.add_argument("--rounds", type=int, default=15, help="timed rounds (one step of each side per round)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    from subquad.bench.sweep import interleaved_parser
+
+    p = interleaved_parser(__doc__, MODELS)
     p.add_argument("--compile", action="store_true", help="also time bf16 under torch.compile (side bf16_compile)")
     p.add_argument("--fused-attention", action="store_true",
                    help="with --compile, also time the compiled model with attention through the fused kernel "
                         "(side bf16_compile_fused)")
     p.add_argument("--int8", action="store_true", help="also time the int8 copy of the model (side int8)")
     p.add_argument("--profile-steps", type=int, default=6, help="profiled steps per precision for the GEMM share")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     return p.parse_args(argv)
 
 
@@ -283,15 +278,13 @@ def _fused_columns(med: dict) -> dict:
 
 def main(argv=None) -> int:
     from subquad import backend
-    from subquad.bench.sweep import new_output, script_setup, write_csv
+    from subquad.bench.sweep import check_interleaved_args, new_output, script_setup, write_csv
 
     args = _args(argv)
     out = new_output(args.out)
     if args.fused_attention and not args.compile:
         raise UserError("--fused-attention times a second compiled side: give --compile with it")
-    if min(args.rounds, args.profile_steps, *args.img_size) < 1 or args.warmup < 0 or (
-            args.threads is not None and args.threads < 1):
-        raise UserError("--rounds, --profile-steps, --img-size and --threads must be positive and --warmup >= 0")
+    check_interleaved_args(args, ["profile_steps"])
     env = dict(bf16_native=int(backend.cpu_features().bf16), **script_setup(args.model, args.threads))
     machine = machine_gemm_ratio()
     int8_ratio = machine_int8_ratio() if args.int8 else None

@@ -21,10 +21,8 @@ Usage (from the repository root, on a quiet machine: `uptime`):
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +32,14 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from subquad.bench.sweep import (  # noqa: E402
+    check_interleaved_args,
+    interleaved_parser,
+    interleaved_times,
+    new_output,
+    script_setup,
+    write_csv,
+)
 from subquad.errors import UserError  # noqa: E402
 
 COLUMNS = ["model", "img_size", "rounds", "fp32_ms", "fp32_before_ms", "bf16_ms", "bf16_before_ms", "gain_fp32",
@@ -82,15 +88,9 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, bf16: bool) -> d
     sides = {"fp32": fp32, "fp32_before": before(fp32)}
     if bf16:
         sides.update(bf16=lambda: net(x), bf16_before=before(lambda: net(x)))
-    times = {k: [] for k in sides}
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
         diff = float((sides["fp32"]() - sides["fp32_before"]()).abs().max())
-        for r in range(warmup + rounds):
-            for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
-                t0 = time.perf_counter()
-                sides[side]()
-                if r >= warmup:
-                    times[side].append((time.perf_counter() - t0) * 1e3)
+        times = interleaved_times(sides, rounds, warmup)
         calls = (math_calls(sides["fp32"]), math_calls(sides["fp32_before"]))
     med = {k: statistics.median(v) for k, v in times.items()}
     row = dict(model=name, img_size=img_size, rounds=rounds, fp32_ms=round(med["fp32"], 3),
@@ -105,19 +105,11 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, bf16: bool) -> d
 
 def main(argv=None) -> int:
     from subquad import backend
-    from subquad.bench.sweep import new_output, script_setup, write_csv
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="CSV to write (refused if it exists)")
-    p.add_argument("--model", nargs="+", default=MODELS, metavar="NAME")
-    p.add_argument("--img-size", type=int, nargs="+", default=[224, 512])
-    p.add_argument("--rounds", type=int, default=11, help="timed rounds (one step of each side per round)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p = interleaved_parser(__doc__, MODELS, rounds=11)
     args = p.parse_args(argv)
     out = new_output(args.out)
-    if min(args.rounds, *args.img_size) < 1 or args.warmup < 0 or (args.threads is not None and args.threads < 1):
-        raise UserError("--rounds, --img-size and --threads must be positive and --warmup >= 0")
+    check_interleaved_args(args)
     if not all(m.startswith("agent_") for m in args.model):
         raise UserError("--model: only agent attention models (agent_*) called SDPA on its math path")
     env = script_setup(args.model, args.threads)

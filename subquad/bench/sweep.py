@@ -16,6 +16,7 @@ each step's outputs (and gradients with backward) must be finite; a mechanism th
 
 from __future__ import annotations
 
+import argparse
 import csv
 import logging
 import math
@@ -702,6 +703,46 @@ def _rates(sweep: _Sweep, row: dict[str, Any], precision: str, backend: str = "e
         gemm[key] = gemm_gflops(precision, backend=backend)
     row["gemm_gflops"] = round(gemm[key], 2)
     row["gemm_fraction"] = float(f"{achieved / gemm[key]:.4g}")
+
+
+def interleaved_parser(doc: str, models: Sequence[str], rounds: int = 15) -> argparse.ArgumentParser:
+    """The command line of a `benchmarks/` script whose sides alternate in one process (`interleaved_times`): --out,
+    --model, --img-size, --rounds, --warmup, --threads; the script adds its own options. `doc`: the script's
+    docstring (its first line is the description)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", required=True, help="CSV to write (refused if it exists)")
+    p.add_argument("--model", nargs="+", default=list(models), metavar="NAME")
+    p.add_argument("--img-size", type=int, nargs="+", default=[224, 512])
+    p.add_argument("--rounds", type=int, default=rounds, help="timed rounds (one step of each side per round)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    return p
+
+
+def check_interleaved_args(args, extra: Sequence[str] = ()) -> None:
+    """One-line UserError unless --rounds, --img-size, --threads (and the `extra` int options, by attribute name) are
+    positive and --warmup >= 0."""
+    from ..errors import UserError
+
+    values = [args.rounds, *args.img_size, *(getattr(args, e) for e in extra)]
+    if min(values) < 1 or args.warmup < 0 or (args.threads is not None and args.threads < 1):
+        names = ", ".join(["--rounds", "--img-size", *("--" + e.replace("_", "-") for e in extra), "--threads"])
+        raise UserError(f"{names} must be positive and --warmup >= 0")
+
+
+def interleaved_times(sides: dict[str, Callable[[], object]], rounds: int, warmup: int = 0) -> dict[str, list[float]]:
+    """Each side called once per round, the order flipping every round (so a drifting machine reaches every side
+    alike): {side: [milliseconds of each of the `rounds` timed rounds]}, after `warmup` untimed rounds."""
+    import time
+
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for r in range(warmup + rounds):
+        for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+            t0 = time.perf_counter()
+            sides[side]()
+            if r >= warmup:
+                times[side].append((time.perf_counter() - t0) * 1e3)
+    return times
 
 
 def run_script(main: Callable[[], int], prog: str) -> None:

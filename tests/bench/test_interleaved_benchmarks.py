@@ -1,0 +1,51 @@
+"""benchmarks/lisa_qkv_cast.py and benchmarks/sdpa_fused_cpu.py: their before sides really run the old code, and
+their rows are written."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from subquad.errors import UserError
+
+from ._scripts import load_benchmark
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_lisa_qkv_cast_times_the_broadcast_projection_beside_the_leaf_one(tmp_path, monkeypatch):
+    bench = load_benchmark("lisa_qkv_cast")
+    calls = []
+    old = bench.broadcast_linear
+
+    def counted(*a):
+        calls.append(1)
+        return old(*a)
+
+    monkeypatch.setattr(bench, "broadcast_linear", counted)
+    out = tmp_path / "q.csv"
+    argv = ["--model", "lisanet_micro", "--img-size", "32", "--rounds", "2", "--warmup", "0", "--threads", "1"]
+    assert bench.main(argv + ["--out", str(out)]) == 0
+    (row,) = _rows(out)
+    assert list(row) == bench.COLUMNS and row["model"] == "lisanet_micro"
+    assert calls  # the broadcast side ran the old projection
+    assert float(row["max_abs_diff"]) < 1e-2 and float(row["gain"]) > 0
+    with pytest.raises(UserError, match="exists"):
+        bench.main(argv + ["--out", str(out)])
+
+
+def test_sdpa_fused_cpu_counts_math_path_calls_before_and_after(tmp_path):
+    bench = load_benchmark("sdpa_fused_cpu")
+    out = tmp_path / "s.csv"
+    argv = ["--model", "agent_deit_micro", "--img-size", "32", "--rounds", "2", "--warmup", "0", "--threads", "1"]
+    assert bench.main(argv + ["--out", str(out)]) == 0
+    (row,) = _rows(out)
+    assert list(row) == bench.COLUMNS
+    assert int(row["math_calls"]) == 0 and int(row["math_calls_before"]) > 0
+    assert float(row["max_abs_diff"]) < 1e-4
+    with pytest.raises(UserError, match="agent"):
+        bench.main(["--model", "lisanet_micro", "--out", str(tmp_path / "t.csv")])
