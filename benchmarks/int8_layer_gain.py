@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -121,16 +120,11 @@ def _in_order(fns: list[Callable[[], object]]) -> Callable[[], None]:
 
 def interleaved(sides: dict, rounds: int, warmup: int = 2) -> dict:
     """Median seconds per side, the sides alternating (order flipped every round)."""
-    times = {k: [] for k in sides}
-    items = list(sides.items())
+    from subquad.bench.sweep import interleaved_times
+
     with torch.no_grad():
-        for r in range(warmup + rounds):
-            for name, fn in (items if r % 2 == 0 else items[::-1]):
-                t0 = time.perf_counter()
-                fn()
-                if r >= warmup:
-                    times[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+        times = interleaved_times(sides, rounds, warmup)
+    return {k: statistics.median(v) / 1e3 for k, v in times.items()}
 
 
 def measure(name: str, size: int, rounds: int) -> dict:

@@ -172,11 +172,11 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
     """One model at one size: the sides timed alternately (see the module docstring)."""
     import subquad
     from subquad import backend
+    from subquad.bench.sweep import interleaved_times
 
     torch.manual_seed(0)
     net = subquad.create_model(name).eval()
     x = torch.randn(1, 3, img_size, img_size)
-    times = {"fp32": [], "bf16": [], "bf16_inference_mode": []}
 
     def fp32():
         with torch.autocast("cpu", enabled=False):
@@ -198,21 +198,18 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
 
         sides["int8"] = int8
         sides["int8_bf16"] = lambda: net8(x)  # inside the bf16 autocast region the steps run in
-        times["int8"], times["int8_bf16"] = [], []
     if compile:
         # A fresh dynamo cache per size (see subquad.bench.sweep: the cache of an earlier size would make dynamo
         # recompile this one with symbolic shapes).
         torch._dynamo.reset()
         compiled = torch.compile(net)
         sides["bf16_compile"] = lambda: compiled(x)
-        times["bf16_compile"] = []
     if compile and fused_attention:
         def compiled_fused():
             with backend.use_backend("plain"):
                 return compiled(x)
 
         sides["bf16_compile_fused"] = compiled_fused
-        times["bf16_compile_fused"] = []
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         ref, low = fp32().float(), net(x).float()
         low8 = sides["int8"]().float() if "int8" in sides else None
@@ -221,13 +218,7 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
             compiled(x)  # compiles, untimed
         if "bf16_compile_fused" in sides:
             compiled_fused()  # the second graph, untimed
-        for r in range(warmup + rounds):
-            order = list(sides) if r % 2 == 0 else list(reversed(sides))
-            for side in order:
-                t0 = time.perf_counter()
-                sides[side]()
-                if r >= warmup:
-                    times[side].append((time.perf_counter() - t0) * 1e3)
+        times = interleaved_times(sides, rounds, warmup)
         prof = gemm_times({"fp32": fp32, "bf16": sides["bf16"]}, profile_steps)
     (g32, t32, lin32), (g16, t16, _) = prof["fp32"], prof["bf16"]
     share, gemm_speedup, rest_speedup = _ratio(g32, t32), _ratio(g32, g16), _ratio(t32 - g32, t16 - g16)

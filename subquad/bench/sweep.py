@@ -727,7 +727,10 @@ def check_interleaved_args(args, extra: Sequence[str] = ()) -> None:
     values = [args.rounds, *args.img_size, *(getattr(args, e) for e in extra)]
     if min(values) < 1 or args.warmup < 0 or (args.threads is not None and args.threads < 1):
         names = ", ".join(["--rounds", "--img-size", *("--" + e.replace("_", "-") for e in extra), "--threads"])
-        raise UserError(f"{names} must be positive and --warmup >= 0")
+        got = ", ".join([f"--rounds {args.rounds}", f"--img-size {' '.join(map(str, args.img_size))}",
+                         *(f"--{e.replace('_', '-')} {getattr(args, e)}" for e in extra), f"--warmup {args.warmup}",
+                         f"--threads {args.threads}"])
+        raise UserError(f"{names} must be positive and --warmup >= 0 (got {got})")
 
 
 def interleaved_times(sides: dict[str, Callable[[], object]], rounds: int, warmup: int = 0) -> dict[str, list[float]]:

@@ -49,3 +49,11 @@ def test_sdpa_fused_cpu_counts_math_path_calls_before_and_after(tmp_path):
     assert float(row["max_abs_diff"]) < 1e-4
     with pytest.raises(UserError, match="agent"):
         bench.main(["--model", "lisanet_micro", "--out", str(tmp_path / "t.csv")])
+
+
+def test_bad_counts_are_refused_naming_the_values(tmp_path):
+    bench = load_benchmark("lisa_qkv_cast")
+    with pytest.raises(UserError, match=r"got --rounds 0, --img-size 32, --warmup -1"):
+        bench.main(["--model", "lisanet_micro", "--img-size", "32", "--rounds", "0", "--warmup", "-1",
+                    "--out", str(tmp_path / "x.csv")])
+    assert not (tmp_path / "x.csv").exists()
