@@ -10,7 +10,9 @@ Paths (`--paths`, `<precision>-<backend>`):
 - `fp32-compile`, `bf16-compile`, `int8-compile`: the same under `torch.compile` (inductor; a full last batch, padded,
   so one graph);
 - `fp32-onnxruntime`: the ONNX file `subquad export --format onnx` writes, in ONNX Runtime;
-- `int8-onnxruntime`: that file after `subquad export --quantize int8`'s dynamic quantization of MatMul / Gemm.
+- `int8-onnxruntime`: that file after `subquad export --quantize int8`'s dynamic quantization of MatMul / Gemm,
+  one row per weight scheme of `--int8-weights` (`subquad.export.INT8_WEIGHTS`: 7 or 8 bits, per tensor or per
+  output channel; default `subquad export`'s), named in the row's `int8_weights`.
 
 Each row: top-1 in the path, its change from fp32 eager in points (`top1_delta`), the share of images whose top-1
 label equals fp32 eager's (`agreement`, %), the largest and mean absolute logit difference from fp32 eager, and
@@ -19,7 +21,8 @@ did not run. A path that skips (bf16 on a CPU without native bf16, a missing ONN
 
 This measures accuracy, not speed: the numbers do not depend on the machine's load, only on its arithmetic (bf16
 rounding is the same on every CPU with native bf16; int8 kernels differ between VNNI and non-VNNI CPUs, so the CSV
-names the CPU and its flags).
+names the CPU, its family and model, and its flags: on an x86 CPU without VNNI, 8-bit weights are clipped in
+ONNX Runtime, `subquad.backend.int8_saturates`).
 
 Usage (from the repository root; checkpoints are `subquad train` run folders or weights files with their sidecar):
     python benchmarks/precision_accuracy.py --checkpoint docs/analyze-fmnist/softmax/run \
@@ -48,7 +51,8 @@ PATHS = ("fp32-eager", "bf16-eager", "int8-eager", "fp32-compile", "bf16-compile
 MAX_DROP = 0.5  # points of top-1: a path that loses more is flagged
 COLUMNS = ["checkpoint", "model", "data", "split", "images", "precision", "backend", "top1", "top1_delta",
            "agreement", "max_abs_logit_err", "mean_abs_logit_err", "status", "seconds", "cpu", "cpu_bf16",
-           "cpu_vnni", "threads", "torch", "onnxruntime", "subquad"]
+           "cpu_vnni", "threads", "torch", "onnxruntime", "subquad", "int8_weights", "cpu_family", "cpu_model",
+           "int8_saturates"]
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,6 +60,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint", nargs="+", required=True, help="run folders or weights files (with sidecars)")
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, of {', '.join(PATHS)} "
                    "(fp32-eager always runs: it is the reference)")
+    p.add_argument("--int8-weights", default=None,
+                   help="comma-separated weight schemes of the int8-onnxruntime path (subquad.export.INT8_WEIGHTS; "
+                   "default: subquad export's), one row each")
     p.add_argument("--limit", type=int, default=0, help="a seeded subset of this many held-out images (0: all)")
     p.add_argument("-b", "--batch-size", type=int, default=256)
     p.add_argument("--threads", type=int, default=None, help="torch / ONNX Runtime threads (default: torch's)")
@@ -63,8 +70,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _check(args: argparse.Namespace) -> tuple[list[str], Path]:
+def _check(args: argparse.Namespace) -> tuple[list[tuple[str, str]], Path]:
+    """(path, int8 weight scheme or '') pairs to measure, fp32 eager first, and the output file."""
     from subquad.engine.checkpoint import check_output_file, resolve_checkpoint
+    from subquad.export import DEFAULT_INT8_WEIGHTS, check_int8_weights
 
     paths = [s.strip() for s in args.paths.split(",") if s.strip()]
     bad = [s for s in paths if s not in PATHS]
@@ -76,8 +85,14 @@ def _check(args: argparse.Namespace) -> tuple[list[str], Path]:
             raise UserError(f"{flag} must be >= {low}, got {value}")
     for c in args.checkpoint:
         resolve_checkpoint(c)
+    schemes = [s.strip() for s in (args.int8_weights or DEFAULT_INT8_WEIGHTS).split(",") if s.strip()]
+    for scheme in schemes:
+        check_int8_weights(scheme)
+    if not schemes:
+        raise UserError("--int8-weights needs at least one scheme")
     out = check_output_file(args.out, (".csv",), tuple(args.checkpoint), "--out", overwrite=False)
-    return ["fp32-eager"] + [s for s in paths if s != "fp32-eager"], out
+    jobs = [(s, "") for s in ["fp32-eager"] + [s for s in paths if s != "fp32-eager"]]
+    return [(p, w) for p, _ in jobs for w in (schemes if p == "int8-onnxruntime" else [""])], out
 
 
 def _held_out(checkpoint: str, batch_size: int, limit: int):
@@ -141,7 +156,7 @@ def _compiled(model, precision: str):
     return run
 
 
-def _onnx(model, name: str, x: torch.Tensor, precision: str, tmp: Path):
+def _onnx(model, name: str, x: torch.Tensor, precision: str, tmp: Path, weights: str = ""):
     import onnxruntime as ort
 
     from subquad.export import export_model, quantize_int8
@@ -151,9 +166,9 @@ def _onnx(model, name: str, x: torch.Tensor, precision: str, tmp: Path):
         export_model(model, "onnx", fp32, img_size=tuple(x.shape[-2:]), name=name, log=lambda *_: None)
     path = fp32
     if precision == "int8":
-        path = tmp / f"{name}-int8.onnx"
+        path = tmp / f"{name}-int8-{weights}.onnx"
         if not path.exists():
-            quantize_int8(fp32, path)
+            quantize_int8(fp32, path, weights)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
@@ -196,15 +211,17 @@ def changed_labels(ref: torch.Tensor, logits: torch.Tensor) -> str:
             f"reference's top-two logit gap ({gaps}; median {float(gap.median()):.3g})")
 
 
-def measure(checkpoint: str, paths: list[str], batch_size: int, limit: int, env: dict, log=print) -> list[dict]:
-    """One row per path for one checkpoint (fp32 eager first: the reference)."""
+def measure(checkpoint: str, paths: list[tuple[str, str]], batch_size: int, limit: int, env: dict,
+            log=print) -> list[dict]:
+    """One row per (path, int8 weight scheme) for one checkpoint (fp32 eager first: the reference)."""
     name, model, spec, split, x, y = _held_out(checkpoint, batch_size, limit)
     base = {"checkpoint": checkpoint, "model": name, "data": spec, "split": split, "images": len(y), **env}
     rows, ref = [], None
     with tempfile.TemporaryDirectory(prefix="precision-accuracy-") as tmp:
-        for path in paths:
+        for path, weights in paths:
             precision, backend = path.split("-", 1)
-            row = {**base, "precision": precision, "backend": backend}
+            row = {**base, "precision": precision, "backend": backend, "int8_weights": weights}
+            path = f"{path} ({weights} weights)" if weights else path
             reason = _skip_reason(precision, backend)
             if reason:
                 rows.append({**row, "status": reason})
@@ -216,7 +233,7 @@ def measure(checkpoint: str, paths: list[str], batch_size: int, limit: int, env:
             elif backend == "compile":
                 fn, pad = _compiled(model, precision), True
             else:
-                fn, pad = _onnx(model, name, x[:2], precision, Path(tmp)), False
+                fn, pad = _onnx(model, name, x[:2], precision, Path(tmp), weights), False
             logits = _batched(fn, x, batch_size, pad)
             seconds = time.perf_counter() - t0
             if not bool(torch.isfinite(logits).all()):
@@ -246,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     import importlib.metadata
 
     import subquad  # noqa: F401  (registers the models)
-    from subquad.backend import cpu_features
-    from subquad.bench.sweep import _cpu_name, write_csv
+    from subquad.backend import cpu_features, int8_saturates
+    from subquad.bench.sweep import _cpu_name, cpuinfo_field, write_csv
     from subquad.version import __version__
 
     args = _args(argv)
@@ -264,14 +281,18 @@ def main(argv: list[str] | None = None) -> int:
         ort_version = ""
     feats = cpu_features()
     env = {"cpu": _cpu_name(), "cpu_bf16": int(feats.bf16), "cpu_vnni": int(feats.int8_dot), "threads":
-           torch.get_num_threads(), "torch": torch.__version__, "onnxruntime": ort_version, "subquad": __version__}
+           torch.get_num_threads(), "torch": torch.__version__, "onnxruntime": ort_version, "subquad": __version__,
+           "cpu_family": cpuinfo_field("cpu family"), "cpu_model": cpuinfo_field("model"),
+           "int8_saturates": int(int8_saturates())}
     rows = []
     for ckpt in args.checkpoint:
         rows += measure(ckpt, paths, args.batch_size, args.limit, env)
         tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
         write_csv(rows, tmp, COLUMNS)  # the CSV grows per checkpoint, each version written whole then renamed
         os.replace(tmp, out)
-    flagged = [f"{r['model']} {r['precision']}-{r['backend']}" for r in rows if r["status"].startswith("flagged")]
+    flagged = [f"{r['model']} {r['precision']}-{r['backend']}" + (f" ({r['int8_weights']})" if r["int8_weights"]
+                                                                   else "")
+               for r in rows if r["status"].startswith("flagged")]
     print(f"wrote {out}: {len(rows)} rows" + (f"; flagged: {', '.join(flagged)}" if flagged else "; none flagged"))
     return 0
 

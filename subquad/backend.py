@@ -69,8 +69,8 @@ from .errors import UserError
 __all__ = ["BACKENDS", "PRECISIONS", "CpuFeatures", "cpu_features", "parse_cpu_flags", "resolve_precision",
            "precision_context", "get_backend", "schedule", "eager_schedule", "set_backend", "use_backend",
            "cpu_schedules", "real_dft", "real_dft_active", "decompose_attention", "DECOMPOSE_MAX_LOGITS",
-           "fast_gemm_dtype", "keep_freed_memory", "kept_freed_memory", "keep_freed_memory_from_env",
-           "KEEP_FREED_DEFAULT"]
+           "fast_gemm_dtype", "int8_saturates", "keep_freed_memory", "kept_freed_memory",
+           "keep_freed_memory_from_env", "KEEP_FREED_DEFAULT"]
 
 _log = logging.getLogger(__name__)
 
@@ -214,6 +214,26 @@ def cpu_features() -> CpuFeatures:
 
     return CpuFeatures(bf16=has("_is_avx512_bf16_supported"), int8_dot=has("_is_vnni_supported"),
                        amx=has("_is_amx_tile_supported"), source="torch")
+
+
+_X86 = frozenset({"x86_64", "amd64", "i386", "i686", "x86"})
+
+
+def int8_saturates(machine: str | None = None, feats: CpuFeatures | None = None) -> bool:
+    """Whether uint8 x int8 products saturate on this CPU: an x86 CPU without int8 dot products (no VNNI / AMX-INT8).
+
+    There ONNX Runtime (and oneDNN) multiply uint8 activations by int8 weights with `vpmaddubsw`, which adds two
+    adjacent products in a signed 16-bit lane with saturation: with full-range weights (|q| <= 127) a pair reaches
+    255 x 127 x 2 = 64,770 > 32,767 and is clipped. 7-bit weights (|q| <= 64, ONNX Runtime's `reduce_range`) stay
+    below 2^15 (`subquad.export.quantize_int8`). VNNI's `vpdpbusd` and Arm's dot products accumulate in 32 bits.
+    Measured on a 2-core AMD EPYC of family 25, model 1 (AVX2, no AVX-512): a MatMulInteger of uint8 in [200, 255] by
+    full-range int8 was off by 35 % of its largest output. `machine` (default `platform.machine()`) and `feats`
+    (default `cpu_features()`) are for tests."""
+    import platform
+
+    machine = (machine if machine is not None else platform.machine()).lower()
+    feats = feats if feats is not None else cpu_features()
+    return machine in _X86 and not feats.int8_dot
 
 
 def fast_gemm_dtype(dtype: torch.dtype, device: torch.device | str | None = "cpu") -> bool:

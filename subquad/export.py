@@ -9,7 +9,12 @@ disagrees with eager is never left behind.
 
 `quantize="int8"` (ONNX only) then applies ONNX Runtime's dynamic quantization
 (`onnxruntime.quantization.quantize_dynamic`) to the file's MatMul and Gemm nodes: int8 weights, activations
-quantized per batch at run time (VNNI kernels where the CPU has them). Its check cannot hold the fp32 bound; it
+quantized per batch at run time to uint8 (VNNI kernels where the CPU has them). `int8_weights` says how the weights
+are quantized (`INT8_WEIGHTS`): 7 or 8 bits, one scale per tensor or per output channel. 8-bit weights are wrong on
+x86 CPUs without VNNI: ONNX Runtime multiplies uint8 by int8 there with `vpmaddubsw`, which adds two products in a
+saturating 16-bit lane (255 x 127 x 2 > 32767), so large products are clipped (`subquad.backend.int8_saturates`);
+7-bit weights (|q| <= 64, ONNX Runtime's `reduce_range`) keep every pair below 2^15, so the same file computes
+exactly on every x86 CPU. Its check cannot hold the fp32 bound; it
 reports the error against eager fp32 instead (top-1 agreement and the max / mean absolute error of the logits, on
 `check_inputs` when given, e.g. held-out images, else on random inputs) and refuses only a file that does not run or
 gives non-finite logits.
@@ -36,8 +41,9 @@ from torch import nn
 from .backend import real_dft
 from .errors import UserError
 
-__all__ = ["FORMATS", "QUANTIZE", "MAX_SIDE", "quantize_int8", "logit_agreement", "ExportCheckError", "admissible",
-           "export_model", "relative_error"]
+__all__ = ["FORMATS", "QUANTIZE", "INT8_WEIGHTS", "DEFAULT_INT8_WEIGHTS", "MAX_SIDE", "quantize_int8",
+           "check_int8_weights", "logit_agreement", "ExportCheckError", "admissible", "export_model",
+           "relative_error"]
 
 FORMATS = ("onnx", "pt2")
 SUFFIX = {"onnx": ".onnx", "pt2": ".pt2"}
@@ -52,6 +58,9 @@ QUANTIZE = ("int8",)
 # option defaults to True in dynamic mode). Quantizing them as well made vit_attn_tiny at 512 px about 7 % faster in
 # ONNX Runtime on a Zen 4 EPYC (ad hoc, one process), not enough to change its verdict, so they stay fp32.
 QUANT_OPS = ("MatMul", "Gemm")
+# How `quantize="int8"` quantizes weights: bits (7: ONNX Runtime's reduce_range, |q| <= 64) and the scale's extent.
+INT8_WEIGHTS = ("7bit", "8bit", "7bit-per-channel", "8bit-per-channel")
+DEFAULT_INT8_WEIGHTS = "7bit"
 
 
 class ExportCheckError(RuntimeError):
@@ -129,11 +138,22 @@ def logit_agreement(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
             "rel_err": relative_error(got, ref)}
 
 
-def quantize_int8(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+def check_int8_weights(weights: str, what: str = "--int8-weights") -> tuple[bool, bool]:
+    """(reduce_range, per_channel) of an `INT8_WEIGHTS` name; UserError (one line) for another."""
+    if weights not in INT8_WEIGHTS:
+        raise UserError(f"{what} {weights!r} is unknown; choose one of {', '.join(INT8_WEIGHTS)}")
+    return weights.startswith("7bit"), weights.endswith("per-channel")
+
+
+def quantize_int8(src: str | os.PathLike, dst: str | os.PathLike, weights: str = DEFAULT_INT8_WEIGHTS) -> None:
     """Dynamic int8 quantization of the MatMul / Gemm weights of the ONNX file `src`, written to `dst`
-    (`onnxruntime.quantization.quantize_dynamic`: signed int8 weights, activations quantized at run time)."""
+    (`onnxruntime.quantization.quantize_dynamic`: signed int8 weights, symmetric, of `weights` (`INT8_WEIGHTS`: 7 or
+    8 bits, per tensor or per output channel); activations quantized to uint8 at run time). The file's metadata
+    `subquad.quantize` names the scheme."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    reduce_range, per_channel = check_int8_weights(weights)
 
     meta = {p.key: p.value for p in onnx.load(str(src), load_external_data=False).metadata_props}
     # quantize_dynamic logs advice on the root logger (run its shape pre-processing first); our graphs come from
@@ -142,11 +162,12 @@ def quantize_int8(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     level = root.level
     root.setLevel(logging.ERROR)
     try:
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=list(QUANT_OPS))
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=list(QUANT_OPS),
+                         reduce_range=reduce_range, per_channel=per_channel)
     finally:
         root.setLevel(level)
     model = onnx.load(str(dst))
-    meta["subquad.quantize"] = "int8 dynamic (" + ", ".join(QUANT_OPS) + ")"
+    meta["subquad.quantize"] = f"int8 dynamic ({', '.join(QUANT_OPS)}), {weights} weights"
     del model.metadata_props[:]
     for k, v in meta.items():
         model.metadata_props.add(key=k, value=v)
@@ -236,7 +257,8 @@ def _load_file(path: Path, fmt: str) -> Callable[[torch.Tensor], torch.Tensor]:
 def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: tuple[int, int] | None = None,
                  dynamic: bool = False, overwrite: bool = False, name: str | None = None,
                  protect: tuple = (), rtol: float = RTOL, check_sizes: list[tuple[int, int]] | None = None,
-                 log=print, quantize: str | None = None, check_inputs: torch.Tensor | None = None) -> dict[str, Any]:
+                 log=print, quantize: str | None = None, check_inputs: torch.Tensor | None = None,
+                 int8_weights: str = DEFAULT_INT8_WEIGHTS) -> dict[str, Any]:
     """Export `model` (switched to eval mode) to `out` in `fmt` ('onnx' or 'pt2') and check the file against eager.
 
     Args:
@@ -250,15 +272,19 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
         quantize: None, or 'int8' (ONNX only): dynamic int8 quantization of the MatMul / Gemm weights, checked by
             `logit_agreement` against eager fp32 instead of `rtol`.
         check_inputs: (N, C, H, W) images at the export size for the int8 check (default: random inputs).
+        int8_weights: with quantize='int8', how the weights are quantized (`INT8_WEIGHTS`; default '7bit', exact on
+            every x86 CPU, see the module docstring).
     Returns:
-        {"file", "format", "dynamic", "quantize", "covers", "checks": [{"size": [H, W], "rel_err": float, and for
-        int8 "top1_agreement", "max_abs_err", "mean_abs_err"}, ...]}.
+        {"file", "format", "dynamic", "quantize", "int8_weights" (None without quantize), "covers",
+        "checks": [{"size": [H, W], "rel_err": float, and for int8 "top1_agreement", "max_abs_err", "mean_abs_err"},
+        ...]}.
     Raises:
         UserError: an unknown format or quantization, a size the model can't take, a missing extra, a bad output path.
         ExportCheckError: the written program disagrees with eager (the file is removed).
     """
     name = name or (getattr(model, "pretrained_cfg", None) or {}).get("architecture", type(model).__name__)
     _check_quantize(quantize, fmt)
+    check_int8_weights(int8_weights)
     dest = check_output(out, fmt, overwrite, protect)
     _need_extra(fmt)
     if getattr(model, "input_ndim", 4) != 4:
@@ -297,8 +323,10 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
     for s in sizes:
         _check_size(model, s, name)
     check = _Check(model, fmt, sizes, size, chans, gen, name, rtol, log, quantize, check_inputs)
-    checks = _write_atomic(dest, lambda tmp: _write_program(prog, ex, fmt, tmp, covered), quantize, check)
-    return {"file": str(dest), "format": fmt, "dynamic": dynamic, "quantize": quantize, "checks": checks,
+    checks = _write_atomic(dest, lambda tmp: _write_program(prog, ex, fmt, tmp, covered), quantize, check,
+                           int8_weights)
+    return {"file": str(dest), "format": fmt, "dynamic": dynamic, "quantize": quantize,
+            "int8_weights": int8_weights if quantize else None, "checks": checks,
             "covers": {"H": list(covered[0]), "W": list(covered[1])}}
 
 
@@ -312,7 +340,8 @@ def _check_quantize(quantize: str | None, fmt: str) -> None:
                         f"--format {fmt}")
 
 
-def _write_atomic(dest: Path, write: Callable[[Path], None], quantize: str | None, check) -> list[dict[str, Any]]:
+def _write_atomic(dest: Path, write: Callable[[Path], None], quantize: str | None, check,
+                  int8_weights: str = DEFAULT_INT8_WEIGHTS) -> list[dict[str, Any]]:
     """Write to a temporary file beside `dest` (then quantize it), check it and only then rename it into place; the
     temporary files are removed whatever happens."""
     tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}{dest.suffix}")
@@ -320,7 +349,7 @@ def _write_atomic(dest: Path, write: Callable[[Path], None], quantize: str | Non
     try:
         write(tmp)
         if quantize:
-            quantize_int8(tmp, tmp_q)
+            quantize_int8(tmp, tmp_q, int8_weights)
             os.replace(tmp_q, tmp)
         checks = check(tmp)
         os.replace(tmp, dest)

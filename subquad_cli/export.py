@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+# subquad.export's INT8_WEIGHTS and DEFAULT_INT8_WEIGHTS, spelled out so that building the parser imports no torch
+# (a test holds them equal).
+INT8_WEIGHTS = ("7bit", "8bit", "7bit-per-channel", "8bit-per-channel")
+DEFAULT_INT8_WEIGHTS = "7bit"
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export a model to ONNX or torch.export (.pt2)",
@@ -28,6 +33,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "the check then reports top-1 agreement and the max/mean absolute logit error against eager fp32, "
                    "on up to 64 held-out images of the checkpoint's data when its sidecar names them, else on random "
                    "inputs")
+    p.add_argument("--int8-weights", default=None, metavar="|".join(INT8_WEIGHTS),
+                   help=f"with --quantize int8: weight bits and scales (default {DEFAULT_INT8_WEIGHTS}). 7-bit "
+                   "weights compute exactly on every x86 CPU; 8-bit ones are clipped on x86 CPUs without VNNI "
+                   "(ONNX Runtime's uint8 x int8 products saturate there), so use them only for CPUs with VNNI, AMX "
+                   "or Arm")
     p.set_defaults(func=run)
     return p
 
@@ -45,9 +55,32 @@ def run(args: argparse.Namespace) -> int:
     from subquad.export import _check_quantize
 
     _check_quantize(args.quantize, args.format)
+    _check_int8_weights(args)
     check_output(args.out, args.format, args.overwrite, (args.checkpoint,))  # before any model is built
     with torch.no_grad():
         return _export(args, size)
+
+
+def _check_int8_weights(args: argparse.Namespace) -> None:
+    """Refuse --int8-weights without --quantize int8 or with an unknown name; warn (one line) where 8-bit weights
+    are asked for on a CPU whose uint8 x int8 products saturate, since the check after writing then reports this
+    CPU's clipped products, not what a CPU with VNNI computes."""
+    import logging
+
+    from subquad.backend import int8_saturates
+    from subquad.export import check_int8_weights
+    from subquad_cli.errors import UserError
+
+    if args.int8_weights is None:
+        args.int8_weights = DEFAULT_INT8_WEIGHTS
+        return
+    if args.quantize != "int8":
+        raise UserError(f"--int8-weights {args.int8_weights} needs --quantize int8")
+    check_int8_weights(args.int8_weights)
+    if args.int8_weights.startswith("8bit") and int8_saturates():
+        logging.getLogger("subquad").warning(
+            "warning: this CPU (x86 without VNNI) clips uint8 x int8 products of 8-bit weights in ONNX Runtime; the "
+            "check below shows that error, which CPUs with VNNI do not have (7bit weights are exact on both)")
 
 
 def _export(args: argparse.Namespace, size) -> int:
@@ -71,12 +104,14 @@ def _export(args: argparse.Namespace, size) -> int:
         name, model = args.model, create_model(args.model)
     t0 = time.perf_counter()
     res = export_model(model, args.format, args.out, size, dynamic=args.dynamic, overwrite=args.overwrite,
-                       name=name, protect=(args.checkpoint,), quantize=args.quantize, check_inputs=inputs)
+                       name=name, protect=(args.checkpoint,), quantize=args.quantize, check_inputs=inputs,
+                       int8_weights=args.int8_weights)
     worst = max(c["rel_err"] for c in res["checks"])
     if args.quantize:
         c = res["checks"][0]
-        print(f"{args.quantize} against eager fp32 ({'held-out images' if inputs is not None else 'random inputs'}"
-              f"): top-1 agreement {100 * c['top1_agreement']:.1f} %, max abs logit error {c['max_abs_err']:.3g}, "
+        where = "held-out images" if inputs is not None else "random inputs"
+        print(f"{args.quantize} ({args.int8_weights} weights) against eager fp32 ({where}): top-1 agreement "
+              f"{100 * c['top1_agreement']:.1f} %, max abs logit error {c['max_abs_err']:.3g}, "
               f"mean {c['mean_abs_err']:.3g}")
     cov = res["covers"]
     kind = (f"dynamic: H {cov['H'][0]}-{cov['H'][1]}, W {cov['W'][0]}-{cov['W'][1]}" if args.dynamic

@@ -105,3 +105,20 @@ def test_precision_context_autocasts_bf16_only():
             assert (a @ b).dtype == torch.float32
     with pytest.raises(UserError):
         backend.precision_context("fp64")
+
+
+ARM_NO_DOT = "processor\t: 0\nFeatures\t: fp asimd\n"
+
+
+@pytest.mark.parametrize("machine, text, saturates", [("x86_64", ZEN3, True), ("x86_64", ZEN4, False),
+                                                      ("AMD64", SPR, False), ("aarch64", ARM, False),
+                                                      ("aarch64", ARM_NO_DOT, False), ("i686", ZEN3, True)])
+def test_int8_saturates(machine, text, saturates):
+    """uint8 x int8 products saturate on x86 without VNNI / AMX-INT8 (vpmaddubsw's 16-bit pairs) only."""
+    assert backend.int8_saturates(machine, backend.parse_cpu_flags(text)) is saturates
+
+
+def test_int8_saturates_reads_this_machine():
+    import platform
+
+    assert backend.int8_saturates() is backend.int8_saturates(platform.machine(), backend.cpu_features())

@@ -151,7 +151,7 @@ def test_int8_export_keeps_top1_and_labels(trained, tmp_path, capsys):
     assert main(["export", "--checkpoint", str(trained["run"]), "--format", "onnx", "--quantize", "int8",
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "int8 against eager fp32 (held-out images): top-1 agreement" in printed
+    assert "int8 (7bit weights) against eager fp32 (held-out images): top-1 agreement" in printed
     assert not list(tmp_path.glob(".*"))  # the temporary files are gone
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert sess.get_modelmeta().custom_metadata_map["subquad.quantize"].startswith("int8")
@@ -176,7 +176,7 @@ def test_int8_export_at_a_non_square_size_checks_on_held_out_images(trained, tmp
     assert main(["export", "--checkpoint", str(trained["run"]), "--format", "onnx", "--quantize", "int8",
                  "--img-size", "32x48", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "int8 against eager fp32 (held-out images): top-1 agreement" in printed
+    assert "int8 (7bit weights) against eager fp32 (held-out images): top-1 agreement" in printed
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
@@ -195,6 +195,37 @@ def test_quantize_errors(argv, msg, tmp_path, capsys):
     assert msg in err and "Traceback" not in err and not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("argv, msg", [(["--int8-weights", "8bit"], "--int8-weights 8bit needs --quantize int8"),
+                                       (["--quantize", "int8", "--int8-weights", "6bit"],
+                                        "--int8-weights '6bit' is unknown; choose one of 7bit, 8bit, 7bit-per-channel, "
+                                        "8bit-per-channel")])
+def test_int8_weights_errors(argv, msg, tmp_path, capsys):
+    assert main(["export", "--model", "l2vit_micro", "--format", "onnx", *argv, "--out", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("weights, saturates, warns", [("8bit", True, True), ("8bit-per-channel", True, True),
+                                                       ("8bit", False, False), ("7bit", True, False),
+                                                       (None, True, False)])
+def test_int8_weights_warning(weights, saturates, warns, monkeypatch, caplog):
+    """8-bit weights asked for on a CPU whose uint8 x int8 products saturate: one warning line, before the export
+    (its check then shows this CPU's clipped products); the default is 7bit."""
+    import argparse
+
+    import subquad_cli.export as cli
+
+    monkeypatch.setattr(backend, "int8_saturates", lambda: saturates)
+    args = argparse.Namespace(quantize="int8", int8_weights=weights)
+    with caplog.at_level(logging.WARNING, logger="subquad"):
+        cli._check_int8_weights(args)
+    assert args.int8_weights == (weights or "7bit")
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == int(warns)
+    if warns:
+        assert "x86 without VNNI" in said[0] and "7bit weights are exact" in said[0]
+
+
 def test_precision_accuracy_benchmark(trained, tmp_path, capsys):
     """benchmarks/precision_accuracy.py on the trained checkpoint: fp32 eager is the reference row, bf16 eager keeps
     its top-1 and labels, the rows carry the binding columns, and an existing --out is refused untouched."""
@@ -204,11 +235,17 @@ def test_precision_accuracy_benchmark(trained, tmp_path, capsys):
 
     bench = load_benchmark("precision_accuracy")
     out = tmp_path / "acc.csv"
-    assert bench.main(["--checkpoint", str(trained["run"]), "--paths", "bf16-eager", "--out", str(out)]) == 0
+    assert bench.main(["--checkpoint", str(trained["run"]), "--paths", "bf16-eager,int8-onnxruntime",
+                       "--int8-weights", "7bit,8bit-per-channel", "--out", str(out)]) == 0
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0]) == bench.COLUMNS
-    assert [(r["precision"], r["backend"]) for r in rows] == [("fp32", "eager"), ("bf16", "eager")]
-    ref, bf16 = rows
+    assert [(r["precision"], r["backend"], r["int8_weights"]) for r in rows] == [
+        ("fp32", "eager", ""), ("bf16", "eager", ""), ("int8", "onnxruntime", "7bit"),
+        ("int8", "onnxruntime", "8bit-per-channel")]
+    ref, bf16, int8_7, int8_8 = rows
+    assert int8_7["int8_saturates"] == str(int(backend.int8_saturates()))
+    assert int8_7["status"] == "ok" and float(int8_7["agreement"]) >= 100 * MIN_AGREEMENT
+    assert int8_7["max_abs_logit_err"] != int8_8["max_abs_logit_err"]  # two files, two schemes
     assert int(ref["images"]) == len(trained["y"])
     assert float(ref["top1"]) == pytest.approx(_top1(trained["ref"], trained["y"]), abs=0.01)
     assert (ref["top1_delta"], ref["agreement"], ref["status"]) == ("+0.00", "100.00", "ok")
@@ -225,6 +262,9 @@ def test_precision_accuracy_benchmark(trained, tmp_path, capsys):
     assert "--paths: unknown fp16-eager" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
     assert bench.main(["--checkpoint", str(trained["run"]), "--limit", "-3", "--out", str(tmp_path / "b.csv")]) == 2
     assert "--limit must be >= 0, got -3" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
+    assert bench.main(["--checkpoint", str(trained["run"]), "--int8-weights", "4bit", "--out",
+                       str(tmp_path / "b.csv")]) == 2
+    assert "--int8-weights '4bit' is unknown" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
 
 
 def test_precision_accuracy_changed_labels():
