@@ -1,5 +1,5 @@
-"""benchmarks/lisa_qkv_cast.py and benchmarks/sdpa_fused_cpu.py: their before sides really run the old code, and
-their rows are written."""
+"""benchmarks/lisa_qkv_cast.py, sdpa_fused_cpu.py and int8_weights_speed.py: their before sides really run the old
+code, every side is timed, and their rows are written."""
 
 from __future__ import annotations
 
@@ -56,4 +56,21 @@ def test_bad_counts_are_refused_naming_the_values(tmp_path):
     with pytest.raises(UserError, match=r"got --rounds 0, --img-size 32, --warmup -1"):
         bench.main(["--model", "lisanet_micro", "--img-size", "32", "--rounds", "0", "--warmup", "-1",
                     "--out", str(tmp_path / "x.csv")])
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_int8_weights_speed_times_every_scheme_beside_fp32(tmp_path):
+    pytest.importorskip("onnxruntime", reason="the export extra is a dev dependency")
+    bench = load_benchmark("int8_weights_speed")
+    out = tmp_path / "w.csv"
+    argv = ["--model", "vit_attn_micro", "--img-size", "32", "--rounds", "2", "--warmup", "0", "--threads", "1",
+            "--weights", "7bit,8bit-per-channel"]
+    assert bench.main(argv + ["--out", str(out)]) == 0
+    rows = _rows(out)
+    assert list(rows[0]) == bench.COLUMNS
+    assert [r["side"] for r in rows] == ["fp32 eager", "fp32 onnxruntime", "int8 onnxruntime 7bit",
+                                         "int8 onnxruntime 8bit-per-channel"]
+    assert rows[0]["speedup_vs_fp32_eager"] == "1.0" and all(float(r["median_ms"]) > 0 for r in rows)
+    with pytest.raises(UserError, match="--weights '9bit' is unknown"):
+        bench.main(argv[:-1] + ["9bit", "--out", str(tmp_path / "x.csv")])
     assert not (tmp_path / "x.csv").exists()
