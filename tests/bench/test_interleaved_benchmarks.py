@@ -64,7 +64,7 @@ def test_int8_weights_speed_times_every_scheme_beside_fp32(tmp_path):
     bench = load_benchmark("int8_weights_speed")
     out = tmp_path / "w.csv"
     argv = ["--model", "vit_attn_micro", "--img-size", "32", "--rounds", "2", "--warmup", "0", "--threads", "1",
-            "--weights", "7bit,8bit-per-channel"]
+            "--block", "1", "--weights", "7bit,8bit-per-channel"]
     assert bench.main(argv + ["--out", str(out)]) == 0
     rows = _rows(out)
     assert list(rows[0]) == bench.COLUMNS
