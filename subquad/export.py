@@ -60,7 +60,7 @@ QUANTIZE = ("int8",)
 QUANT_OPS = ("MatMul", "Gemm")
 # How `quantize="int8"` quantizes weights: bits (7: ONNX Runtime's reduce_range, |q| <= 64) and the scale's extent.
 INT8_WEIGHTS = ("7bit", "8bit", "7bit-per-channel", "8bit-per-channel")
-DEFAULT_INT8_WEIGHTS = "7bit"
+DEFAULT_INT8_WEIGHTS = "7bit-per-channel"
 
 
 class ExportCheckError(RuntimeError):

@@ -7,7 +7,7 @@ import argparse
 # subquad.export's INT8_WEIGHTS and DEFAULT_INT8_WEIGHTS, spelled out so that building the parser imports no torch
 # (a test holds them equal).
 INT8_WEIGHTS = ("7bit", "8bit", "7bit-per-channel", "8bit-per-channel")
-DEFAULT_INT8_WEIGHTS = "7bit"
+DEFAULT_INT8_WEIGHTS = "7bit-per-channel"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -80,7 +80,7 @@ def _check_int8_weights(args: argparse.Namespace) -> None:
     if args.int8_weights.startswith("8bit") and int8_saturates():
         logging.getLogger("subquad").warning(
             "warning: this CPU (x86 without VNNI) clips uint8 x int8 products of 8-bit weights in ONNX Runtime; the "
-            "check below shows that error, which CPUs with VNNI do not have (7bit weights are exact on both)")
+            "check below shows that error, which CPUs with VNNI do not have (7-bit weights are exact on both)")
 
 
 def _export(args: argparse.Namespace, size) -> int:

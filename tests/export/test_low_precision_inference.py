@@ -151,7 +151,7 @@ def test_int8_export_keeps_top1_and_labels(trained, tmp_path, capsys):
     assert main(["export", "--checkpoint", str(trained["run"]), "--format", "onnx", "--quantize", "int8",
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "int8 (7bit weights) against eager fp32 (held-out images): top-1 agreement" in printed
+    assert "int8 (7bit-per-channel weights) against eager fp32 (held-out images): top-1 agreement" in printed
     assert not list(tmp_path.glob(".*"))  # the temporary files are gone
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     assert sess.get_modelmeta().custom_metadata_map["subquad.quantize"].startswith("int8")
@@ -176,7 +176,7 @@ def test_int8_export_at_a_non_square_size_checks_on_held_out_images(trained, tmp
     assert main(["export", "--checkpoint", str(trained["run"]), "--format", "onnx", "--quantize", "int8",
                  "--img-size", "32x48", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "int8 (7bit weights) against eager fp32 (held-out images): top-1 agreement" in printed
+    assert "int8 (7bit-per-channel weights) against eager fp32 (held-out images): top-1 agreement" in printed
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
@@ -210,7 +210,7 @@ def test_int8_weights_errors(argv, msg, tmp_path, capsys):
                                                        (None, True, False)])
 def test_int8_weights_warning(weights, saturates, warns, monkeypatch, caplog):
     """8-bit weights asked for on a CPU whose uint8 x int8 products saturate: one warning line, before the export
-    (its check then shows this CPU's clipped products); the default is 7bit."""
+    (its check then shows this CPU's clipped products); the default is 7bit-per-channel."""
     import argparse
 
     import subquad_cli.export as cli
@@ -219,11 +219,11 @@ def test_int8_weights_warning(weights, saturates, warns, monkeypatch, caplog):
     args = argparse.Namespace(quantize="int8", int8_weights=weights)
     with caplog.at_level(logging.WARNING, logger="subquad"):
         cli._check_int8_weights(args)
-    assert args.int8_weights == (weights or "7bit")
+    assert args.int8_weights == (weights or "7bit-per-channel")
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(said) == int(warns)
     if warns:
-        assert "x86 without VNNI" in said[0] and "7bit weights are exact" in said[0]
+        assert "x86 without VNNI" in said[0] and "7-bit weights are exact" in said[0]
 
 
 def test_precision_accuracy_benchmark(trained, tmp_path, capsys):
