@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     from subquad.errors import UserError
     from subquad.export import INT8_WEIGHTS, check_int8_weights
 
-    p = interleaved_parser(__doc__, MODELS, rounds=7)
+    p = interleaved_parser(__doc__, MODELS, rounds=7, per_round="one block of each side per round")
     p.add_argument("--block", type=int, default=3, help="timed steps per block (after one untimed step)")
     p.add_argument("--weights", default=",".join(INT8_WEIGHTS),
                    help=f"comma-separated schemes (default {','.join(INT8_WEIGHTS)})")

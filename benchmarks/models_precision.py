@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from subquad.errors import UserError  # noqa: E402
+from subquad_cli.export import DEFAULT_INT8_WEIGHTS  # noqa: E402  (torch-free, equal to subquad.export's)
 
 PRECISIONS = "fp32,bf16,int8"
 BACKENDS = "eager,compile,onnxruntime"
@@ -172,6 +173,10 @@ def table(path: str | Path, accuracy: str | Path | list[str | Path] | None = Non
         for acc in [accuracy] if isinstance(accuracy, (str, Path)) else accuracy:
             with open(acc, newline="") as f:
                 for r in csv.DictReader(f):
+                    # int8 ONNX Runtime rows of another weight scheme than the one `bench model` and `subquad
+                    # export` use (older CSVs have no int8_weights column: their files were 8-bit per tensor)
+                    if r.get("int8_weights") not in (None, "", DEFAULT_INT8_WEIGHTS):
+                        continue
                     if r["top1_delta"]:  # measured: 'ok' or flagged for its drop
                         deltas[(r["model"], r["precision"], r["backend"])] = float(r["top1_delta"])
     known = {m for m, _, _ in deltas}

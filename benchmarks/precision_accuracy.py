@@ -85,6 +85,8 @@ def _check(args: argparse.Namespace) -> tuple[list[tuple[str, str]], Path]:
             raise UserError(f"{flag} must be >= {low}, got {value}")
     for c in args.checkpoint:
         resolve_checkpoint(c)
+    if args.int8_weights is not None and "int8-onnxruntime" not in paths:
+        raise UserError(f"--int8-weights {args.int8_weights} applies to the int8-onnxruntime path; add it to --paths")
     schemes = [s.strip() for s in (args.int8_weights or DEFAULT_INT8_WEIGHTS).split(",") if s.strip()]
     for scheme in schemes:
         check_int8_weights(scheme)

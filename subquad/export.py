@@ -145,6 +145,22 @@ def check_int8_weights(weights: str, what: str = "--int8-weights") -> tuple[bool
     return weights.startswith("7bit"), weights.endswith("per-channel")
 
 
+_clip_warned: set[str] = set()
+
+
+def _warn_if_clipped(weights: str) -> None:
+    """One warning per process and scheme where 8-bit weights are quantized on a CPU that clips their products
+    (`subquad.backend.int8_saturates`): a check or benchmark run here shows this CPU's error, not a VNNI CPU's."""
+    from .backend import int8_saturates
+
+    if weights.startswith("8bit") and weights not in _clip_warned and int8_saturates():
+        _clip_warned.add(weights)
+        logging.getLogger("subquad").warning(
+            "warning: this CPU (x86 without VNNI) clips uint8 x int8 products of 8-bit weights in ONNX Runtime, so "
+            "the %s file computes wrong products here (not on CPUs with VNNI); 7-bit weights are exact on both",
+            weights)
+
+
 def quantize_int8(src: str | os.PathLike, dst: str | os.PathLike, weights: str = DEFAULT_INT8_WEIGHTS) -> None:
     """Dynamic int8 quantization of the MatMul / Gemm weights of the ONNX file `src`, written to `dst`
     (`onnxruntime.quantization.quantize_dynamic`: signed int8 weights, symmetric, of `weights` (`INT8_WEIGHTS`: 7 or
@@ -154,6 +170,7 @@ def quantize_int8(src: str | os.PathLike, dst: str | os.PathLike, weights: str =
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     reduce_range, per_channel = check_int8_weights(weights)
+    _warn_if_clipped(weights)
 
     meta = {p.key: p.value for p in onnx.load(str(src), load_external_data=False).metadata_props}
     # quantize_dynamic logs advice on the root logger (run its shape pre-processing first); our graphs come from
@@ -258,7 +275,7 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
                  dynamic: bool = False, overwrite: bool = False, name: str | None = None,
                  protect: tuple = (), rtol: float = RTOL, check_sizes: list[tuple[int, int]] | None = None,
                  log=print, quantize: str | None = None, check_inputs: torch.Tensor | None = None,
-                 int8_weights: str = DEFAULT_INT8_WEIGHTS) -> dict[str, Any]:
+                 int8_weights: str | None = None) -> dict[str, Any]:
     """Export `model` (switched to eval mode) to `out` in `fmt` ('onnx' or 'pt2') and check the file against eager.
 
     Args:
@@ -272,8 +289,9 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
         quantize: None, or 'int8' (ONNX only): dynamic int8 quantization of the MatMul / Gemm weights, checked by
             `logit_agreement` against eager fp32 instead of `rtol`.
         check_inputs: (N, C, H, W) images at the export size for the int8 check (default: random inputs).
-        int8_weights: with quantize='int8', how the weights are quantized (`INT8_WEIGHTS`; default '7bit', exact on
-            every x86 CPU, see the module docstring).
+        int8_weights: with quantize='int8', how the weights are quantized (`INT8_WEIGHTS`; default
+            `DEFAULT_INT8_WEIGHTS`, '7bit-per-channel', exact on every CPU, see the module docstring). Refused
+            without quantize.
     Returns:
         {"file", "format", "dynamic", "quantize", "int8_weights" (None without quantize), "covers",
         "checks": [{"size": [H, W], "rel_err": float, and for int8 "top1_agreement", "max_abs_err", "mean_abs_err"},
@@ -284,6 +302,9 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
     """
     name = name or (getattr(model, "pretrained_cfg", None) or {}).get("architecture", type(model).__name__)
     _check_quantize(quantize, fmt)
+    if int8_weights is not None and not quantize:
+        raise UserError(f"--int8-weights {int8_weights} needs --quantize int8")
+    int8_weights = int8_weights or DEFAULT_INT8_WEIGHTS
     check_int8_weights(int8_weights)
     dest = check_output(out, fmt, overwrite, protect)
     _need_extra(fmt)

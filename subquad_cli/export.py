@@ -34,10 +34,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "on up to 64 held-out images of the checkpoint's data when its sidecar names them, else on random "
                    "inputs")
     p.add_argument("--int8-weights", default=None, metavar="|".join(INT8_WEIGHTS),
-                   help=f"with --quantize int8: weight bits and scales (default {DEFAULT_INT8_WEIGHTS}). 7-bit "
-                   "weights compute exactly on every x86 CPU; 8-bit ones are clipped on x86 CPUs without VNNI "
-                   "(ONNX Runtime's uint8 x int8 products saturate there), so use them only for CPUs with VNNI, AMX "
-                   "or Arm")
+                   help=f"needs --quantize int8: weight bits and scales (default {DEFAULT_INT8_WEIGHTS}: one scale "
+                   "per output channel). 7-bit weights compute exactly on every CPU; 8-bit ones are clipped on x86 "
+                   "CPUs without VNNI (ONNX Runtime's uint8 x int8 products saturate there), so use them only for "
+                   "CPUs with VNNI, AMX or Arm")
     p.set_defaults(func=run)
     return p
 
@@ -62,25 +62,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_int8_weights(args: argparse.Namespace) -> None:
-    """Refuse --int8-weights without --quantize int8 or with an unknown name; warn (one line) where 8-bit weights
-    are asked for on a CPU whose uint8 x int8 products saturate, since the check after writing then reports this
-    CPU's clipped products, not what a CPU with VNNI computes."""
-    import logging
-
-    from subquad.backend import int8_saturates
+    """Refuse --int8-weights without --quantize int8 or with an unknown name (before any model is built). Where
+    8-bit weights are asked for on a CPU that clips them, `subquad.export.quantize_int8` warns (one line)."""
     from subquad.export import check_int8_weights
     from subquad_cli.errors import UserError
 
     if args.int8_weights is None:
-        args.int8_weights = DEFAULT_INT8_WEIGHTS
         return
     if args.quantize != "int8":
         raise UserError(f"--int8-weights {args.int8_weights} needs --quantize int8")
     check_int8_weights(args.int8_weights)
-    if args.int8_weights.startswith("8bit") and int8_saturates():
-        logging.getLogger("subquad").warning(
-            "warning: this CPU (x86 without VNNI) clips uint8 x int8 products of 8-bit weights in ONNX Runtime; the "
-            "check below shows that error, which CPUs with VNNI do not have (7-bit weights are exact on both)")
 
 
 def _export(args: argparse.Namespace, size) -> int:
@@ -106,11 +97,12 @@ def _export(args: argparse.Namespace, size) -> int:
     res = export_model(model, args.format, args.out, size, dynamic=args.dynamic, overwrite=args.overwrite,
                        name=name, protect=(args.checkpoint,), quantize=args.quantize, check_inputs=inputs,
                        int8_weights=args.int8_weights)
+    weights = res["int8_weights"]
     worst = max(c["rel_err"] for c in res["checks"])
     if args.quantize:
         c = res["checks"][0]
         where = "held-out images" if inputs is not None else "random inputs"
-        print(f"{args.quantize} ({args.int8_weights} weights) against eager fp32 ({where}): top-1 agreement "
+        print(f"{args.quantize} ({weights} weights) against eager fp32 ({where}): top-1 agreement "
               f"{100 * c['top1_agreement']:.1f} %, max abs logit error {c['max_abs_err']:.3g}, "
               f"mean {c['mean_abs_err']:.3g}")
     cov = res["covers"]

@@ -108,11 +108,13 @@ def test_precision_context_autocasts_bf16_only():
 
 
 ARM_NO_DOT = "processor\t: 0\nFeatures\t: fp asimd\n"
+SKYLAKE_SP = "flags\t\t: fpu sse4_1 avx2 avx512f avx512bw avx512vl\n"  # AVX-512 before VNNI
 
 
 @pytest.mark.parametrize("machine, text, saturates", [("x86_64", ZEN3, True), ("x86_64", ZEN4, False),
                                                       ("AMD64", SPR, False), ("aarch64", ARM, False),
-                                                      ("aarch64", ARM_NO_DOT, False), ("i686", ZEN3, True)])
+                                                      ("aarch64", ARM_NO_DOT, False), ("i686", ZEN3, True),
+                                                      ("x86_64", SKYLAKE_SP, True)])
 def test_int8_saturates(machine, text, saturates):
     """uint8 x int8 products saturate on x86 without VNNI / AMX-INT8 (vpmaddubsw's 16-bit pairs) only."""
     assert backend.int8_saturates(machine, backend.parse_cpu_flags(text)) is saturates

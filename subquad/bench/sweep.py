@@ -705,15 +705,16 @@ def _rates(sweep: _Sweep, row: dict[str, Any], precision: str, backend: str = "e
     row["gemm_fraction"] = float(f"{achieved / gemm[key]:.4g}")
 
 
-def interleaved_parser(doc: str, models: Sequence[str], rounds: int = 15) -> argparse.ArgumentParser:
+def interleaved_parser(doc: str, models: Sequence[str], rounds: int = 15,
+                       per_round: str = "one step of each side per round") -> argparse.ArgumentParser:
     """The command line of a `benchmarks/` script whose sides alternate in one process (`interleaved_times`): --out,
     --model, --img-size, --rounds, --warmup, --threads; the script adds its own options. `doc`: the script's
-    docstring (its first line is the description)."""
+    docstring (its first line is the description); `per_round`: what a round runs, for --rounds' help."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--out", required=True, help="CSV to write (refused if it exists)")
     p.add_argument("--model", nargs="+", default=list(models), metavar="NAME")
     p.add_argument("--img-size", type=int, nargs="+", default=[224, 512])
-    p.add_argument("--rounds", type=int, default=rounds, help="timed rounds (one step of each side per round)")
+    p.add_argument("--rounds", type=int, default=rounds, help=f"timed rounds ({per_round})")
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     return p

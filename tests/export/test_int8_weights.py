@@ -120,3 +120,35 @@ def test_cli_names_match_the_library():
 
     assert cli.INT8_WEIGHTS == INT8_WEIGHTS and cli.DEFAULT_INT8_WEIGHTS == DEFAULT_INT8_WEIGHTS
 
+
+@pytest.mark.parametrize("saturates", [True, False])
+def test_8bit_weights_on_a_clipping_cpu_warn_once(saturates, monkeypatch, tmp_path, caplog):
+    """quantize_int8 (the library, so `subquad export`, the benchmarks and Python callers alike) warns once per process
+    and scheme where 8-bit weights are written on a CPU that clips them; never for 7-bit weights or elsewhere."""
+    import logging
+
+    import subquad.export as export
+
+    monkeypatch.setattr(backend, "int8_saturates", lambda: saturates)
+    monkeypatch.setattr(export, "_clip_warned", set())
+    src = tmp_path / "f.onnx"
+    _matmul_file(src, np.ones((K, N), np.float32))
+    with caplog.at_level(logging.WARNING, logger="subquad"):
+        for i, weights in enumerate(INT8_WEIGHTS + INT8_WEIGHTS):
+            quantize_int8(src, tmp_path / f"q{i}.onnx", weights)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if not saturates:
+        assert said == []
+        return
+    assert len(said) == 2  # 8bit and 8bit-per-channel, once each
+    assert all("x86 without VNNI" in m and "7-bit weights are exact" in m for m in said)
+    assert "the 8bit file" in said[0] and "the 8bit-per-channel file" in said[1]
+
+
+def test_export_model_refuses_a_scheme_without_quantize(tmp_path):
+    from subquad.export import export_model
+    from subquad.models import create_model
+
+    with pytest.raises(UserError, match="--int8-weights 8bit needs --quantize int8"):
+        export_model(create_model("l2vit_micro"), "onnx", tmp_path / "m.onnx", int8_weights="8bit")
+    assert not list(tmp_path.iterdir())

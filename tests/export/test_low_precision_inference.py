@@ -205,25 +205,23 @@ def test_int8_weights_errors(argv, msg, tmp_path, capsys):
     assert msg in err and "Traceback" not in err and not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("weights, saturates, warns", [("8bit", True, True), ("8bit-per-channel", True, True),
-                                                       ("8bit", False, False), ("7bit", True, False),
-                                                       (None, True, False)])
-def test_int8_weights_warning(weights, saturates, warns, monkeypatch, caplog):
-    """8-bit weights asked for on a CPU whose uint8 x int8 products saturate: one warning line, before the export
-    (its check then shows this CPU's clipped products); the default is 7bit-per-channel."""
-    import argparse
+def test_int8_weights_reach_the_file(trained, tmp_path, capsys):
+    """`--int8-weights 7bit` is the file's scheme: its metadata names it and its weight scales are one per tensor
+    (the default's are one per output channel)."""
+    import onnx
+    from onnx import numpy_helper
 
-    import subquad_cli.export as cli
-
-    monkeypatch.setattr(backend, "int8_saturates", lambda: saturates)
-    args = argparse.Namespace(quantize="int8", int8_weights=weights)
-    with caplog.at_level(logging.WARNING, logger="subquad"):
-        cli._check_int8_weights(args)
-    assert args.int8_weights == (weights or "7bit-per-channel")
-    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(said) == int(warns)
-    if warns:
-        assert "x86 without VNNI" in said[0] and "7-bit weights are exact" in said[0]
+    out = tmp_path / "m7.onnx"
+    assert main(["export", "--checkpoint", str(trained["run"]), "--format", "onnx", "--quantize", "int8",
+                 "--int8-weights", "7bit", "--out", str(out)]) == 0
+    assert "int8 (7bit weights) against eager fp32 (held-out images)" in capsys.readouterr().out
+    model = onnx.load(str(out))
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["subquad.quantize"].endswith(", 7bit weights")
+    weights = [numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    scales = [numpy_helper.to_array(t) for t in model.graph.initializer if t.name.endswith("_scale")]
+    assert weights and max(int(abs(w.astype(int)).max()) for w in weights) == 64
+    assert scales and all(sc.ndim == 0 for sc in scales)
 
 
 def test_precision_accuracy_benchmark(trained, tmp_path, capsys):
@@ -265,6 +263,9 @@ def test_precision_accuracy_benchmark(trained, tmp_path, capsys):
     assert bench.main(["--checkpoint", str(trained["run"]), "--int8-weights", "4bit", "--out",
                        str(tmp_path / "b.csv")]) == 2
     assert "--int8-weights '4bit' is unknown" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
+    assert bench.main(["--checkpoint", str(trained["run"]), "--paths", "bf16-eager", "--int8-weights", "8bit",
+                       "--out", str(tmp_path / "b.csv")]) == 2
+    assert "applies to the int8-onnxruntime path" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
 
 
 def test_precision_accuracy_changed_labels():
