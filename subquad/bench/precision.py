@@ -9,7 +9,9 @@ Pairs that run:
   region, as a serving loop holds it, so each weight is cast to bf16 once per run (autocast's weight cache), not
   once per step; the int8 weights are quantized once, when the copy is made;
 - `onnxruntime` (CPU only, the `export` extra): fp32, the file `subquad export --format onnx` writes, and int8, the
-  same file after `subquad export --quantize int8` (ONNX Runtime dynamic quantization of MatMul / Gemm weights).
+  same file after `subquad export --quantize int8` (ONNX Runtime dynamic quantization of MatMul / Gemm weights, in
+  `subquad.export.DEFAULT_INT8_WEIGHTS`' scheme: 7-bit, per-channel scales since 2026-12-07, 8-bit per tensor
+  before).
 bf16 in ONNX Runtime gets a row whose `status` says why it was skipped; training steps are not measured for int8.
 
 The GEMM rate is the best of a few timed square products (n = 1024) at the precision: fp32 and bf16 `torch.matmul`;
