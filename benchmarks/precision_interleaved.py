@@ -166,6 +166,11 @@ def amdahl(share: float, speedup: float, rest_speedup: float = 1.0) -> float:
     return 1.0 / ((1.0 - share) / rest_speedup + share / speedup)
 
 
+def _sig(x: float, digits: int = 4) -> float:
+    """`x` to `digits` significant digits: ratios span 0.008 (bf16 emulated on a CPU without it) to 4."""
+    return float(f"{x:.{digits}g}")
+
+
 def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: int = 3,
             machine_ratio: float | None = None, compile: bool = False, fused_attention: bool = False,
             int8_ratio: float | None = None) -> dict:
@@ -227,13 +232,13 @@ def measure(name: str, img_size: int, rounds: int, warmup: int, profile_steps: i
     diff = float((low.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
     return dict(model=name, img_size=img_size, rounds=rounds, fp32_ms=round(med["fp32"], 3),
                 bf16_ms=round(med["bf16"], 3), bf16_inference_mode_ms=round(med["bf16_inference_mode"], 3),
-                speedup_vs_fp32_eager=round(med["fp32"] / med["bf16"], 3),
-                inference_mode_vs_no_grad=round(med["bf16_inference_mode"] / med["bf16"], 3),
-                gemm_share_fp32=round(share, 4), gemm_speedup_bf16=round(gemm_speedup, 3),
-                bound_vs_fp32_eager=round(amdahl(share, gemm_speedup), 3), machine_gemm_bf16_vs_fp32=round(machine, 3),
-                machine_bound_vs_fp32_eager=round(amdahl(share, machine), 3), rest_speedup_bf16=round(rest_speedup, 3),
-                machine_bound_bf16_rest=round(amdahl(share, machine, rest_speedup), 3),
-                profiled_speedup_bf16=round(_ratio(t32, t16), 3), rel_diff=f"{diff:.2e}",
+                speedup_vs_fp32_eager=_sig(med["fp32"] / med["bf16"]),
+                inference_mode_vs_no_grad=_sig(med["bf16_inference_mode"] / med["bf16"]),
+                gemm_share_fp32=round(share, 4), gemm_speedup_bf16=_sig(gemm_speedup),
+                bound_vs_fp32_eager=_sig(amdahl(share, gemm_speedup)), machine_gemm_bf16_vs_fp32=_sig(machine),
+                machine_bound_vs_fp32_eager=_sig(amdahl(share, machine)), rest_speedup_bf16=_sig(rest_speedup),
+                machine_bound_bf16_rest=_sig(amdahl(share, machine, rest_speedup)),
+                profiled_speedup_bf16=_sig(_ratio(t32, t16)), rel_diff=f"{diff:.2e}",
                 bf16_compile_ms=round(med["bf16_compile"], 3) if compile else "",
                 compile_speedup_vs_fp32_eager=round(med["fp32"] / med["bf16_compile"], 3) if compile else "",
                 **_fused_columns(med), **_int8_columns(med, ref, low8, _ratio(lin32, t32), _ratio(g32, t32),
