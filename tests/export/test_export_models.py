@@ -179,6 +179,7 @@ def test_dynamic_export_runs_at_other_sizes_and_batches(tmp_path, monkeypatch):
         _assert_file_matches_eager(m, tmp_path / "m.pt2", "pt2", [(8 * stride, 8 * stride)])
 
 
+@pytest.mark.slow  # ~65 s each on a 2-core Zen 3; the default suite keeps the dynamic micro exports
 def test_dynamic_window_model_takes_single_window_stages(tmp_path):
     """l2vit_micro's window stages: one pt2 program, exported at a larger size (batch 2), runs at the default size,
     where the last stages hold a single (padded) window, and at non-square sizes. One block a stage: each stage's
@@ -192,6 +193,7 @@ def test_dynamic_window_model_takes_single_window_stages(tmp_path):
     _assert_file_matches_eager(m, tmp_path / "m.pt2", "pt2", [tuple(c["size"]) for c in res["checks"]])
 
 
+@pytest.mark.slow  # ~65 s each on a 2-core Zen 3; the default suite keeps the dynamic micro exports
 def test_dynamic_long_short_model_takes_single_tile_stages(tmp_path):
     """cvt_ls_micro's long-short stages: the program once required two tiles a side (it covered 35-2048); now it
     runs at 40 x 40, where a stage holds a single tile, and at odd, non-square sizes."""
