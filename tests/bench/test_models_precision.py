@@ -16,9 +16,10 @@ from ._scripts import load_benchmark
 def test_parts_resume_and_merge(tmp_path, monkeypatch):
     mp = load_benchmark("models_precision")
     parts, out = tmp_path / "parts", tmp_path / "all.csv"
-    # --backend passes through (compile is a minute per model: slow tests only).
+    # --backend passes through (compile is a minute per model, an ONNX export ~15 s on a 2-core Zen 3: the other
+    # backends' rows are tested in test_bench_precision.py).
     argv = ["--model", "vit_attn_micro,l2vit_micro", "--img-size", "16", "--repeats", "1", "--warmup", "0",
-            "--threads", "1", "--parts", str(parts), "--backend", "eager,onnxruntime"]
+            "--threads", "1", "--parts", str(parts), "--backend", "eager"]
     assert mp.main(argv + ["--out", str(out)]) == 0
     for m in ("vit_attn_micro", "l2vit_micro"):
         assert (parts / f"{m}.csv").is_file() and (parts / f"{m}.json").is_file()
@@ -26,13 +27,12 @@ def test_parts_resume_and_merge(tmp_path, monkeypatch):
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == MODEL_COLUMNS
-    assert [r["model"] for r in rows] == ["vit_attn_micro"] * 6 + ["l2vit_micro"] * 6
-    assert {r["backend"] for r in rows} == {"eager", "onnxruntime"}
-    assert all("--backend eager,onnxruntime" in " ".join(json.loads((parts / f"{m}.json").read_text())["command"])
+    assert [r["model"] for r in rows] == ["vit_attn_micro"] * 3 + ["l2vit_micro"] * 3
+    assert {r["backend"] for r in rows} == {"eager"}
+    assert all("--backend eager " in " ".join(json.loads((parts / f"{m}.json").read_text())["command"]) + " "
                for m in ("vit_attn_micro", "l2vit_micro"))
     ok = [r for r in rows if r["status"] == "ok"]
-    assert {(r["precision"], r["backend"]) for r in ok} >= {("fp32", "eager"), ("fp32", "onnxruntime"),
-                                                           ("int8", "onnxruntime")}
+    assert {(r["precision"], r["backend"]) for r in ok} >= {("fp32", "eager")}
     # A second run measures nothing again (its parts exist) and refuses an existing --out.
     monkeypatch.setattr(mp.subprocess, "run", lambda *a, **k: pytest.fail("measured a model twice"))
     with pytest.raises(UserError, match="exists"):
