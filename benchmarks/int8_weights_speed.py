@@ -35,6 +35,7 @@ import torch  # noqa: E402
 from subquad.bench.sweep import (  # noqa: E402
     check_interleaved_args,
     interleaved_parser,
+    interleaved_times,
     new_output,
     script_setup,
     write_csv,
@@ -52,17 +53,6 @@ def _session(path: Path):
 
     sess = ort.InferenceSession(str(path), _ort_options(), providers=["CPUExecutionProvider"])
     return sess, sess.get_inputs()[0].name
-
-
-def _block(fn, steps: int) -> float:
-    """One untimed call of `fn`, then the mean milliseconds of `steps` timed calls."""
-    import time
-
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    return (time.perf_counter() - t0) * 1e3 / steps
 
 
 def measure(name: str, img_size: int, weights: list[str], rounds: int, warmup: int, folder: Path,
@@ -86,13 +76,7 @@ def measure(name: str, img_size: int, weights: list[str], rounds: int, warmup: i
         sess, inp = _session(path)
         sides[side] = (lambda s, i: lambda: s.run(None, {i: xn}))(sess, inp)
     with torch.no_grad():
-        for _ in range(warmup):
-            for fn in sides.values():
-                fn()
-        times = {side: [] for side in sides}
-        for r in range(rounds):
-            for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
-                times[side].append(_block(sides[side], block))
+        times = interleaved_times(sides, rounds, warmup, block)
     base = statistics.median(times["fp32 eager"])
     return [dict(model=name, img_size=img_size, side=side, rounds=rounds, block=block,
                  median_ms=round(statistics.median(t), 3), min_ms=round(min(t), 3), max_ms=round(max(t), 3),

@@ -87,7 +87,8 @@ def _check(args: argparse.Namespace) -> tuple[list[tuple[str, str]], Path]:
         resolve_checkpoint(c)
     if args.int8_weights is not None and "int8-onnxruntime" not in paths:
         raise UserError(f"--int8-weights {args.int8_weights} applies to the int8-onnxruntime path; add it to --paths")
-    schemes = [s.strip() for s in (args.int8_weights or DEFAULT_INT8_WEIGHTS).split(",") if s.strip()]
+    given = DEFAULT_INT8_WEIGHTS if args.int8_weights is None else args.int8_weights
+    schemes = [s.strip() for s in given.split(",") if s.strip()]
     for scheme in schemes:
         check_int8_weights(scheme)
     if not schemes:

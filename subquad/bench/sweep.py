@@ -734,18 +734,27 @@ def check_interleaved_args(args, extra: Sequence[str] = ()) -> None:
         raise UserError(f"{names} must be positive and --warmup >= 0 (got {got})")
 
 
-def interleaved_times(sides: dict[str, Callable[[], object]], rounds: int, warmup: int = 0) -> dict[str, list[float]]:
+def interleaved_times(sides: dict[str, Callable[[], object]], rounds: int, warmup: int = 0,
+                      block: int = 1) -> dict[str, list[float]]:
     """Each side called once per round, the order flipping every round (so a drifting machine reaches every side
-    alike): {side: [milliseconds of each of the `rounds` timed rounds]}, after `warmup` untimed rounds."""
+    alike): {side: [milliseconds of each of the `rounds` timed rounds]}, after `warmup` untimed rounds. With `block`
+    > 1 a side's turn in a timed round is one untimed call, then `block` timed calls whose mean is the round's time
+    (sides with thread pools of their own, e.g. ONNX Runtime sessions, then do not run while another's still spins)."""
     import time
 
     times: dict[str, list[float]] = {side: [] for side in sides}
     for r in range(warmup + rounds):
+        timed = r >= warmup
         for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+            fn = sides[side]
+            if timed and block > 1:
+                fn()
+            steps = block if timed else 1
             t0 = time.perf_counter()
-            sides[side]()
-            if r >= warmup:
-                times[side].append((time.perf_counter() - t0) * 1e3)
+            for _ in range(steps):
+                fn()
+            if timed:
+                times[side].append((time.perf_counter() - t0) * 1e3 / steps)
     return times
 
 

@@ -74,3 +74,16 @@ def test_int8_weights_speed_times_every_scheme_beside_fp32(tmp_path):
     with pytest.raises(UserError, match="--weights '9bit' is unknown"):
         bench.main(argv[:-1] + ["9bit", "--out", str(tmp_path / "x.csv")])
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_interleaved_times_in_blocks():
+    """block > 1: per timed round one untimed call, then `block` timed calls averaged; warm-up rounds call once."""
+    from subquad.bench.sweep import interleaved_times
+
+    calls = {"a": 0, "b": 0}
+    sides = {k: (lambda k=k: calls.__setitem__(k, calls[k] + 1)) for k in calls}
+    times = interleaved_times(sides, rounds=3, warmup=2, block=4)
+    assert calls == {"a": 2 + 3 * 5, "b": 2 + 3 * 5} and all(len(t) == 3 for t in times.values())
+    calls.update(a=0, b=0)
+    interleaved_times(sides, rounds=3, warmup=1)
+    assert calls == {"a": 4, "b": 4}  # block 1: as before, one timed call per round

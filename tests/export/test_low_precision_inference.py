@@ -266,6 +266,9 @@ def test_precision_accuracy_benchmark(trained, tmp_path, capsys):
     assert bench.main(["--checkpoint", str(trained["run"]), "--paths", "bf16-eager", "--int8-weights", "8bit",
                        "--out", str(tmp_path / "b.csv")]) == 2
     assert "applies to the int8-onnxruntime path" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
+    assert bench.main(["--checkpoint", str(trained["run"]), "--int8-weights", "",
+                       "--out", str(tmp_path / "b.csv")]) == 2
+    assert "--int8-weights needs at least one scheme" in capsys.readouterr().err and not (tmp_path / "b.csv").exists()
 
 
 def test_precision_accuracy_changed_labels():
