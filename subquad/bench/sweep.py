@@ -735,17 +735,21 @@ def check_interleaved_args(args, extra: Sequence[str] = ()) -> None:
 
 
 def interleaved_times(sides: dict[str, Callable[[], object]], rounds: int, warmup: int = 0,
-                      block: int = 1) -> dict[str, list[float]]:
+                      block: int = 1, pause: float = 0.0) -> dict[str, list[float]]:
     """Each side called once per round, the order flipping every round (so a drifting machine reaches every side
     alike): {side: [milliseconds of each of the `rounds` timed rounds]}, after `warmup` untimed rounds. With `block`
-    > 1 a side's turn in a timed round is one untimed call, then `block` timed calls whose mean is the round's time
-    (sides with thread pools of their own, e.g. ONNX Runtime sessions, then do not run while another's still spins)."""
+    > 1 a side's turn in a timed round is one untimed call, then `block` timed calls whose mean is the round's time.
+    `pause` (seconds, untimed) is slept before each side's turn: sides with thread pools of their own (torch's and
+    each ONNX Runtime session's) spin a while after their work, and on a 2-core machine an ONNX Runtime pool still
+    spinning slowed the next fp32 `torch.matmul` blocks by up to 2x even after an untimed call (0.1 s removed it)."""
     import time
 
     times: dict[str, list[float]] = {side: [] for side in sides}
     for r in range(warmup + rounds):
         timed = r >= warmup
         for side in (list(sides) if r % 2 == 0 else list(reversed(sides))):
+            if pause > 0:
+                time.sleep(pause)
             fn = sides[side]
             if timed and block > 1:
                 fn()

@@ -87,3 +87,18 @@ def test_interleaved_times_in_blocks():
     calls.update(a=0, b=0)
     interleaved_times(sides, rounds=3, warmup=1)
     assert calls == {"a": 4, "b": 4}  # block 1: as before, one timed call per round
+
+
+def test_interleaved_times_pause_is_untimed(monkeypatch):
+    """`pause` sleeps before every side's turn (warm-up rounds too), outside the timed calls."""
+    import time
+
+    from subquad.bench.sweep import interleaved_times
+
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    times = interleaved_times({"a": lambda: None, "b": lambda: None}, rounds=3, warmup=1, block=2, pause=0.25)
+    assert slept == [0.25] * 8 and all(len(t) == 3 for t in times.values())
+    slept.clear()
+    interleaved_times({"a": lambda: None}, rounds=2)
+    assert slept == []
