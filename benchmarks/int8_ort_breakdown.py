@@ -34,6 +34,7 @@ GEMM could bring this runtime's step there), `needs GEMMs above the int8 peak` (
 Usage (from the repository root, on a quiet machine: `uptime`):
     python benchmarks/int8_ort_breakdown.py --model vit_attn_tiny --img-size 224 \
         --out benchmarks/results/int8-ort-breakdown-<hw>/run<n>.csv
+    python benchmarks/int8_ort_breakdown.py --table benchmarks/results/int8-ort-breakdown-<hw>/*.csv
 """
 
 from __future__ import annotations
@@ -214,9 +215,40 @@ def peak_gemm_gain(rounds: int = 15, n: int = 1024, pause: float = 0.1) -> float
     return min(times["fp32"]) / min(times["int8"])
 
 
+def table(paths: list[str]) -> str:
+    """The Markdown table of docs/benchmarks.md from CSVs this script wrote (rows in file order)."""
+    from subquad.bench.sweep import read_csv
+    from subquad.errors import UserError
+
+    if not paths:
+        raise UserError("--table needs the CSVs this script wrote")
+    rows = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise UserError(f"--table: {path} is not a file")
+        got = read_csv(path)
+        if not got or list(got[0]) != COLUMNS:
+            raise UserError(f"--table: {path} is not a CSV of this script (its columns differ)")
+        rows += got
+    lines = ["| model | px | fp32 eager (ms) | int8 ORT speed-up | weight-GEMM share (int8) | GEMM gain (peak) | "
+             "bound, GEMMs free | bound, GEMMs at peak | verdict | largest other kernels (int8) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| `{r['model']}` | {r['img_size']} | {float(r['fp32_eager_ms']):.1f} | "
+                     f"{float(r['int8_speedup']):.2f}x | {100 * float(r['int8_gemm_share']):.0f} % | "
+                     f"{float(r['gemm_gain']):.2f} ({float(r['peak_gemm_gain']):.2f}) | "
+                     f"{float(r['bound_free_gemm']):.2f}x | {float(r['bound_peak_gemm']):.2f}x | {r['verdict']} | "
+                     f"{r['rest_top']} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     from subquad.errors import UserError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--table"]:
+        print(table(argv[1:]))
+        return 0
     p = interleaved_parser(__doc__, MODELS, rounds=7, per_round="one block of each side per round")
     p.add_argument("--block", type=int, default=3, help="timed steps per block (after one untimed step)")
     p.add_argument("--profile-steps", type=int, default=5, help="profiled steps of each ONNX file")

@@ -33,6 +33,17 @@ def _graph():
                              [helper.make_tensor_value_info("y", TensorProto.INT32, [4, 4])], [w, bias, wq])
 
 
+def test_table_refuses_other_files(tmp_path):
+    """--table reads only this script's CSVs, and says which file is wrong."""
+    bench = load_benchmark("int8_ort_breakdown")
+    other = tmp_path / "other.csv"
+    other.write_text("model,img_size\nx,1\n")
+    for paths, match in (([], "needs the CSVs"), ([str(tmp_path / "none.csv")], "is not a file"),
+                         ([str(other)], "columns differ")):
+        with pytest.raises(UserError, match=match):
+            bench.main(["--table", *paths])
+
+
 def test_weight_gemm_nodes_and_bounds():
     """Weight GEMMs are GEMM ops with a constant second input, their bias Add and the quantize feeding them; a
     product of two activations, a residual Add and an unused quantize are not. The bounds are the speed-up over
@@ -80,3 +91,5 @@ def test_rows_and_refusals(tmp_path, monkeypatch):
         with pytest.raises(UserError, match=match):
             bench.main(argv[:-1] + [str(tmp_path / "x.csv")] + bad)
     assert not (tmp_path / "x.csv").exists()
+    table = bench.table([str(out)])
+    assert table.count("\n") == 2 and "| `vit_attn_micro` | 32 |" in table and r["verdict"] in table
