@@ -35,6 +35,8 @@ Usage (from the repository root, on a quiet machine: `uptime`):
     python benchmarks/int8_ort_breakdown.py --model vit_attn_tiny --img-size 224 \
         --out benchmarks/results/int8-ort-breakdown-<hw>/run<n>.csv
     python benchmarks/int8_ort_breakdown.py --table benchmarks/results/int8-ort-breakdown-<hw>/*.csv
+    python benchmarks/int8_ort_breakdown.py --summary [--sweep benchmarks/results/bench-model-precision-<hw>-parts] \
+        benchmarks/results/int8-ort-breakdown-<hw>/*.csv     # verdicts over processes (`summary`)
 """
 
 from __future__ import annotations
@@ -242,12 +244,71 @@ def table(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
+def summary(paths: list[str], sweep_parts: str | None = None, target: float = 1.5) -> str:
+    """Per (model, size), over every CSV of this script in `paths` (processes) and the int8 ONNX Runtime rows of
+    `benchmarks/models_precision.py`'s parts in `sweep_parts` (one more process, where present): the verdict of the
+    README tables. A pair reaches `target` when the median of its int8 speed-ups (sweep and interleaved) or of its
+    fp32 ONNX Runtime ones (interleaved) does; a pair that misses is out of reach for int8 weights when every
+    interleaved process puts `bound_peak_gemm` below `target`, and within reach of the peak otherwise. Two tables:
+    the pairs the sweep measured, then the others."""
+    from subquad.bench.sweep import read_csv
+    from subquad.errors import UserError
+
+    table(paths)  # the same refusals
+    runs: dict = {}
+    for path in paths:
+        for r in read_csv(path):
+            runs.setdefault((r["model"], int(r["img_size"])), []).append(r)
+    sweep = {}
+    if sweep_parts is not None:
+        if not Path(sweep_parts).is_dir():
+            raise UserError(f"--sweep: {sweep_parts} is not a folder of models_precision.py parts")
+        for part in sorted(Path(sweep_parts).glob("*.csv")):
+            for r in read_csv(part):
+                if (r.get("precision"), r.get("backend")) == ("int8", "onnxruntime") and r["speedup_vs_fp32_eager"]:
+                    sweep[(r["model"], int(r["infer_img_size"].split("x")[0]))] = float(r["speedup_vs_fp32_eager"])
+    with_sweep = ["| model | px | int8 ORT: sweep; interleaved | median | fp32 ORT (interleaved) | "
+                  "bound at peak GEMMs | verdict |", "|---|---|---|---|---|---|---|"]
+    without = ["| model | px | int8 ORT | fp32 ORT | bound at peak GEMMs | verdict | largest other kernels (int8) |",
+               "|---|---|---|---|---|---|---|"]
+    for (model, size), rows in sorted(runs.items()):
+        int8 = [float(r["int8_speedup"]) for r in rows]
+        fp32 = [float(r["fp32_eager_ms"]) / float(r["fp32_ort_ms"]) for r in rows]
+        peak = [float(r["bound_peak_gemm"]) for r in rows]
+        swept = sweep.get((model, size))
+        median = statistics.median(([swept] if swept is not None else []) + int8)
+        if max(median, statistics.median(fp32)) >= target:
+            verdict = "reaches"
+        elif max(peak) < target:
+            verdict = "out of reach by int8 weights"
+        else:
+            verdict = "misses (within reach at peak)"
+        if swept is None and len(rows) == 1:
+            without.append(f"| `{model}` | {size} | {int8[0]:.2f}x | {fp32[0]:.2f}x | {peak[0]:.2f}x | {verdict} | "
+                           f"{rows[0]['rest_top']} |")
+            continue
+        first = f"{swept:.2f}; " if swept is not None else ""
+        with_sweep.append(f"| `{model}` | {size} | {first}{', '.join(f'{x:.2f}' for x in int8)} | {median:.2f}x | "
+                          f"{', '.join(f'{x:.2f}' for x in fp32)} | {', '.join(f'{x:.2f}' for x in peak)} | "
+                          f"{verdict} |")
+    return "\n".join(with_sweep) + "\n\n" + "\n".join(without)
+
+
 def main(argv=None) -> int:
     from subquad.errors import UserError
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--table"]:
         print(table(argv[1:]))
+        return 0
+    if argv[:1] == ["--summary"]:
+        sweep = None
+        rest = argv[1:]
+        if rest[:1] == ["--sweep"]:
+            if len(rest) < 2:
+                raise UserError("--summary --sweep needs the folder of models_precision.py parts")
+            sweep, rest = rest[1], rest[2:]
+        print(summary(rest, sweep))
         return 0
     p = interleaved_parser(__doc__, MODELS, rounds=7, per_round="one block of each side per round")
     p.add_argument("--block", type=int, default=3, help="timed steps per block (after one untimed step)")
@@ -257,7 +318,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = new_output(args.out)
     check_interleaved_args(args, ("block", "profile_steps"))
-    if not args.target > 0 or args.pause < 0:
+    if not args.target > 0 or not args.pause >= 0:
         raise UserError(f"--target must be positive and --pause >= 0 "
                         f"(got --target {args.target}, --pause {args.pause})")
     env = script_setup(args.model, args.threads)

@@ -93,3 +93,45 @@ def test_rows_and_refusals(tmp_path, monkeypatch):
     assert not (tmp_path / "x.csv").exists()
     table = bench.table([str(out)])
     assert table.count("\n") == 2 and "| `vit_attn_micro` | 32 |" in table and r["verdict"] in table
+
+
+def test_summary_verdicts_over_processes(tmp_path):
+    """--summary: a pair's int8 speed-ups from the sweep's part and every interleaved process, their median against
+    the target; out of reach only when every process's peak bound is below it; single-process pairs without a sweep
+    row in the second table."""
+    from subquad.bench.sweep import write_csv
+
+    bench = load_benchmark("int8_ort_breakdown")
+
+    def row(model, size, speedup, peak, fp32_ort_ms=20.0):
+        return dict(model=model, img_size=size, fp32_eager_ms=20.0, fp32_ort_ms=fp32_ort_ms, int8_speedup=speedup,
+                    bound_peak_gemm=peak, rest_top="Gelu 5.0%", int8_gemm_share=0.4, gemm_gain=1.5,
+                    peak_gemm_gain=2.0, bound_free_gemm=3.0, verdict="", int8_ort_ms=10.0)
+
+    run1 = write_csv([row("a", 224, 1.4, 1.6), row("b", 224, 1.2, 1.4), row("c", 512, 1.3, 1.45, 12.0)],
+                     tmp_path / "run1.csv", bench.COLUMNS)
+    run2 = write_csv([row("a", 224, 1.45, 1.4), row("b", 224, 1.3, 1.45)], tmp_path / "run2.csv", bench.COLUMNS)
+    parts = tmp_path / "parts"
+    write_csv([{"model": "a", "infer_img_size": "224x224", "precision": "int8", "backend": "onnxruntime",
+                "speedup_vs_fp32_eager": 1.9},
+               {"model": "b", "infer_img_size": "224x224", "precision": "fp32", "backend": "compile",
+                "speedup_vs_fp32_eager": 3.0}], parts / "a.csv",
+              ["model", "infer_img_size", "precision", "backend", "speedup_vs_fp32_eager"])
+    text = bench.summary([str(run1), str(run2)], str(parts))
+    first, second = text.split("\n\n")
+    assert "| `a` | 224 | 1.90; 1.40, 1.45 | 1.45x | 1.00, 1.00 | 1.60, 1.40 | misses (within reach at peak) |" in first
+    assert "| `b` | 224 | 1.20, 1.30 | 1.25x | 1.00, 1.00 | 1.40, 1.45 | out of reach by int8 weights |" in first
+    # c: int8 misses, fp32 ONNX Runtime (20 / 12 = 1.67x) reaches
+    assert second.splitlines()[2] == "| `c` | 512 | 1.30x | 1.67x | 1.45x | reaches | Gelu 5.0% |"
+    with pytest.raises(UserError, match="not a folder"):
+        bench.summary([str(run1)], str(tmp_path / "none"))
+    with pytest.raises(UserError, match="needs the folder"):
+        bench.main(["--summary", "--sweep"])
+
+
+def test_nan_pause_refused_and_peak_gain_positive(tmp_path):
+    """A NaN --pause is refused in one line (not a ValueError from time.sleep); the peak gain is a positive ratio."""
+    bench = load_benchmark("int8_ort_breakdown")
+    with pytest.raises(UserError, match="--pause >= 0"):
+        bench.main(["--pause", "nan", "--out", str(tmp_path / "x.csv")])
+    assert bench.peak_gemm_gain(rounds=1, n=32, pause=0) > 0
