@@ -80,10 +80,12 @@ CASES_2D = [
 ]
 
 
-@pytest.mark.parametrize("w,r,hw,prefix,rpe,masked", [c for c in CASES_2D if not hasattr(c, "marks")])
-def test_2d_export_keyset_form_equals_reference(w, r, hw, prefix, rpe, masked, monkeypatch):
-    """The tile key sets an exported program builds (concatenation instead of the in-place copy) run eagerly here:
-    outputs and every gradient against the float64 reference, on odd, non-square maps."""
+@pytest.mark.parametrize("w,r,hw,prefix,rpe,masked", [c for c in CASES_2D if not hasattr(c, "marks")]
+                         + [(2, 0, (7, 4), 0, False, True), (3, 2, (8, 3), 0, False, True)])
+def test_2d_export_gather_form_equals_reference(w, r, hw, prefix, rpe, masked, monkeypatch):
+    """The form an exported program takes (`long_short_2d_gather`: queries, key sets and output gathered by row
+    indices) run eagerly here: outputs and every gradient against the float64 reference, on odd, non-square maps,
+    with and without global keys, padding masks and the relative-position bias."""
     monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
     m = _build(window_size=w, rank=r, dims=2, num_prefix_tokens=prefix, rpe=rpe)
     N = prefix + hw[0] * hw[1]

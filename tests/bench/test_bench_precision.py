@@ -69,6 +69,9 @@ def test_int8_eager_and_compile_rows(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(backend, "cpu_features", lambda: backend.CpuFeatures(True, True, False, "test"))
+    # the faked CPU's int8 GEMM rate at a small size: without int8 dot products torch._int_mm's 1024^3 rate takes
+    # ~13 s to measure on a Zen 3 EPYC, and its value is not what this test checks
+    monkeypatch.setattr("subquad.bench.precision.gemm_gflops", lambda p, **k: gemm_gflops(p, **{**k, "n": 128}))
     rows = bench_models(["vit_attn_micro"], (16,), warmup=0, repeats=1, precisions=("fp32", "int8"),
                         backends=("eager", "compile"), backward=True)
     by = {(r["precision"], r["backend"]): r for r in rows}

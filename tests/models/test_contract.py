@@ -2,7 +2,8 @@
 construction on the meta device, for every model timm lists under subquad's family modules.
 
 The tiny `*_micro` variants run every check for real in the default suite; the full sizes run under `slow`
-(cheap ones, the meta-device build and the cfg checks, run for every name by default). The upstream file itself
+(cheap ones, the meta-device build and the cfg checks, run for every name by default; the feature-map check for
+the smaller sizes of each family). The upstream file itself
 runs with `python -m tests.models.timm_suite PATH/TO/test_models.py` (README, development section).
 """
 
@@ -49,7 +50,16 @@ def test_cfg_complete(name):
     assert cfg["url"] or cfg["notes"].startswith("no released weights"), name
 
 
-@pytest.mark.parametrize("name", STD)
+def _pool_size_params():
+    """Every standard model; the larger sizes of a family (base, medium, large, PVTv2 b2-b5: the code of its smaller
+    sizes at more width and depth, 0.5-2.5 s each on the meta device) under slow."""
+    import re
+
+    small = re.compile(r"_(micro|tiny|small|s|i|b0|b1)(_\d+)?(_video)?$")
+    return [n if small.search(n) else pytest.param(n, marks=pytest.mark.slow) for n in STD]
+
+
+@pytest.mark.parametrize("name", _pool_size_params())
 def test_pool_size_is_the_feature_map(name):
     """forward_features at the cfg size is (B, H, W, C) / (B, C, H, W) with (H, W) == pool_size (meta device)."""
     m = timm.create_model(name, device="meta")

@@ -40,6 +40,7 @@ __all__ = [
     "long_short_ref",
     "long_short_1d_sdpa",
     "long_short_2d_sdpa",
+    "long_short_2d_gather",
     "long_short_global_sdpa",
     "post_cls_ref",
     "post_cls_sdpa",
@@ -315,6 +316,8 @@ def long_short_2d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: to
     Returns:
         (B, h, H*W, d), equal to `long_short_ref` with `window_mask_2d` (and the dense RPE bias).
     """
+    if torch.compiler.is_exporting():
+        return long_short_2d_gather(q, k, v, kg, vg, hw, w, key_valid, tile_bias, scale, dropout_p)
     B, h, N, d = q.shape
     H, W = hw
     scale = d ** -0.5 if scale is None else scale
@@ -336,11 +339,6 @@ def long_short_2d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: to
         # written into one buffer (the unfolded tiles are never materialised separately)
         t = F.pad(t, (0, 0, ext, Wp - W + ext, ext, Hp - H + ext))
         u = t.unfold(2, kw, w).unfold(3, kw, w).permute(0, 2, 3, 1, 5, 6, 4)  # (B, ny, nx, h, kw, kw, d)
-        if torch.compiler.is_exporting():
-            # the same values without the in-place copy, whose traced broadcast check would specialise an exported
-            # program to at least two tiles a side (torch.compile keeps the buffer: its backward expects it)
-            u = u.reshape(B, ny, nx, h, kw * kw, d)
-            return torch.cat([g[:, None, None].expand(B, ny, nx, h, G, d), u], dim=4).reshape(B, T, h, K, d)
         out = t.new_empty(B, ny, nx, h, K, d)
         out[..., :G, :] = g[:, None, None]
         out[..., G:, :].view(B, ny, nx, h, kw, kw, d).copy_(u)
@@ -366,6 +364,84 @@ def long_short_2d_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: to
     if isinstance(H, torch.SymInt) or isinstance(W, torch.SymInt):
         return out.reshape(B, h, Hp * Wp, d).index_select(2, crop_index((H, W), (Hp, Wp), out.device))
     return out[:, :, :H, :W].reshape(B, h, N, d)
+
+
+def _tile_rows_2d(hw: tuple, w: int, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The row indices of `long_short_2d_gather`, for an (H, W) map in w x w tiles (T = ceil(H/w) * ceil(W/w)).
+
+    Returns:
+        q_rows (T * w * w,): the map row of each tile's query slot (0 for a slot past the map: cropped later);
+        k_rows (T, kw * kw): the map row of each tile's (w + 2 ext)^2 neighbourhood slot (0 outside the map);
+        inside (T, kw * kw) bool: the slot is on the map;
+        out_rows (H * W,): for each map row, its slot in the tile-major output (T * w * w rows).
+    """
+    H, W = hw
+    ext = window_ext(w)
+    kw = w + 2 * ext
+    ny, nx = ceil_div(H, w), ceil_div(W, w)
+    ty = torch.arange(ny, device=device)[:, None] * w  # tile origins
+    tx = torch.arange(nx, device=device)[:, None] * w
+
+    def grid_rows(ys: torch.Tensor, xs: torch.Tensor):
+        # ys (ny, n), xs (nx, n) -> rows (ny * nx, n * n) and on-map flags, row-major inside a tile
+        iy, ix = (ys >= 0) & (ys < H), (xs >= 0) & (xs < W)
+        inside = iy[:, None, :, None] & ix[None, :, None, :]
+        rows = torch.where(iy, ys, 0)[:, None, :, None] * W + torch.where(ix, xs, 0)[None, :, None, :]
+        n = ys.shape[1]
+        return (rows * inside).reshape(ny * nx, n * n), inside.reshape(ny * nx, n * n)
+
+    a = torch.arange(w, device=device)
+    q_rows, _ = grid_rows(ty + a, tx + a)
+    b = torch.arange(kw, device=device) - ext
+    k_rows, inside = grid_rows(ty + b, tx + b)
+    t = torch.arange(H * W, device=device)
+    y = t // W
+    x = t - y * W
+    out_rows = ((y // w) * nx + x // w) * (w * w) + (y % w) * w + x % w
+    return q_rows.reshape(-1), k_rows, inside, out_rows
+
+
+def long_short_2d_gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor,
+                         hw: tuple[int, int], w: int, key_valid: torch.Tensor | None = None,
+                         tile_bias: torch.Tensor | None = None, scale: float | None = None,
+                         dropout_p: float = 0.0) -> torch.Tensor:
+    """`long_short_2d_sdpa` with every tile re-layout done as one row gather (`index_select` of d-vectors).
+
+    The same function: each w x w query tile attends to [global ; (w + 2 ext)^2 neighbourhood], off-map keys masked.
+    Instead of padding the maps and unfolding/permuting them (which a graph runtime such as ONNX Runtime executes as
+    large transposes with the head channels innermost-strided), the queries, the key and value sets (global keys
+    included) and the output are gathered by precomputed row indices from the (B, h, rows, d) tensors, keeping the
+    d channels contiguous; heads stay in front. Off-map slots point at row 0 and are masked (keys) or never read
+    back (queries). This is the form exported programs take (`torch.compiler.is_exporting()`); eager keeps the
+    unfold form, which writes its key sets in place.
+
+    Args and returns: as `long_short_2d_sdpa`.
+    """
+    B, h, N, d = q.shape
+    scale = d ** -0.5 if scale is None else scale
+    ext = window_ext(w)
+    kw = w + 2 * ext
+    G = kg.shape[-2]
+    q_rows, k_rows, inside, out_rows = _tile_rows_2d(hw, w, q.device)
+    T = k_rows.shape[0]
+    K = G + kw * kw
+    # [global ; neighbourhood] rows into [kg ; k]: the global keys are the first G rows of every tile's set
+    rows = torch.cat([torch.arange(G, device=q.device).expand(T, G), k_rows + G], dim=1)  # (T, K)
+    keys = torch.cat([kg, k], dim=2).index_select(2, rows.reshape(-1)).reshape(B * h, T, K, d)
+    vals = torch.cat([vg, v], dim=2).index_select(2, rows.reshape(-1)).reshape(B * h, T, K, d)
+    q_t = q.index_select(2, q_rows).reshape(B * h, T, w * w, d)
+    ok = inside[None]  # (1 or B, T, kw*kw): key slots that are real tokens
+    if key_valid is not None:
+        ok = ok & key_valid.index_select(1, k_rows.reshape(-1)).reshape(B, T, kw * kw)
+    ok = torch.cat([torch.ones_like(ok[..., :1]).expand(*ok.shape[:2], G), ok], dim=-1)  # (1 or B, T, K)
+    if tile_bias is None:
+        mask = ok[:, None, :, None, :]  # (1 or B, 1, T, 1, K)
+    else:
+        bias = torch.cat([tile_bias.new_zeros(h, w * w, G), tile_bias], dim=-1).to(q.dtype)  # (h, w*w, K)
+        mask = torch.where(ok[:, None, :, None, :], bias[None, :, None], _NEG_INF)  # (1 or B, h, T, w*w, K)
+    mask = mask.expand(B, h, *mask.shape[2:]).reshape(B * h, T, *mask.shape[3:])
+    out = _sdpa4(q_t, keys, vals, mask, scale, dropout_p, check=G == 0)  # (B*h, T, w*w, d)
+    return out.reshape(B, h, T * w * w, d).index_select(2, out_rows)
 
 
 def post_cls_ref(q_cls: torch.Tensor, k_cls: torch.Tensor, v_cls: torch.Tensor, out: torch.Tensor,

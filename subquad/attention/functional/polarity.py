@@ -64,6 +64,25 @@ def polarity_features(x: torch.Tensor, scale: torch.Tensor, power: torch.Tensor,
     return F.relu(xs).pow(p), F.relu(-xs).pow(p)
 
 
+def _polarity_features_fast(x: torch.Tensor, scale: torch.Tensor, power: torch.Tensor, alpha: float,
+                            num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`polarity_features` with one power instead of two: |x'|^p, then split by the sign of x'.
+
+    ReLU(x')^p and ReLU(-x')^p are |x'|^p where x' is positive (negative) and 0 elsewhere, p > 1. An exported
+    program computes |x'|^p as exp(p log|x'|) (0 at x' = 0: exp(-inf)): ONNX Runtime's CPU `Pow` with a per-channel
+    exponent runs element by element (21-31 % of PolaFormer-PVT's int8 step on a Zen 3 EPYC), while its `Exp` and
+    `Log` are vectorised.
+    """
+    xs = _split(x / F.softplus(scale), num_heads)
+    p = 1 + alpha * torch.sigmoid(power)
+    if torch.compiler.is_exporting():
+        a = torch.exp(p * torch.log(xs.abs()))
+    else:
+        a = xs.abs().pow(p)
+    zero = a.new_zeros(())
+    return torch.where(xs > 0, a, zero), torch.where(xs < 0, a, zero)
+
+
 def _check(q, k, v, g, hw, num_heads: int) -> None:
     B, N, C = q.shape
     if C % num_heads:
@@ -92,8 +111,8 @@ def _polarity_core(q, k, v, scale, power, alpha, h) -> torch.Tensor:
         Q_sim [KV[:, :d1] | swap(KV[:, d1:]) | sum K | swap(sum K)] = [num_sim | num_opp | den_sim | den_opp],
     each then normalised as `linear_attention` (normaliser 'mean', eps 1e-6). Q_opp is never built.
     """
-    qp, qn = polarity_features(q, scale, power, alpha, h)
-    kp, kn = polarity_features(k, scale, power, alpha, h)
+    qp, qn = _polarity_features_fast(q, scale, power, alpha, h)
+    kp, kn = _polarity_features_fast(k, scale, power, alpha, h)
     kk = torch.cat([kp, kn], -1)  # (B, h, n, 2d)
     vh = _split(v, h)  # (B, h, n, d)
     n, d = vh.shape[-2], vh.shape[-1]
