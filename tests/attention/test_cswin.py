@@ -55,6 +55,47 @@ def test_gathered_form_vs_reference(hw, stripe, dtype):
                dtype)
 
 
+@pytest.mark.parametrize("form", ["packed", "gathered"])
+@pytest.mark.parametrize("hw,stripe", [((7, 9), (7, 4)), ((13, 5), (4, 5)), ((3, 10), (3, 7))])
+def test_exported_form_masks_by_addition(form, hw, stripe, monkeypatch):
+    """In an exported program the padded stripes' mask is additive (0 / -inf; ONNX's bool-mask attention zeroes NaN
+    rows with a Where over every probability): SDPA gets a float mask, and outputs and all gradients still match
+    the dense reference on padded maps."""
+    import subquad.attention.functional.cswin as fc
+
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    seen = []
+    real = fc.sdpa
+    monkeypatch.setattr(fc, "sdpa", lambda *a, attn_mask=None, **k: seen.append(attn_mask.dtype) or real(
+        *a, attn_mask=attn_mask, **k))
+    h, d = 2, 3
+    N = hw[0] * hw[1]
+    q, k, v = (torch.randn(2, h, N, d) for _ in range(3))
+    w, b = torch.randn(h * d, 1, 3, 3) * 0.3, torch.randn(h * d)
+    fn = fc.cswin_attention_packed if form == "packed" else cswin_attention_gathered
+
+    def run(q, k, v, w, b):
+        B = q.shape[0]
+        qkv = torch.stack([q, k, v], dim=2).view(B, h, 3, *hw, d).permute(0, 3, 4, 2, 1, 5)
+        return fn(qkv, stripe, w, b).reshape(B, N, h, d).transpose(1, 2)
+
+    compare_fn(run, lambda q, k, v, w, b: cswin_attention_ref(q, k, v, hw, stripe, w, b), [q, k, v, w, b],
+               torch.float64)
+    assert seen and set(seen) == {torch.float64}, seen
+
+
+def test_export_mask_is_additive_only_while_exporting(monkeypatch):
+    from subquad.attention.functional.softmax import export_mask
+
+    m = torch.tensor([[True, False], [True, True]])
+    assert export_mask(m, torch.float32) is m
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    got = export_mask(m, torch.float32)
+    assert got.dtype == torch.float32 and got.tolist() == [[0.0, float("-inf")], [0.0, 0.0]]
+    f = torch.zeros(2, 2)
+    assert export_mask(f, torch.float32) is f  # a float mask is already additive
+
+
 def test_gradcheck_tiny():
     hw, stripe = (2, 3), (2, 2)
     q, k, v = (torch.randn(1, 1, 6, 2, dtype=torch.float64, requires_grad=True) for _ in range(3))

@@ -79,16 +79,17 @@ def test_features_split_the_signs():
 
 
 @pytest.mark.parametrize("exporting", [False, True])
-def test_one_power_form_equals_the_two_powers(exporting, monkeypatch):
-    """The fast path raises |x'| to the power once and splits by sign (exp(p log|x'|) in an exported program):
-    the same two features as `polarity_features`, exact zeros included (0, not NaN)."""
+def test_fast_features_equal_the_reference_features(exporting, monkeypatch):
+    """The fast path's features (each power as exp(p log t) in an exported program) equal `polarity_features`,
+    exact zeros included (0, not NaN)."""
     from subquad.attention.functional.polarity import _polarity_features_fast
 
     monkeypatch.setattr(torch.compiler, "is_exporting", lambda: exporting)
     x = torch.randn(2, 9, 8, dtype=torch.float64)
     x[0, :3] = 0.0
     scale, power = torch.randn(1, 1, 8, dtype=torch.float64), torch.randn(1, 2, 1, 4, dtype=torch.float64)
-    got, want = _polarity_features_fast(x, scale, power, 4.0, 2), polarity_features(x, scale, power, 4.0, 2)
+    with torch.no_grad():
+        got, want = _polarity_features_fast(x, scale, power, 4.0, 2), polarity_features(x, scale, power, 4.0, 2)
     for a, b in zip(got, want):
         assert torch.isfinite(a).all() and (a[0, :, :3] == 0).all()
         assert_close(a, b, torch.float64, "feature")
@@ -128,10 +129,13 @@ def test_functional_fast_vs_ref(case, dtype):
 
 @pytest.mark.parametrize("case", list(FUNC_CASES))
 def test_export_form_equals_reference(case, monkeypatch):
-    """The functional fast path as an exported program computes it, run eagerly: outputs and every gradient
-    against the float64 reference."""
+    """The functional fast path as an exported program computes it, run eagerly against the float64 reference: an
+    inference program's output (the powers as exp-log), and a training program's output and every gradient."""
     monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
     inputs, kw = _func_inputs(**FUNC_CASES[case])
+    with torch.no_grad():
+        assert_close(polarity_linear_attention_kv(*inputs, **kw), polarity_linear_attention_ref(*inputs, **kw),
+                     torch.float64, "inference output")
     compare_fn(lambda *a: polarity_linear_attention_kv(*a, **kw), lambda *a: polarity_linear_attention_ref(*a, **kw),
                inputs, torch.float64)
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..._shapes import known_equal, round_up
-from .softmax import sdpa, softmax_attention_probs
+from .softmax import export_mask, sdpa, softmax_attention_probs
 from .window import stripe_partition
 
 __all__ = ["stripe_shape", "stripe_ids", "cswin_attention_probs_ref", "lepe_ref", "cswin_attention_ref",
@@ -142,7 +142,7 @@ def cswin_attention_packed(qkv: torch.Tensor, stripe: tuple[int, int], lepe_weig
         c = torch.arange(Wp, device=qkv.device)[None, :] < W
         real = stripe_partition((r & c)[None, :, :, None], sh, sw)[..., 0]  # (nS, L)
         # Real queries never read padded keys; padded query rows stay unmasked (cropped later).
-        mask = ~(real[:, :, None] & ~real[:, None, :])  # (nS, L, L)
+        mask = export_mask(~(real[:, :, None] & ~real[:, None, :]), qkv.dtype)  # (nS, L, L)
         mask = mask[:, None].repeat(B, 1, 1, 1)  # (B*nS, 1, L, L)
     o = sdpa(qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     if lepe_weight is not None:
@@ -231,7 +231,7 @@ def cswin_attention_gathered(qkv: torch.Tensor, stripe: tuple[int, int], lepe_we
     qs, ks, vs = tok[:, fwd.view(nS, L)].view(B, nS, L, 3, h, d).permute(3, 0, 1, 4, 2, 5).reshape(
         3, B, nS * h, L, d).unbind(0)
     # Real queries never read padded keys; padded query rows stay unmasked (dropped by the reverse gather).
-    mask = ~(real[:, :, None] & ~real[:, None, :])  # (nS, L, L)
+    mask = export_mask(~(real[:, :, None] & ~real[:, None, :]), qkv.dtype)  # (nS, L, L)
     mask = mask[:, None].expand(nS, h, L, L).reshape(1, nS * h, L, L)
     o = sdpa(qs, ks, vs, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     o = o.view(B, nS, h, L, d).transpose(2, 3).reshape(B, nS * L, C)

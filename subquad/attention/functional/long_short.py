@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..._shapes import ceil_div, crop_index, known_equal
 from ...layers.precision import compute_dtype as _softmax_dtype  # every LS softmax in fp32 (official); fp64 stays
-from .softmax import sdpa
+from .softmax import export_mask, sdpa
 
 __all__ = [
     "window_ext",
@@ -436,6 +436,8 @@ def long_short_2d_gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: 
     ok = torch.cat([torch.ones_like(ok[..., :1]).expand(*ok.shape[:2], G), ok], dim=-1)  # (1 or B, T, K)
     if tile_bias is None:
         mask = ok[:, None, :, None, :]  # (1 or B, 1, T, 1, K)
+        if G:  # the global keys are never masked: no row is empty
+            mask = export_mask(mask, q.dtype)
     else:
         bias = torch.cat([tile_bias.new_zeros(h, w * w, G), tile_bias], dim=-1).to(q.dtype)  # (h, w*w, K)
         mask = torch.where(ok[:, None, :, None, :], bias[None, :, None], _NEG_INF)  # (1 or B, h, T, w*w, K)
