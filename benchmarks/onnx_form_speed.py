@@ -5,8 +5,10 @@ A change to the form a mechanism takes in an exported graph (`torch.compiler.is_
 here as the ratio of the two files' step times, each against fp32 eager, under the same machine state: the sides
 alternate in blocks (a pause, one untimed step, `--block` timed steps) with the order flipped every round, and
 each ratio is of the medians. The two files run on the same random input; `max_rel_diff` is
-max |after - before| / max |before| of their outputs (both int8 files quantize the same weights, so it is their
-rounding difference, not a second function).
+max |after - before| / max |before| of their outputs. It checks the change only when both files hold the same
+weights (exported from one checkpoint; for two int8 files it then includes their different activation rounding):
+`subquad export --model M` without a checkpoint exports the model's random initial weights, different in each
+process, and the eager side here has its own. Timing does not depend on the weights' values.
 
 Usage (from the repository root, on a quiet machine: `uptime`):
     git worktree add /tmp/before <commit>

@@ -2,10 +2,11 @@
 
 Each dynamic H x W export is checked at 224 x 224, 256 x 320 and sizes that are not multiples of the total stride.
 The default suite exports l2vit_micro (padded windows, linear global attention) to ONNX, one LiSA block in the ViT
-host to ONNX (LiSA's FFTs as real DFT matrices), one block each of InLine and PolaFormer and a micro Agent-DeiT to
-ONNX, and single-window and single-tile stages to .pt2; under `slow` (make test-all): l2vit_micro, flatten_swin_micro
-(shifted, masked windows) and lisanet_micro in both formats, the Agent and MLLA blocks, and every Tiny and Small image
-model in both. One more dynamic export is checked at other sizes and batch sizes.
+host to ONNX (LiSA's FFTs as real DFT matrices), one block each of Transformer-LS, InLine and PolaFormer and a
+micro Agent-DeiT to ONNX, and single-window and single-tile stages to .pt2; under `slow` (make test-all):
+l2vit_micro, flatten_swin_micro (shifted, masked windows) and lisanet_micro in both formats, the Agent and MLLA
+blocks, and every Tiny and Small image model in both. One more dynamic export is checked at other sizes and batch
+sizes.
 """
 
 from __future__ import annotations
@@ -106,6 +107,15 @@ def test_lisa_block_dynamic_onnx_matches_eager(tmp_path):
     symbolic sides, at sizes that are not multiples of the patch. (lisanet_micro's own exports run under slow.)"""
     res = _dynamic("vit_attn_micro", "onnx", tmp_path, [(64, 64), (36, 52), (29, 43)], attn="structure_aware",
                    depth=1, class_token=False, global_pool="avg")
+    assert res["covers"]["H"][0] <= 29 and res["covers"]["W"][0] <= 43
+
+
+def test_long_short_block_dynamic_onnx_matches_eager(tmp_path):
+    """One Transformer-LS block in the ViT host (2-D tiles, dynamic-projection global keys, relative-position bias),
+    dynamic ONNX: the exported form gathers its tiles by row indices computed from the symbolic sides
+    (`long_short_2d_gather`), checked at a size that is not a multiple of the window."""
+    res = _dynamic("vit_attn_micro", "onnx", tmp_path, [(32, 32), (29, 43)], attn="long_short", depth=1,
+                   class_token=False, global_pool="avg", img_size=32)
     assert res["covers"]["H"][0] <= 29 and res["covers"]["W"][0] <= 43
 
 
