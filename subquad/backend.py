@@ -68,7 +68,8 @@ from .errors import UserError
 
 __all__ = ["BACKENDS", "PRECISIONS", "CpuFeatures", "cpu_features", "parse_cpu_flags", "resolve_precision",
            "precision_context", "get_backend", "schedule", "eager_schedule", "set_backend", "use_backend",
-           "cpu_schedules", "real_dft", "real_dft_active", "decompose_attention", "DECOMPOSE_MAX_LOGITS",
+           "cpu_schedules", "real_dft", "real_dft_active", "onnx_graph", "onnx_graph_active", "decompose_attention",
+           "DECOMPOSE_MAX_LOGITS",
            "fast_gemm_dtype", "int8_saturates", "keep_freed_memory", "kept_freed_memory",
            "keep_freed_memory_from_env", "KEEP_FREED_DEFAULT"]
 
@@ -167,6 +168,26 @@ def real_dft(enabled: bool = True) -> Iterator[None]:
 def real_dft_active() -> bool:
     """Whether `real_dft()` is on."""
     return _real_dft
+
+
+_onnx_graph = False
+
+
+@contextlib.contextmanager
+def onnx_graph(enabled: bool = True) -> Iterator[None]:
+    """Within the block, an export is traced for ONNX (`subquad.export` sets it): softmax attention without a bool
+    mask is written out for ONNX Runtime (`subquad.attention.functional.softmax.sdpa`)."""
+    global _onnx_graph
+    previous, _onnx_graph = _onnx_graph, bool(enabled)
+    try:
+        yield
+    finally:
+        _onnx_graph = previous
+
+
+def onnx_graph_active() -> bool:
+    """Whether `onnx_graph()` is on."""
+    return _onnx_graph
 
 
 PRECISIONS = ("fp32", "bf16", "int8")

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backend import real_dft
+from .backend import onnx_graph, real_dft
 from .errors import UserError
 
 __all__ = ["FORMATS", "QUANTIZE", "INT8_WEIGHTS", "DEFAULT_INT8_WEIGHTS", "MAX_SIDE", "quantize_int8",
@@ -328,7 +328,8 @@ def export_model(model: nn.Module, fmt: str, out: str | os.PathLike, img_size: t
     ex = x if not dynamic else torch.randn(2, chans, *_generic_size(size, stride), generator=gen)
     # ONNX has no complex tensors: spectral mechanisms trace their real-DFT form for it (subquad.backend.real_dft).
     # A dynamic program takes that form too: torch.fft's kernels specialise the transform length to the example's.
-    with torch.no_grad(), real_dft(fmt == "onnx" or dynamic):
+    # For ONNX, softmax attention is written out as plain operators (subquad.backend.onnx_graph).
+    with torch.no_grad(), real_dft(fmt == "onnx" or dynamic), onnx_graph(fmt == "onnx"):
         prog = torch.export.export(model, (ex,), dynamic_shapes=_dynamic_shapes(stride, low, dynamic), strict=False)
     covered = covered_sides(prog)
     if dynamic:

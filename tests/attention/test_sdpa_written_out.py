@@ -181,3 +181,29 @@ def test_compiled_bf16_model_matches_eager(name):
                 fused = compiled(x)
     assert_close(written.float(), ref, torch.bfloat16, "written out")
     assert_close(fused.float(), ref, torch.bfloat16, "fused")
+
+
+@pytest.mark.parametrize("mask", [None, "float", "bool"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_onnx_graph_form_matches_reference(mask, shape, monkeypatch):
+    """Traced for ONNX (`backend.onnx_graph`, while exporting), `sdpa` without a bool mask is written out as plain
+    operators: the float64 reference's output and every gradient, a float mask added to the logits; a bool mask still
+    goes to the fused kernel (its empty rows are zeros there)."""
+    q, k, v = _qkv(*shape)
+    B, h, N, n, _ = shape
+    g = torch.Generator().manual_seed(3)
+    keep = torch.rand(B, 1, N, n, generator=g) > 0.3
+    keep[..., 0] = True  # every row keeps a key
+    attn = {None: None, "float": torch.zeros(keep.shape).masked_fill(~keep, float("-inf")), "bool": keep}[mask]
+    calls = []
+    monkeypatch.setattr(fs, "_attention_for_onnx", lambda *a, real=fs._attention_for_onnx: calls.append(1) or real(*a))
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    with backend.onnx_graph():
+        compare_fn(lambda q, k, v: sdpa(q, k, v, attn_mask=None if attn is None else attn.to(q.dtype)
+                                        if mask == "float" else attn, scale=0.3),
+                   lambda q, k, v: softmax_attention_ref(q, k, v, scale=0.3, mask=None if mask is None else keep),
+                   [q, k, v], torch.float64)
+    assert bool(calls) == (mask != "bool")
+    calls.clear()
+    sdpa(q, k, v)  # outside the block: the fused kernel
+    assert not calls

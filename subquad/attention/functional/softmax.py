@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...backend import decompose_attention
+from ...backend import decompose_attention, onnx_graph_active
 
 __all__ = ["sdpa", "sdpa_written_out", "export_mask",
            "softmax_attention_ref", "softmax_attention_probs", "softmax_attention", "spatial_reduction_ref",
@@ -58,6 +58,22 @@ def export_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask
 
 
+def _attention_for_onnx(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+                        scale: float | None) -> torch.Tensor:
+    """softmax(q k^T scale + mask) v as plain operators, for a graph traced for ONNX (`subquad.backend.onnx_graph`).
+
+    ONNX's own translation of SDPA reshapes k to 3-D, transposes it as a separate node and scales q and k by the
+    square root of the scale; written out, k^T is an operand ONNX Runtime can fuse into its MatMul and the scale one
+    multiplication of the logits. No mask or a float mask only (rows are never empty: a float mask's callers keep a
+    key in every row, as ONNX's float-mask translation assumes).
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if attn_mask is not None:
+        logits = logits + attn_mask
+    return torch.matmul(logits.softmax(dim=-1), v)
+
+
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
          dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
     """`F.scaled_dot_product_attention`, or `sdpa_written_out` where `subquad.backend.decompose_attention` says so
@@ -65,6 +81,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Ten
     bf16)."""
     if decompose_attention(q, k, v, dropout_p, attn_mask):
         return sdpa_written_out(q, k, v, attn_mask, scale)
+    if onnx_graph_active() and torch.compiler.is_exporting() and not dropout_p and (
+            attn_mask is None or attn_mask.dtype != torch.bool):
+        return _attention_for_onnx(q, k, v, attn_mask, scale)
     # torch's fused CPU kernel refuses a mask of lower rank than q and a q, k or v whose last dim is strided, and
     # then runs its unfused math path (agent attention's (h, A, N) biases and pooled agent tokens: 3-4x slower per
     # call; benchmarks/sdpa_fused_cpu.py). The same broadcast at q's rank, and a copy of a strided operand, keep it
