@@ -3,8 +3,8 @@ ONNX Runtime, alternating with the model in fp32 eager PyTorch, in one process.
 
 A change to the form a mechanism takes in an exported graph (`torch.compiler.is_exporting()` branches) is measured
 here as the ratio of the two files' step times, each against fp32 eager, under the same machine state: the sides
-alternate in blocks (a pause, one untimed step, `--block` timed steps) with the order flipped every round, and
-each ratio is of the medians. The two files run on the same random input; `max_rel_diff` is
+alternate in blocks (a pause, one untimed step when `--block` > 1, `--block` timed steps) with the order flipped
+every round, and each ratio is of the medians. The two files run on the same random input; `max_rel_diff` is
 max |after - before| / max |before| of their outputs. It checks the change only when both files hold the same
 weights (exported from one checkpoint; for two int8 files it then includes their different activation rounding):
 `subquad export --model M` without a checkpoint exports the model's random initial weights, different in each
@@ -81,11 +81,10 @@ def measure(args) -> dict:
     import timm
 
     import subquad  # noqa: F401  (registers the models)
-    from subquad.bench.sweep import _model_kwargs, image_size, interleaved_times
+    from subquad.bench.sweep import _model_kwargs, check_model_names, image_size, interleaved_times
 
     hw = image_size(args.img_size)
-    if args.model not in timm.list_models():
-        raise UserError(f"--model {args.model!r}: unknown model (see `subquad models`)")
+    check_model_names([args.model])
     model = timm.create_model(args.model, **_model_kwargs(args.model, hw)).eval()
     x = torch.randn(1, model.pretrained_cfg["input_size"][0], *hw, generator=torch.Generator().manual_seed(0))
     sides = {}
@@ -97,7 +96,7 @@ def measure(args) -> dict:
         sess = _session(path, args.threads)
         inp = sess.get_inputs()[0]
         shape = [d if isinstance(d, int) else None for d in inp.shape]
-        if len(shape) != 4 or any(d is not None and d != want for d, want in zip(shape[1:], x.shape[1:])):
+        if len(shape) != 4 or any(d is not None and d != want for d, want in zip(shape, x.shape)):
             raise UserError(f"--{key} {path}: its input is {inp.shape}, not {list(x.shape)} (--img-size "
                             f"{args.img_size})")
         feed = {inp.name: x.numpy()}
@@ -112,6 +111,9 @@ def measure(args) -> dict:
     times = interleaved_times(sides, args.rounds, args.warmup, args.block, args.pause)
     med = {k: statistics.median(v) for k, v in times.items()}
     per_round = [b / a for a, b in zip(times["after"], times["before"])]
+    if outs["before"].shape != outs["after"].shape:
+        raise UserError(f"the files' outputs differ in shape: {list(outs['before'].shape)} (--before) and "
+                        f"{list(outs['after'].shape)} (--after): not two forms of one model")
     before = outs["before"].double()
     return dict(model=args.model, img_size=args.img_size, before=Path(args.before).name, after=Path(args.after).name,
                 fp32_eager_ms=_sig(med["fp32_eager"]), before_ms=_sig(med["before"]), after_ms=_sig(med["after"]),
@@ -133,6 +135,8 @@ def main(argv=None) -> int:
             raise UserError(f"--{flag} must be positive, got {getattr(args, flag)}")
     if args.warmup < 0 or not args.pause >= 0:
         raise UserError("--warmup and --pause must be zero or positive")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be positive, got {args.threads}")
     args.threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(args.threads)
     row = measure(args)

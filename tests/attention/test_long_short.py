@@ -16,8 +16,10 @@ import subquad
 from subquad.attention.functional.long_short import (
     dynamic_projection,
     long_short_1d_sdpa,
+    long_short_2d_sdpa,
     long_short_ref,
     window_mask_1d,
+    window_mask_2d,
     xl_sinusoid,
 )
 from subquad.attention.long_short import remap_lra_official
@@ -92,6 +94,37 @@ def test_2d_export_gather_form_equals_reference(w, r, hw, prefix, rpe, masked, m
     x = torch.randn(2, N, C)
     mask = _mask(2, N, prefix) if masked else None
     compare_module(m, lambda m, x: m(x, hw, mask), lambda m, x: m.forward_ref(x, hw, mask), [x], torch.float64)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_2d_gather_form_exports_without_global_keys(masked):
+    """With no global keys (rank 0, no class token) a tile whose keys are all padding has empty rows: the gather
+    form zeroes them inside the graph, so torch.export traces it (a data-dependent check would stop the trace), and
+    the program equals eager, an all-padding tile included."""
+    from subquad.attention.functional.long_short import long_short_2d_gather
+
+    hw, w = (7, 5), 2
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 35, 4, generator=g) for _ in range(3))
+    kg = vg = torch.zeros(2, 2, 0, 4)
+    valid = torch.ones(2, 35, dtype=torch.bool)
+    if masked:
+        valid[1, :] = False  # sample 1: every key padding, every row empty
+        valid[0, :3] = False
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v, valid):
+            return long_short_2d_sdpa(q, k, v, kg, vg, hw, w, valid)
+
+    prog = torch.export.export(Attn(), (q, k, v, valid), strict=False)
+    got = prog.module()(q, k, v, valid)
+    want = long_short_2d_gather(q, k, v, kg, vg, hw, w, valid)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want)
+    if masked:
+        assert (got[1] == 0).all()
+    ref = long_short_ref(q.double(), k.double(), v.double(), kg.double(), vg.double(), window_mask_2d(hw, w), valid)
+    assert_close(want, ref.float(), torch.float32, "output")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

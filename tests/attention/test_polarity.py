@@ -130,12 +130,16 @@ def test_functional_fast_vs_ref(case, dtype):
 @pytest.mark.parametrize("case", list(FUNC_CASES))
 def test_export_form_equals_reference(case, monkeypatch):
     """The functional fast path as an exported program computes it, run eagerly against the float64 reference: an
-    inference program's output (the powers as exp-log), and a training program's output and every gradient."""
+    inference program's output (the powers as exp-log), and a training program's output and every gradient (traced,
+    so two linear cores and `pow`)."""
+    import subquad.attention.functional.polarity as fp
+
     monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
     inputs, kw = _func_inputs(**FUNC_CASES[case])
     with torch.no_grad():
         assert_close(polarity_linear_attention_kv(*inputs, **kw), polarity_linear_attention_ref(*inputs, **kw),
                      torch.float64, "inference output")
+    monkeypatch.setattr(fp, "tracing", lambda: True)  # an export traces: torch.compiler.is_compiling() is True
     compare_fn(lambda *a: polarity_linear_attention_kv(*a, **kw), lambda *a: polarity_linear_attention_ref(*a, **kw),
                inputs, torch.float64)
 

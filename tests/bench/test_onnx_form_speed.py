@@ -56,4 +56,9 @@ def test_row_ratios_and_refusals(tmp_path, monkeypatch):
         bench.main(["--model", "no_such_model", *argv[2:-1], new])
     with pytest.raises(UserError, match="--rounds must be positive"):
         bench.main([*argv[:-1], new, "--rounds", "0"])
+    with pytest.raises(UserError, match="--threads must be positive"):
+        bench.main([*argv[:-1], new, "--threads", "0"])
+    batch2 = _file(tmp_path / "b2.onnx", 1.0, (2, 3, 16, 16))
+    with pytest.raises(UserError, match=r"not \[1, 3, 16, 16\]"):
+        bench.main([*argv[:7], batch2, *argv[8:-1], new])
     assert not (tmp_path / "g.csv").exists()

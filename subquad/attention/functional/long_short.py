@@ -442,7 +442,14 @@ def long_short_2d_gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: 
         bias = torch.cat([tile_bias.new_zeros(h, w * w, G), tile_bias], dim=-1).to(q.dtype)  # (h, w*w, K)
         mask = torch.where(ok[:, None, :, None, :], bias[None, :, None], _NEG_INF)  # (1 or B, h, T, w*w, K)
     mask = mask.expand(B, h, *mask.shape[2:]).reshape(B * h, T, *mask.shape[3:])
-    out = _sdpa4(q_t, keys, vals, mask, scale, dropout_p, check=G == 0)  # (B*h, T, w*w, d)
+    if G:  # the global keys are never masked: every row keeps a key
+        out = sdpa(q_t, keys, vals, attn_mask=mask, dropout_p=dropout_p, scale=scale)  # (B*h, T, w*w, d)
+    else:
+        # A tile whose keys are all padding has empty rows: zeros, decided in the graph (no data-dependent branch,
+        # which an exported program cannot hold)
+        empty = ~(mask if mask.dtype == torch.bool else torch.isfinite(mask)).any(dim=-1, keepdim=True)
+        mask = mask | empty if mask.dtype == torch.bool else mask.masked_fill(empty, 0.0)
+        out = sdpa(q_t, keys, vals, attn_mask=mask, dropout_p=dropout_p, scale=scale).masked_fill(empty, 0.0)
     return out.reshape(B, h, T * w * w, d).index_select(2, out_rows)
 
 
