@@ -59,14 +59,14 @@ def _args(argv):
     return p.parse_args(argv)
 
 
-def _session(path: Path, threads: int):
+def _session(path: Path):
+    """An ONNX Runtime CPU session of `path` at torch's threads (`main` set them to --threads)."""
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
+    from subquad.bench.precision import _ort_options
+
     try:
-        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(str(path), _ort_options(), providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - ONNX Runtime's load errors have no common type
         raise UserError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0]})") from None
     return sess
@@ -93,7 +93,7 @@ def measure(args) -> dict:
         path = Path(getattr(args, key))
         if not path.is_file():
             raise UserError(f"--{key} {path}: no such file")
-        sess = _session(path, args.threads)
+        sess = _session(path)
         inp = sess.get_inputs()[0]
         shape = [d if isinstance(d, int) else None for d in inp.shape]
         if len(shape) != 4 or any(d is not None and d != want for d, want in zip(shape, x.shape)):

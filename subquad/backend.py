@@ -44,7 +44,10 @@ which inductor fuses): 4.8 ms there. Everywhere else (eager, fp32, off the CPU, 
 under 'plain', with a bool mask, or above `DECOMPOSE_MAX_LOGITS` logits per call, since the written-out form holds
 them all in memory) the fused kernel runs. A bool mask is left to the fused kernel because written out it ran 2x
 slower under Inductor (CSwin's padded stripes, 5 x 4 x 224 x 32 with a (5, 1, 224, 224) mask: 3.5 ms against 1.7 ms),
-while float masks (Swin's relative-position bias and shift mask) ran 1.8x faster written out.
+while float masks (Swin's relative-position bias and shift mask) ran 1.8x faster written out. A graph exported for
+ONNX is the other exception: inside `onnx_graph()` (which `subquad.export` sets for ONNX) attention without a bool
+mask is traced as plain operators, which ONNX Runtime fuses better than ONNX's translation of SDPA (docs/deploy.md,
+"Export forms for ONNX Runtime").
 
 `real_dft()` is a separate switch, for graphs whose runtime has no complex tensors (ONNX, `subquad.export`): inside
 it LiSA's structure-aware attention computes its correlations with real DFT matrices (`lisa_dft`) instead of
