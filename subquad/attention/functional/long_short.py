@@ -370,8 +370,10 @@ def _tile_rows_2d(hw: tuple, w: int, device=None) -> tuple[torch.Tensor, torch.T
     """The row indices of `long_short_2d_gather`, for an (H, W) map in w x w tiles (T = ceil(H/w) * ceil(W/w)).
 
     Returns:
-        q_rows (T * w * w,): the map row of each tile's query slot (0 for a slot past the map: cropped later);
-        k_rows (T, kw * kw): the map row of each tile's (w + 2 ext)^2 neighbourhood slot (0 outside the map);
+        q_rows (T * w * w,): the map row of each tile's query slot (some row of the map for a slot past it:
+            never read back);
+        k_rows (T, kw * kw): the map row of each tile's (w + 2 ext)^2 neighbourhood slot (some row of the map for
+            a slot outside it, masked by `inside`);
         inside (T, kw * kw) bool: the slot is on the map;
         out_rows (H * W,): for each map row, its slot in the tile-major output (T * w * w rows).
     """
@@ -383,12 +385,13 @@ def _tile_rows_2d(hw: tuple, w: int, device=None) -> tuple[torch.Tensor, torch.T
     tx = torch.arange(nx, device=device)[:, None] * w
 
     def grid_rows(ys: torch.Tensor, xs: torch.Tensor):
-        # ys (ny, n), xs (nx, n) -> rows (ny * nx, n * n) and on-map flags, row-major inside a tile
+        # ys (ny, n), xs (nx, n) -> rows (ny * nx, n * n) and on-map flags, row-major inside a tile; an off-map
+        # coordinate is replaced by 0, so every row index stays on the map
         iy, ix = (ys >= 0) & (ys < H), (xs >= 0) & (xs < W)
         inside = iy[:, None, :, None] & ix[None, :, None, :]
         rows = torch.where(iy, ys, 0)[:, None, :, None] * W + torch.where(ix, xs, 0)[None, :, None, :]
         n = ys.shape[1]
-        return (rows * inside).reshape(ny * nx, n * n), inside.reshape(ny * nx, n * n)
+        return rows.reshape(ny * nx, n * n), inside.reshape(ny * nx, n * n)
 
     a = torch.arange(w, device=device)
     q_rows, _ = grid_rows(ty + a, tx + a)
@@ -411,8 +414,8 @@ def long_short_2d_gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kg: 
     Instead of padding the maps and unfolding and permuting them (exported, those permutes of 7-D tensors ran as
     `Transpose` nodes taking 36-43 % of `cvt_ls_13`'s int8 ONNX Runtime step on a Zen 3 EPYC), the queries, the key
     and value sets (global keys included) and the output are gathered by row indices computed from the map's sides,
-    from the (B, h, rows, d) tensors: whole d-vectors move, heads stay in front. Off-map slots point at row 0 and
-    are masked (keys) or never read back (queries). This is the form exported programs take
+    from the (B, h, rows, d) tensors: whole d-vectors move, heads stay in front. Off-map slots point at a row of
+    the map and are masked (keys) or never read back (queries). This is the form exported programs take
     (`torch.compiler.is_exporting()`); eager keeps the unfold form, which writes its key sets in place.
 
     Args and returns: as `long_short_2d_sdpa`.

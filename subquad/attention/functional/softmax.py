@@ -70,7 +70,7 @@ def _attention_for_onnx(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     logits = torch.matmul(q, k.transpose(-2, -1)) * scale
     if attn_mask is not None:
-        logits = logits + attn_mask
+        logits = logits + attn_mask.to(logits.dtype)  # as SDPA: the mask does not promote the logits
     return torch.matmul(logits.softmax(dim=-1), v)
 
 
